@@ -22,8 +22,8 @@
 /// results are combined per tensor in chunk order, and tensors in tensor order, in double.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
 #include "config.hpp"
@@ -52,7 +52,9 @@ struct reduction {
   template <class T>
   FUSEDOPT_HOST_DEVICE static constexpr T identity(int k)
   {
-    return op(k) == reduce_op::sum ? T(0) : -std::numeric_limits<T>::infinity();
+    // HUGE_VAL, not numeric_limits<T>::infinity(): numeric_limits' members are host-only for
+    // nvcc (warning 20013 in device code, an error under --Werror=all-warnings).
+    return op(k) == reduce_op::sum ? T(0) : static_cast<T>(-HUGE_VAL);
   }
   /// Folds `value` into `into` with accumulator k's operation.
   template <class T>

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +83,7 @@ template <class Spec>
 struct arena {
   using T = typename Spec::type;
   using element = std::conditional_t<Spec::is_const, T const, T>;
+  using element_type_unqualified = T;
 
   std::vector<T> host;
   T* device = nullptr;
@@ -327,6 +330,139 @@ void sweep(MakeRule&& make_rule, std::string const& label, std::uint64_t seed = 
     problem<Specs...> p(edge_sizes(), how.placement, seed++);
     check_trajectory(p, make_rule, how, trajectory_steps(), label);
   }
+}
+
+// ---- helpers of the issue-5 tests (reductions, AMP, mixed precision) -------------------------
+
+/// A device array of `n` T, freed on destruction.
+template <class T>
+class device_array {
+ public:
+  explicit device_array(std::size_t n = 1) : size_(n)
+  {
+    FO_TEST_CUDA(cudaMalloc(&data_, std::max<std::size_t>(n, 1) * sizeof(T)));
+    FO_TEST_CUDA(cudaMemset(data_, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
+  }
+  device_array(device_array const&) = delete;
+  device_array& operator=(device_array const&) = delete;
+  ~device_array() { (void)cudaFree(data_); }
+
+  [[nodiscard]] T* get() const { return data_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  void upload(std::vector<T> const& values)
+  {
+    REQUIRE(values.size() <= std::max<std::size_t>(size_, 1));
+    FO_TEST_CUDA(cudaMemcpy(data_, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void set(T const& value) { upload(std::vector<T>(std::max<std::size_t>(size_, 1), value)); }
+  [[nodiscard]] std::vector<T> download() const
+  {
+    std::vector<T> out(std::max<std::size_t>(size_, 1));
+    FO_TEST_CUDA(cudaDeviceSynchronize());
+    FO_TEST_CUDA(cudaMemcpy(out.data(), data_, out.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    out.resize(size_);
+    return out;
+  }
+  [[nodiscard]] T value() const { return download().at(0); }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_;
+};
+
+/// Same bits (NaN payloads included) for two values of a trivially copyable type.
+template <class T>
+bool same_bits(T const& a, T const& b)
+{
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+/// |device - host| <= rtol * |host| + atol for every element of every arena of a problem (gaps
+/// included, where both must hold the same poison); NaN only where the host has NaN.
+struct tolerance {
+  double rtol = 0, atol = 0;
+};
+
+template <class T>
+bool close_enough(T d, T h, tolerance tol)
+{
+  double const x = as_double(d), y = as_double(h);
+  if (y != y) { return x != x; }
+  if (x == y) { return true; }
+  return std::fabs(x - y) <= tol.rtol * std::fabs(y) + tol.atol;
+}
+
+/// Requires every arena of `p` (device) to be within `tol` of its host copy.
+template <class Problem, std::size_t... K>
+void require_close(Problem& p, tolerance tol, std::string const& context, std::index_sequence<K...>)
+{
+  (
+    [&] {
+      auto& a = p.template slot_arena<K>();
+      using T = typename std::decay_t<decltype(a)>::element_type_unqualified;
+      std::vector<T> device_values;
+      (void)a.first_difference(device_values);
+      for (std::size_t i = 0; i < a.host.size(); ++i) {
+        if (!close_enough(device_values[i], a.host[i], tol)) {
+          FAIL(context << ": slot " << K << " differs at " << a.locate(static_cast<std::int64_t>(i)) << ": device "
+                       << as_double(device_values[i]) << " host " << as_double(a.host[i]) << " (rtol " << tol.rtol
+                       << ", atol " << tol.atol << ")");
+        }
+      }
+    }(),
+    ...);
+}
+
+template <class... Specs>
+void require_close(problem<Specs...>& p, tolerance tol, std::string const& context)
+{
+  require_close(p, tol, context, std::index_sequence_for<Specs...>{});
+}
+
+/// Copies every arena's device values into its host copy (to start the host from the
+/// device's state, or to compare two device problems through their host copies).
+template <class Problem, std::size_t... K>
+void pull(Problem& p, std::index_sequence<K...>)
+{
+  (
+    [&] {
+      auto& a = p.template slot_arena<K>();
+      FO_TEST_CUDA(cudaMemcpy(a.host.data(), a.device, a.host.size() * sizeof(a.host[0]), cudaMemcpyDeviceToHost));
+    }(),
+    ...);
+}
+template <class... Specs>
+void pull(problem<Specs...>& p)
+{
+  pull(p, std::index_sequence_for<Specs...>{});
+}
+
+/// Copies every arena's host values to the device.
+template <class Problem, std::size_t... K>
+void push(Problem& p, std::index_sequence<K...>)
+{
+  (
+    [&] {
+      auto& a = p.template slot_arena<K>();
+      FO_TEST_CUDA(cudaMemcpy(a.device, a.host.data(), a.host.size() * sizeof(a.host[0]), cudaMemcpyHostToDevice));
+    }(),
+    ...);
+}
+template <class... Specs>
+void push(problem<Specs...>& p)
+{
+  push(p, std::index_sequence_for<Specs...>{});
+}
+
+/// The plan scenarios (reducing rules need a plan): every transport, small chunks, a capped grid,
+/// the three placements.
+inline std::vector<scenario> plan_scenarios()
+{
+  std::vector<scenario> out;
+  for (scenario const& s : scenarios()) {
+    if (!s.one_shot) { out.push_back(s); }
+  }
+  return out;
 }
 
 }  // namespace fusedopt_test

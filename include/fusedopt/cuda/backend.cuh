@@ -20,11 +20,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "../bind.hpp"
 #include "../config.hpp"
 #include "../scalar.hpp"
+#include "detail/reduce.cuh"
 #include "detail/tables.cuh"
 #include "error.cuh"
 
@@ -49,6 +51,12 @@ struct options {
   /// Tuning override for benchmarks and tests: most blocks per launch, blocks then loop over
   /// chunks; 0 takes the policy's default (one block per chunk).
   std::int64_t max_blocks = 0;
+  /// Plans: accumulators (summed over a rule's reduction passes) the plan's device workspace
+  /// has room for, allocated when the plan is built, so that `run` never allocates and can be
+  /// captured. 8 doubles per chunk (2048 elements) and per tensor: about 0.1% of an fp32 Adam
+  /// step's memory. A rule needing more is rejected by `run`; 0 allocates no workspace (then
+  /// only rules without reduction passes run). Ignored by `apply`.
+  int reduction_capacity = 8;
 };
 
 /// @brief True when kernels can take 32 KB of parameters on `device`: the runtime and the
@@ -90,16 +98,30 @@ class plan {
   /// Capturable in a CUDA graph; values the rule reads through `scalar::from_pointer` (and
   /// `step.step`, if a pointer) are read on the device when the kernel runs. When
   /// `step.advance` is set (device memory), a one-thread kernel adds 1 to it first, in stream
-  /// order, so a replayed graph counts its own steps. Rules with reduction passes or after-step
-  /// hooks are rejected at compile time (not implemented on this backend yet).
-  /// @throws fusedopt::error if the rule's options need a slot that is not bound (before
-  /// anything is enqueued), the current device is not the plan's, the rule is too large for a
-  /// by-value table, or the launch fails.
+  /// order, so a replayed graph counts its own steps.
+  ///
+  /// A rule with reduction passes (clip_by_global_norm, LAMB, LARS, skip_if_nonfinite, ...)
+  /// enqueues, per pass, a pass kernel (one partial per chunk into the plan's workspace) and a
+  /// finalize kernel (per-tensor rows and totals), then the update kernel, whose prepare(step,
+  /// reduced) runs on the device with the results; after-step hooks run in a one-thread kernel
+  /// after the update. Still no allocation, copy or synchronisation: the whole step is
+  /// capturable, and results are the same bits every run (docs/cuda.md, "Reduction passes").
+  /// The workspace belongs to the plan: do not run one plan on two streams at once.
+  /// @throws fusedopt::error if the rule's options need a slot that is not bound or the rule
+  /// needs more accumulators than `options::reduction_capacity` (before anything is
+  /// enqueued), the current device is not the plan's, the rule is too large for a by-value
+  /// table, or a launch fails.
   template <class Rule>
   void run(Rule const& rule, step_info const& step = {}, cudaStream_t stream = nullptr) const;
 
-  /// @brief Kernel launches per `run` (0 when every tensor is empty).
+  /// @brief Kernel launches per `run` of a rule without reduction passes or after-step hooks
+  /// (0 when every tensor is empty).
   [[nodiscard]] std::size_t launches_per_run() const;
+  /// @brief Kernel launches per `run(rule)`: the update's, plus two per reduction pass (pass
+  /// and finalize; a pass over by-value tables takes one pass launch per table), plus one for
+  /// after-step hooks and one for `step_info::advance` when `with_advance`.
+  template <class Rule>
+  [[nodiscard]] std::size_t launches_per_run(Rule const& rule, bool with_advance = false) const;
   /// @brief The lists the plan was built from.
   [[nodiscard]] lists_type const& lists() const { return lists_; }
   /// @brief The transport in use (never `automatic`).
@@ -114,7 +136,23 @@ class plan {
   transport transport_ = transport::device_table;
   int device_ = 0;
   std::int64_t max_blocks_ = 0;
+  template <class Rule, int P, int... J>
+  void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
+                  cudaStream_t stream, std::integer_sequence<int, J...>) const;
+  template <class Rule, int J, int P>
+  void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
+                cudaStream_t stream) const;
+
   std::unique_ptr<void, device_free> memory_;
+  // Reduction workspace: pass results (capacity x (rows + 1) doubles), chunk partials
+  // (capacity x chunks doubles), the chunk range of each row, the finalize counter.
+  std::unique_ptr<void, device_free> workspace_;
+  int reduction_capacity_ = 0;
+  std::int64_t rows_ = 0;
+  double* results_ = nullptr;
+  double* partials_ = nullptr;
+  detail::chunk_range* ranges_ = nullptr;
+  unsigned int* counter_ = nullptr;
   detail::global_table<num_slots> global_{};
   std::vector<detail::table_4k<num_slots>> tables_4k_;
   std::vector<detail::table_32k<num_slots>> tables_32k_;
@@ -127,7 +165,9 @@ template <class... B>
 /// @brief One-shot: enqueues one step of `rule` over `lists` on `stream`, carrying the launch
 /// tables by value (32 KB where available, else 4 KB; as many launches as the lists need), so
 /// it allocates no device memory and never synchronises. Keep a plan for repeated steps: it
-/// does the host-side planning once and launches once.
+/// does the host-side planning once and launches once. Rules with reduction passes need a
+/// workspace for their results and are rejected at compile time (make a plan); after-step
+/// hooks of rules without passes (grad_scaler_update) run.
 /// @throws fusedopt::error on invalid rule options (before anything is enqueued), misaligned
 /// or pageable pointers, `transport::device_table` (apply has no tables to own), a transport
 /// that is not available, or a failed launch.

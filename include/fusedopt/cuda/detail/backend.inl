@@ -115,10 +115,102 @@ template <class Rule, class Bound>
 void check_rule(Rule const& rule)
 {
   static_assert(is_rule_v<Rule>, "fusedopt: a rule must be trivially copyable (it is passed to kernels by value)");
-  static_assert(::fusedopt::detail::pass_count_v<Rule> == 0 && !::fusedopt::detail::needs_after_step<Rule>::value,
-                "fusedopt: the CUDA backend does not run reduction passes or after-step hooks yet (clip_by_global_norm "
-                "and other reducing rules run on the host backend only)");
   ::fusedopt::detail::validate_rule(rule, typename Bound::memory_slots{});
+}
+
+/// Accumulators a rule's passes need in all.
+template <class Rule, int... J>
+constexpr int accumulators(std::integer_sequence<int, J...>)
+{
+  return (0 + ... + ::fusedopt::detail::pass_traits<Rule, J>::reduction::size);
+}
+template <class Rule>
+inline constexpr int accumulators_v =
+  accumulators<Rule>(std::make_integer_sequence<int, ::fusedopt::detail::pass_count_v<Rule>>{});
+
+/// The results of a rule's passes in a workspace of `rows` rows: pass J's rows
+/// (`rows x N_J` doubles) then its totals (`N_J`), after those of the passes before it.
+template <class Rule, int... J>
+pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* base, std::int64_t rows,
+                                                                std::integer_sequence<int, J...>)
+{
+  pass_results<static_cast<int>(sizeof...(J))> results{};
+  std::int64_t offset = 0;
+  (((results.r[J] = reduced{base + offset, base + offset + rows * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size,
+                             ::fusedopt::detail::pass_traits<Rule, J>::reduction::size, rows}),
+    (offset += (rows + 1) * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size)),
+   ...);
+  (void)base, (void)rows, (void)offset;
+  return results;
+}
+
+/// Enqueues `kernel` with arguments of exactly the kernel's parameter types.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args)
+{
+  static_assert(sizeof...(Params) == sizeof...(Args), "fusedopt: wrong number of kernel arguments");
+  static_assert((std::is_same_v<std::remove_const_t<Params>, Args> && ...), "fusedopt: kernel argument types");
+  void* pointers[] = {static_cast<void*>(&args)...};
+  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
+}
+
+/// Blocks of a launch over `table`: one per chunk, at most `max_blocks` when set.
+template <class Table>
+unsigned grid_of(Table const& table, std::int64_t max_blocks)
+{
+  std::int64_t blocks = table.num_chunks;
+  if (max_blocks > 0) { blocks = std::min(blocks, max_blocks); }
+  return static_cast<unsigned>(std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max()));
+}
+
+/// Enqueues reduction pass J over one table; its chunks are chunks chunk_base... of the plan.
+template <class Policy, class Rule, class Bound, int J, int P, class Table>
+void launch_pass(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
+                 double* partials, std::int64_t chunk_base, std::int64_t max_blocks, cudaStream_t stream)
+{
+  if (table.num_chunks == 0) { return; }
+  if constexpr (param_bytes<Rule, Table> + sizeof(pass_results<P>) + 16 <= param_limit<Table>) {
+    launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>, dim3(grid_of(table, max_blocks)),
+                  dim3(Policy::block_threads), stream, rule, step, table, results, partials, chunk_base);
+  } else {
+    (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream;
+    FUSEDOPT_EXPECTS(false, "rule of " + std::to_string(sizeof(Rule)) +
+                              " bytes is too large to travel next to a by-value launch table and its "
+                              "reduction results; use transport::device_table");
+  }
+}
+
+/// Enqueues the update of a rule with reduction passes over one table.
+template <class Policy, class Rule, class Bound, int P, class Table>
+void launch_reduced_update(Rule const& rule, step_info const& step, Table const& table,
+                           pass_results<P> const& results, std::int64_t max_blocks, cudaStream_t stream)
+{
+  static_assert(sizeof(Rule) + sizeof(step_info) + sizeof(global_table<Bound::num_slots>) + sizeof(pass_results<P>) +
+                    32 <=
+                  param_limit_4k,
+                "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
+                "memory and give the rule a pointer to it");
+  if (table.num_chunks == 0) { return; }
+  if constexpr (param_bytes<Rule, Table> + sizeof(pass_results<P>) <= param_limit<Table>) {
+    launch_kernel(&reduced_update_kernel<Policy, Rule, Bound, Table, P>, dim3(grid_of(table, max_blocks)),
+                  dim3(Policy::block_threads), stream, rule, step, table, results);
+  } else {
+    (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream;
+    FUSEDOPT_EXPECTS(false, "rule of " + std::to_string(sizeof(Rule)) +
+                              " bytes is too large to travel next to a by-value launch table and its "
+                              "reduction results; use transport::device_table");
+  }
+}
+
+/// Enqueues the rule's after-step hooks (one thread), if it has any.
+template <class Rule, int P>
+void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> const& results, cudaStream_t stream)
+{
+  if constexpr (::fusedopt::detail::needs_after_step<Rule>::value) {
+    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), stream, rule, step, results);
+  } else {
+    (void)rule, (void)step, (void)results, (void)stream;
+  }
 }
 
 /// step_info::advance: the counter (device memory) gains 1 in stream order before the step.
@@ -185,29 +277,133 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
     global_.tensors = reinterpret_cast<detail::tensor_entry<num_slots> const*>(bytes + chunk_bytes);
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
   }
+  FUSEDOPT_EXPECTS(opts.reduction_capacity >= 0, "cuda::options::reduction_capacity must not be negative");
+  reduction_capacity_ = opts.reduction_capacity;
+  rows_ = static_cast<std::int64_t>(lists_.num_tensors());
+  if (reduction_capacity_ > 0) {
+    // Every row (empty tensors too) gets its chunk range; chunks are numbered in layout order,
+    // which the by-value tables keep (pack_tables appends in order).
+    std::vector<detail::chunk_range> ranges(static_cast<std::size_t>(rows_), detail::chunk_range{0, 0});
+    for (std::size_t c = 0; c < layout.chunks.size(); ++c) {
+      auto const row = static_cast<std::size_t>(layout.tensors[static_cast<std::size_t>(layout.chunks[c].tensor)].index);
+      if (ranges[row].count == 0) { ranges[row].first = static_cast<std::int64_t>(c); }
+      ++ranges[row].count;
+    }
+    auto const capacity = static_cast<std::size_t>(reduction_capacity_);
+    std::size_t const result_bytes = capacity * (static_cast<std::size_t>(rows_) + 1) * sizeof(double);
+    std::size_t const partial_bytes = capacity * layout.chunks.size() * sizeof(double);
+    std::size_t const range_bytes = ranges.size() * sizeof(detail::chunk_range);
+    std::size_t const bytes = result_bytes + partial_bytes + range_bytes + 16;
+    void* memory = nullptr;
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&memory, bytes));
+    workspace_.reset(memory);
+    auto* base = static_cast<unsigned char*>(memory);
+    results_ = reinterpret_cast<double*>(base);
+    partials_ = reinterpret_cast<double*>(base + result_bytes);
+    ranges_ = reinterpret_cast<detail::chunk_range*>(base + result_bytes + partial_bytes);
+    counter_ = reinterpret_cast<unsigned int*>(base + result_bytes + partial_bytes + range_bytes);
+    FUSEDOPT_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, stream));
+    if (!ranges.empty()) {
+      FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(ranges_, ranges.data(), range_bytes, cudaMemcpyHostToDevice, stream));
+    }
+    FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+}
+
+template <class... B>
+template <class Rule, int P, int... J>
+void plan<B...>::run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
+                            cudaStream_t stream, std::integer_sequence<int, J...>) const
+{
+  (run_pass<Rule, J>(rule, step, results, stream), ...);
+}
+
+template <class... B>
+template <class Rule, int J, int P>
+void plan<B...>::run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
+                          cudaStream_t stream) const
+{
+  using policy = detail::tuning;
+  using reduction = typename ::fusedopt::detail::pass_traits<Rule, J>::reduction;
+  // Chunk partials of every pass share one area: pass J's are consumed by its finalize
+  // kernel before pass J + 1 runs (stream order).
+  std::int64_t base = 0;
+  switch (transport_) {
+    case transport::param_4k:
+      for (auto const& table : tables_4k_) {
+        detail::launch_pass<policy, Rule, lists_type, J>(rule, step, table, results, partials_, base, max_blocks_, stream);
+        base += table.num_chunks;
+      }
+      break;
+    case transport::param_32k:
+      for (auto const& table : tables_32k_) {
+        detail::launch_pass<policy, Rule, lists_type, J>(rule, step, table, results, partials_, base, max_blocks_, stream);
+        base += table.num_chunks;
+      }
+      break;
+    default:
+      detail::launch_pass<policy, Rule, lists_type, J>(rule, step, global_, results, partials_, base, max_blocks_, stream);
+      break;
+  }
+  auto* const per_tensor = const_cast<double*>(results.r[J].per_tensor);
+  auto* const all = const_cast<double*>(results.r[J].all);
+  detail::launch_kernel(&detail::finalize_kernel<policy, reduction>,
+                        dim3(static_cast<unsigned>(std::max<std::int64_t>(rows_, 1))), dim3(policy::block_threads),
+                        stream, static_cast<double const*>(partials_), static_cast<detail::chunk_range const*>(ranges_),
+                        rows_, per_tensor, all, counter_);
 }
 
 template <class... B>
 template <class Rule>
 void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream) const
 {
+  constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   detail::check_rule<Rule, lists_type>(rule);
+  if constexpr (passes > 0) {
+    constexpr int needed = detail::accumulators_v<Rule>;
+    FUSEDOPT_EXPECTS(needed <= reduction_capacity_,
+                     "the rule needs " + std::to_string(needed) +
+                       " reduction accumulators but the plan was built with cuda::options::reduction_capacity " +
+                       std::to_string(reduction_capacity_));
+  }
   FUSEDOPT_EXPECTS(detail::current_device() == device_,
                    "cuda::plan::run: the current device is not the one the plan was built on (device " +
                      std::to_string(device_) + ")");
   detail::advance_step(step, stream);
   using policy = detail::tuning;
-  switch (transport_) {
-    case transport::param_4k:
-      detail::launch_all<policy, Rule, lists_type>(rule, step, tables_4k_, max_blocks_, stream);
-      break;
-    case transport::param_32k:
-      detail::launch_all<policy, Rule, lists_type>(rule, step, tables_32k_, max_blocks_, stream);
-      break;
-    default:
-      if (global_.num_chunks > 0) { detail::launch<policy, Rule, lists_type>(rule, step, global_, max_blocks_, stream); }
-      break;
+  auto const results = detail::make_pass_results<Rule>(results_, rows_, std::make_integer_sequence<int, passes>{});
+  if constexpr (passes > 0) {
+    run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{});
+    switch (transport_) {
+      case transport::param_4k:
+        for (auto const& table : tables_4k_) {
+          detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, table, results, max_blocks_, stream);
+        }
+        break;
+      case transport::param_32k:
+        for (auto const& table : tables_32k_) {
+          detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, table, results, max_blocks_, stream);
+        }
+        break;
+      default:
+        detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, global_, results, max_blocks_, stream);
+        break;
+    }
+  } else {
+    // Rules without passes: the kernel of the elementwise path, unchanged.
+    switch (transport_) {
+      case transport::param_4k:
+        detail::launch_all<policy, Rule, lists_type>(rule, step, tables_4k_, max_blocks_, stream);
+        break;
+      case transport::param_32k:
+        detail::launch_all<policy, Rule, lists_type>(rule, step, tables_32k_, max_blocks_, stream);
+        break;
+      default:
+        if (global_.num_chunks > 0) { detail::launch<policy, Rule, lists_type>(rule, step, global_, max_blocks_, stream); }
+        break;
+    }
   }
+  detail::launch_after_step(rule, step, results, stream);
 }
 
 template <class... B>
@@ -221,6 +417,17 @@ std::size_t plan<B...>::launches_per_run() const
 }
 
 template <class... B>
+template <class Rule>
+std::size_t plan<B...>::launches_per_run(Rule const&, bool with_advance) const
+{
+  constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
+  std::size_t const update = launches_per_run();
+  std::size_t const pass = update + 1;  // a pass kernel per update launch, then finalize
+  return update + static_cast<std::size_t>(passes) * pass +
+         (::fusedopt::detail::needs_after_step<Rule>::value ? 1 : 0) + (with_advance ? 1 : 0);
+}
+
+template <class... B>
 plan<B...> make_plan(bound_lists<B...> lists, options opts, cudaStream_t stream)
 {
   return plan<B...>(std::move(lists), opts, stream);
@@ -231,6 +438,10 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
 {
   using lists_type = bound_lists<B...>;
   constexpr std::size_t S = sizeof...(B);
+  static_assert(::fusedopt::detail::pass_count_v<Rule> == 0,
+                "fusedopt: cuda::apply cannot run rules with reduction passes (clip_by_global_norm, LAMB, LARS, "
+                "skip_if_nonfinite, norm_of, ...): their results need a device workspace, and apply allocates no "
+                "device memory. Make a plan (cuda::make_plan) and call plan.run.");
   detail::check_rule<Rule, lists_type>(rule);
   FUSEDOPT_EXPECTS(opts.metadata != transport::device_table,
                    "cuda::apply carries its tables by value and owns no device memory; use a plan for "
@@ -254,6 +465,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
     detail::launch_all<policy, Rule, lists_type>(rule, step, detail::pack_tables<detail::table_4k<S>>(layout),
                                                  max_blocks, stream);
   }
+  detail::launch_after_step(rule, step, detail::pass_results<0>{}, stream);
 }
 
 }  // namespace cuda
