@@ -465,4 +465,35 @@ inline std::vector<scenario> plan_scenarios()
   return out;
 }
 
+/// Runs `steps` steps of `make_rule(t, on_device)` on the host backend (on_device false: host
+/// pointers in the rule) and on a CUDA plan as `how` says, each on its own trajectory, and
+/// requires the device within `tol` of the host after every step: for rules whose results
+/// depend on a reduction's combine order, which differs between the backends. A zero
+/// tolerance requires the same bits (rules whose pointers differ between the backends).
+template <class Problem, class MakeRule>
+void check_close_trajectory(Problem& p, MakeRule&& make_rule, scenario const& how, int steps, tolerance tol,
+                            std::string const& label)
+{
+  if (!transport_available(how.metadata)) { return; }
+  auto host_plan = fo::host::make_plan(p.lists(false));
+  fo::cuda::options opts;
+  opts.metadata = how.metadata;
+  opts.chunk_elements = how.chunk_elements;
+  opts.max_blocks = how.max_blocks;
+  auto const device_plan = fo::cuda::make_plan(p.lists(true), opts);
+  for (std::int64_t t = 1; t <= steps; ++t) {
+    p.refresh_inputs();
+    fo::step_info const step{t};
+    host_plan.run(make_rule(t, false), step);
+    device_plan.run(make_rule(t, true), step);
+    FO_TEST_CUDA(cudaDeviceSynchronize());
+    std::string const context = label + " [" + how.name + "] step " + std::to_string(t);
+    if (tol.rtol == 0 && tol.atol == 0) {
+      p.require_same_bits(context);  // a zero tolerance means the same bits
+    } else {
+      require_close(p, tol, context);
+    }
+  }
+}
+
 }  // namespace fusedopt_test
