@@ -292,4 +292,9 @@ TEST_CASE("sgd, adam and adamw reject bad options as torch does", "[optimizers][
     o.beta2 = 1.5;
     expect_rejected(o, "beta2");
   }
+  {
+    fo::rules::adamw o;  // decoupled decay: torch.optim.AdamW rejects it too
+    o.weight_decay = -0.01;
+    expect_rejected(o, "weight_decay");
+  }
 }

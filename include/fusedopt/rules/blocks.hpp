@@ -106,6 +106,12 @@ struct decoupled_weight_decay {
     double const wd = weight_decay.get();
     return {wd != 0 ? 1.0 - lr.get() * wd : 1.0};
   }
+
+  template <class Bound>
+  void validate(Bound) const
+  {
+    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "weight_decay must not be negative");
+  }
 };
 
 /// @brief Heavy-ball momentum with dampening and Nesterov (torch.optim.SGD):
