@@ -1,6 +1,7 @@
 /// @file bench/cases.hpp
 /// @brief The optimizer cases of the benchmarks (Adam fp32; AdamW with bf16 params/grads and
-/// fp32 states; SGD with momentum fp32), the packed memory layout of a slot, and the random
+/// fp32 states; SGD with momentum fp32; issue 5: AdamW + global-norm clipping, LAMB, AMP
+/// unscale + skip + Adam), the packed memory layout of a slot, and the random
 /// values the slots start with. Shared by host_bench.cpp and cuda_bench.cu so both backends
 /// run the same rules on the same layout and data; torch_peers.py uses the same
 /// hyperparameters.
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -139,6 +141,103 @@ struct sgd_momentum_fp32 {
                     fo::slot::momentum_buffer = std::move(s[0]));
   }
 };
+
+// ---- issue 5: cases with reduction passes ----------------------------------------------------
+
+/// @brief What a case's rule reads or writes through pointers (device memory for the CUDA
+/// benchmark): AMP's inv_scale and found_inf, the clipped norm.
+struct step_scalars {
+  double inv_scale = 1.0;
+  float found_inf = 0.f;
+  double total_norm = 0.0;
+};
+
+/// @brief AdamW with bf16 params and grads and fp32 moments (adamw_bf16) behind
+/// clip_by_global_norm(max_norm 1): one reduction pass reading the gradients (2 bytes per
+/// element), then the update: 24 bytes per element, adamw_bf16's 22 plus one read of the
+/// gradients.
+struct adamw_clip_bf16 : adamw_bf16 {
+  static constexpr char const* name = "adamw_clip_bf16";
+  static auto rule(step_scalars* s)
+  {
+    fo::rules::clip_by_global_norm clip;
+    clip.max_norm = 1.0;
+    clip.total_norm = &s->total_norm;
+    return fo::chain(clip, adamw_bf16::rule());
+  }
+};
+
+/// @brief LAMB (NVLAMB: trust ratio always applied; lr 1e-3, weight decay 1e-2), every slot
+/// fp32: a reduction pass reading param, grad and both moments (16 bytes per element) and the
+/// update (28): 44 bytes per element, 1.57x adam_fp32's 28.
+struct lamb_fp32 : adam_fp32 {
+  static constexpr char const* name = "lamb_fp32";
+  static fo::rules::lamb rule()
+  {
+    fo::rules::lamb r;
+    r.lr = 1e-3;
+    r.weight_decay = 1e-2;
+    r.use_nvlamb = true;
+    return r;
+  }
+};
+
+/// @brief AMP: unscale the gradients by a device inv_scale, count non-finite ones (one
+/// reduction pass reading the gradients, 4 bytes per element), and Adam (adam_fp32) unless the
+/// count is not 0: 32 bytes per element, adam_fp32's 28 plus one read of the gradients.
+struct amp_adam_fp32 : adam_fp32 {
+  static constexpr char const* name = "amp_adam_fp32";
+  static auto rule(step_scalars* s)
+  {
+    return fo::chain(fo::rules::unscale_gradients{fo::scalar<double>::from_pointer(&s->inv_scale)},
+                     fo::rules::skip_if_nonfinite(adam_fp32::rule(), &s->found_inf));
+  }
+};
+
+/// True when `Case::rule` takes the step's scalars.
+template <class Case, class = void>
+struct takes_scalars : std::false_type {};
+template <class Case>
+struct takes_scalars<Case, std::void_t<decltype(Case::rule(static_cast<step_scalars*>(nullptr)))>> : std::true_type {};
+
+/// @brief The rule of `Case`, given the step's scalars (unused by cases that need none).
+template <class Case>
+auto rule_of([[maybe_unused]] step_scalars* scalars)
+{
+  if constexpr (takes_scalars<Case>::value) {
+    return Case::rule(scalars);
+  } else {
+    return Case::rule();
+  }
+}
+
+namespace detail {
+template <class Reads, class... B>
+constexpr std::size_t read_bytes(fo::bound_lists<B...> const*)
+{
+  return (std::size_t{0} + ... +
+          (fo::detail::declares_v<Reads, typename B::slot_type> ? sizeof(std::remove_const_t<typename B::element_type>) : 0));
+}
+template <class Rule, class Lists, int... J>
+constexpr std::size_t pass_bytes(std::integer_sequence<int, J...>)
+{
+  return (std::size_t{0} + ... +
+          read_bytes<typename fo::detail::pass_traits<Rule, J>::reads>(static_cast<Lists const*>(nullptr)));
+}
+}  // namespace detail
+
+/// @brief Bytes one element moves in one step of `Rule` over `Lists`, every pass counted:
+/// each reduction pass reads its slots once; the update pass loads and stores once each.
+template <class Rule, class Lists>
+constexpr std::size_t bytes_per_element()
+{
+  return fo::detail::access<Rule, Lists>::bytes_per_element() +
+         detail::pass_bytes<Rule, Lists>(std::make_integer_sequence<int, fo::detail::pass_count_v<Rule>>{});
+}
+
+/// @brief Passes over memory in one step of `Rule`: its reduction passes and the update.
+template <class Rule>
+inline constexpr int passes_over_memory = fo::detail::pass_count_v<Rule> + 1;
 
 /// @brief One slot's tensors in one allocation made by `Memory` (host or device), laid out
 /// by `pack`. `Memory<T>` provides `T* data()`, construction from an element count, and

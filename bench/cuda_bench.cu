@@ -8,7 +8,8 @@
 //   before the start event runs and the events time the step's kernels only; median over all
 //   iterations (Google Benchmark's manual time gets each iteration's time too).
 // - Bytes per step at the minimum: each slot the rule loads read once, each slot it stores
-//   written once (fusedopt::detail::access<Rule, Lists>::bytes_per_element()).
+//   written once, plus each slot a reduction pass reads, once per pass
+//   (fusedopt_bench::bytes_per_element<Rule, Lists>(); counter `passes` = passes over memory).
 // - The roofline: a 1 GiB cudaMemcpyAsync device-to-device copy measured in the same binary,
 //   counting bytes read plus bytes written; pct_copy = achieved GB/s over copy GB/s.
 // - Host time per plan.run: wall clock around the call alone (host_run/... benchmarks).
@@ -210,9 +211,13 @@ void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options o
     memory_type memory(w.sizes);
     stream_and_events timer;
     auto const plan = fo::cuda::make_plan(memory.lists(), opts, timer.stream);
-    auto const rule = Case::rule();
-    using access = fo::detail::access<std::decay_t<decltype(rule)>, std::decay_t<decltype(plan.lists())>>;
-    double const bytes = static_cast<double>(access::bytes_per_element()) * static_cast<double>(w.elements());
+    device_memory<fb::step_scalars> scalars(1);
+    fb::step_scalars const initial{};
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(scalars.data(), &initial, sizeof initial, cudaMemcpyHostToDevice));
+    auto const rule = fb::rule_of<Case>(scalars.data());
+    using rule_type = std::decay_t<decltype(rule)>;
+    double const bytes = static_cast<double>(fb::bytes_per_element<rule_type, std::decay_t<decltype(plan.lists())>>()) *
+                         static_cast<double>(w.elements());
 
     // Warm-up (module load, first-step paths), measuring the host time of run() so the spin
     // that hides launch latency outlasts it.
@@ -241,7 +246,9 @@ void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options o
     state.counters["bytes_per_step"] = bytes;
     state.counters["GBps"] = bytes / t * 1e-9;
     state.counters["pct_copy"] = 100.0 * bytes / t / g_copy_bytes_per_second;
-    state.counters["launches"] = static_cast<double>(plan.launches_per_run());
+    state.counters["launches"] = static_cast<double>(plan.launches_per_run(rule));
+    state.counters["passes"] = fb::passes_over_memory<rule_type>;
+    state.counters["bytes_per_element"] = bytes / static_cast<double>(w.elements());
     state.counters["tensors"] = static_cast<double>(w.sizes.size());
     state.counters["elements"] = static_cast<double>(w.elements());
     state.SetLabel(transport_name(plan.metadata()));
@@ -301,8 +308,8 @@ template <class Case>
 double case_bytes(fb::workload const& w)
 {
   using lists_type = decltype(std::declval<fb::case_state<Case, device_memory> const&>().lists());
-  using access = fo::detail::access<decltype(Case::rule()), lists_type>;
-  return static_cast<double>(access::bytes_per_element()) * static_cast<double>(w.elements());
+  using rule_type = decltype(fb::rule_of<Case>(nullptr));
+  return static_cast<double>(fb::bytes_per_element<rule_type, lists_type>()) * static_cast<double>(w.elements());
 }
 
 template <class Case>
@@ -392,6 +399,12 @@ int main(int argc, char** argv)
     register_step<fb::adam_fp32>(w, g_tuning);
     register_step<fb::adamw_bf16>(w, g_tuning);
     register_step<fb::sgd_momentum_fp32>(w, g_tuning);
+  }
+  // Issue 5: reduction passes (clip, LAMB, AMP skip) on the two multi-tensor workloads.
+  for (auto const& w : {fb::w2(), fb::w3()}) {
+    register_step<fb::adamw_clip_bf16>(w, g_tuning);
+    register_step<fb::lamb_fp32>(w, g_tuning);
+    register_step<fb::amp_adam_fp32>(w, g_tuning);
   }
   if (transports) {
     for (auto const& w : fb::all_workloads()) {

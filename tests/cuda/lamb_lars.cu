@@ -4,7 +4,7 @@
 // partials sequentially, the GPU in a thread-strided tree), so the ratios differ in the last
 // bits of a double and, once cast to the arithmetic type, by at most one ulp of float;
 // trajectories may then drift by a few ulps: float rtol 2e-5, double 1e-12, bfloat16
-// params 2 ulps of bfloat16 (2^-7). The host backend itself is checked against double
+// params 2^-6 (two bfloat16 rounding flips). The host backend itself is checked against double
 // references of apex FusedLAMB and LARC + SGD in tests/host/lamb_lars.cpp. LARS's per-tensor
 // exclusion: excluded tensors do not depend on any reduction, so they must equal the host's
 // bits exactly.
@@ -28,7 +28,7 @@ tolerance tolerance_for()
   } else if constexpr (std::is_same_v<T, float>) {
     return {2e-5, 1e-7};
   } else {
-    return {1.0 / 128, 1e-4};
+    return {1.0 / 64, 1e-4};
   }
 }
 

@@ -72,10 +72,10 @@ TEST_CASE("norm_of: per-tensor and global L2 and inf norms against a double refe
     for (std::size_t t = 0; t < rows; ++t) {
       INFO("tensor " << t << " of size " << edge_sizes()[t]);
       // Each thread sums at most a few dozen squares in float before the double combine.
-      CHECK(got[t] == fusedopt_test::Approx(l2[t]).epsilon(1e-6).margin(1e-30));
+      CHECK(got[t] == fusedopt_test::Approx(l2[t]).epsilon(2e-6).margin(1e-30));
       CHECK(got_inf[t] == inf[t]);  // max is exact
     }
-    CHECK(total.value() == fusedopt_test::Approx(l2_total).epsilon(1e-6));
+    CHECK(total.value() == fusedopt_test::Approx(l2_total).epsilon(2e-6));
     CHECK(total_inf.value() == inf_total);
   }
 }
@@ -192,7 +192,7 @@ TEST_CASE("clip_by_global_norm + SGD against a double reference and the host bac
     auto const plan = fo::cuda::make_plan(p.lists(true), options_of(how));
     plan.run(fo::chain(clip, sgd));
 
-    CHECK(total_norm.value() == fusedopt_test::Approx(norm).epsilon(1e-6));
+    CHECK(total_norm.value() == fusedopt_test::Approx(norm).epsilon(2e-6));
     CHECK(nonfinite.value() == 0);
     // Against the double reference: p - lr * coefficient * g, with float rounding.
     pull(p);
@@ -202,7 +202,7 @@ TEST_CASE("clip_by_global_norm + SGD against a double reference and the host bac
       for (std::int64_t i = 0; i < pa.sizes[t]; ++i) {
         auto const at = static_cast<std::size_t>(pa.offsets[t] + i);
         double const expected = before[at] - 0.1 * (coefficient * ga.host[at]);
-        REQUIRE(pa.host[at] == fusedopt_test::Approx(expected).epsilon(1e-6).margin(1e-7));
+        REQUIRE(pa.host[at] == fusedopt_test::Approx(expected).epsilon(1e-6).margin(3e-7));
       }
     }
     // Against the host backend: the coefficient may differ in its last bits (another
@@ -211,7 +211,7 @@ TEST_CASE("clip_by_global_norm + SGD against a double reference and the host bac
     auto host_plan = fo::host::make_plan(q.lists(false));
     host_plan.run(fo::chain(fo::rules::clip_by_global_norm{max_norm, kind}, sgd));
     for (std::size_t i = 0; i < pa.host.size(); ++i) {
-      REQUIRE(pa.host[i] == fusedopt_test::Approx(q.slot_arena<0>().host[i]).epsilon(3e-7).margin(1e-9));
+      REQUIRE(pa.host[i] == fusedopt_test::Approx(q.slot_arena<0>().host[i]).epsilon(3e-7).margin(1e-7));
     }
   }
 }

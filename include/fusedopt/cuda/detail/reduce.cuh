@@ -31,7 +31,8 @@ namespace detail {
 
 /// The results of a rule's P passes as kernels receive them: by value (pointers into the
 /// plan's workspace, known when the plan is built), at least one entry so that a rule without
-/// passes still gets a valid (empty) array.
+/// passes still gets a valid (empty) array. Kernels take it `__grid_constant__`: the bodies
+/// index it through a pointer, which would otherwise copy it to local memory.
 template <int P>
 struct pass_results {
   reduced r[P > 0 ? P : 1];
@@ -158,7 +159,7 @@ __device__ __forceinline__ void accumulate_chunk(Body const& body, tensor_entry<
 template <class Policy, class Rule, class Bound, class Table, int J, int P>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
   reduce_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
-                pass_results<P> const results, double* partials, std::int64_t chunk_base)
+                FUSEDOPT_GRID_CONSTANT pass_results<P> const results, double* partials, std::int64_t chunk_base)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   using traits = ::fusedopt::detail::pass_traits<Rule, J>;
@@ -251,7 +252,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads)
 template <class Policy, class Rule, class Bound, class Table, int P>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
   reduced_update_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
-                        pass_results<P> const results)
+                        FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   constexpr int width = vector_width<Bound>::value;
@@ -266,7 +267,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
 
 /// The rule's after-step hooks, once, in one thread, after the update in stream order.
 template <class Rule, int P>
-FUSEDOPT_KERNEL void after_step_kernel(Rule const rule, step_info const step, pass_results<P> const results)
+FUSEDOPT_KERNEL void after_step_kernel(Rule const rule, step_info const step,
+                                      FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {
   ::fusedopt::detail::after_step(rule, step, results.r);
 }
