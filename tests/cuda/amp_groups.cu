@@ -5,7 +5,8 @@
 //   state bit for bit unchanged, sets found_inf, takes back the step count, and the scale
 //   follows torch.amp.GradScaler (backoff on inf, growth after growth_interval good steps);
 // - groups: two groups with different lr / weight decay in one launch equal the host bit for
-//   bit (AdamW), and groups<lamb, 2> follows the host within the reduction tolerance.
+//   bit (AdamW), and groups<lamb, 2> follows the host within the reduction tolerance
+//   (tests/cuda/lamb_lars.cu explains it).
 #include "support.cuh"
 
 #include <cfloat>
@@ -236,6 +237,6 @@ TEST_CASE("groups: lamb (a reducing rule) in two groups follows the host", "[cud
   std::uint64_t seed = 700;
   for (scenario const& how : plan_scenarios()) {
     adam_problem p(sizes, how.placement, seed++);
-    check_close_trajectory(p, make, how, trajectory_steps(), tolerance{2e-5, 1e-7}, "groups<lamb, 2>");
+    check_close_trajectory(p, make, how, trajectory_steps(), tolerance{1e-4, 1e-6}, "groups<lamb, 2>");
   }
 }

@@ -1,13 +1,16 @@
 // LAMB and LARS on the CUDA backend over 12-step trajectories (3 under FUSEDOPT_TEST_QUICK)
 // against the host backend, every plan scenario. Tolerances: the trust ratios come from
-// per-tensor sums whose combine order differs between the backends (the host sums chunk
-// partials sequentially, the GPU in a thread-strided tree), so the ratios differ in the last
-// bits of a double and, once cast to the arithmetic type, by at most one ulp of float;
-// trajectories may then drift by a few ulps: float rtol 2e-5, double 1e-12, bfloat16
-// params 2^-6 (two bfloat16 rounding flips). The host backend itself is checked against double
-// references of apex FusedLAMB and LARC + SGD in tests/host/lamb_lars.cpp. LARS's per-tensor
-// exclusion: excluded tensors do not depend on any reduction, so they must equal the host's
-// bits exactly.
+// per-tensor sums that the two backends round differently. The host backend accumulates
+// each of 8 lanes in the arithmetic type over a 32K-element chunk (4096 float terms per lane:
+// a relative error of order 1e-6..1e-5 in a float sum of squares); the GPU sums at most 16
+// float terms per thread and the rest in double. Trust ratios of float lists therefore differ
+// by up to about 1e-5 relative, which LARS's momentum buffer (proportional to the ratio)
+// shows directly: float rtol 1e-4 with atol 1e-6; double rtol 1e-12. bfloat16 params: such a
+// difference flips a bfloat16 rounding now and then, by one ulp of the value at that step
+// (up to 2^-7 of a magnitude near 1, and a value may cross zero later): rtol 2^-5, atol 2e-3.
+// The host backend itself is checked against double references of apex FusedLAMB and
+// LARC + SGD in tests/host/lamb_lars.cpp. LARS's per-tensor exclusion: excluded tensors do
+// not depend on any reduction, so they must equal the host's bits exactly.
 #include "support.cuh"
 
 #include <cfloat>
@@ -26,9 +29,9 @@ tolerance tolerance_for()
   if constexpr (std::is_same_v<T, double>) {
     return {1e-12, 1e-14};
   } else if constexpr (std::is_same_v<T, float>) {
-    return {2e-5, 1e-7};
+    return {1e-4, 1e-6};
   } else {
-    return {1.0 / 64, 1e-4};
+    return {1.0 / 32, 2e-3};
   }
 }
 

@@ -200,18 +200,19 @@ TEST_CASE("clip_by_global_norm + SGD against a double reference and the host bac
     auto const& ga = p.slot_arena<1>();
     for (std::size_t t = 0; t < pa.sizes.size(); ++t) {
       for (std::int64_t i = 0; i < pa.sizes[t]; ++i) {
-        auto const at = static_cast<std::size_t>(pa.offsets[t] + i);
-        double const expected = before[at] - 0.1 * (coefficient * ga.host[at]);
+        auto const at = static_cast<std::size_t>(pa.offsets[t] + i);  // slots may sit at different offsets
+        double const g = ga.host[static_cast<std::size_t>(ga.offsets[t] + i)];
+        double const expected = before[at] - 0.1 * (coefficient * g);
         REQUIRE(pa.host[at] == fusedopt_test::Approx(expected).epsilon(1e-6).margin(3e-7));
       }
     }
-    // Against the host backend: the coefficient may differ in its last bits (another
-    // combine order), so the params may differ by an ulp of float.
+    // Against the host backend: its norm is summed in float lanes of 4096 terms (relative
+    // error up to about 1e-6), so the coefficients differ slightly.
     pg_problem q(edge_sizes(), how.placement, 21);
     auto host_plan = fo::host::make_plan(q.lists(false));
     host_plan.run(fo::chain(fo::rules::clip_by_global_norm{max_norm, kind}, sgd));
     for (std::size_t i = 0; i < pa.host.size(); ++i) {
-      REQUIRE(pa.host[i] == fusedopt_test::Approx(q.slot_arena<0>().host[i]).epsilon(3e-7).margin(1e-7));
+      REQUIRE(pa.host[i] == fusedopt_test::Approx(q.slot_arena<0>().host[i]).epsilon(1e-6).margin(3e-7));
     }
   }
 }
