@@ -1,0 +1,369 @@
+/// @file binding.cpp
+/// @brief fusedopt_torch._C: turns lists of at::Tensor into fusedopt plans and runs them.
+///
+/// One `engine` per Python optimizer. It keeps, per parameter group, the parameters, their
+/// state tensors (the very tensors of the Python optimizer's `state`, shared) and step counts,
+/// and a cache of plans: one per (device, dtype, step) bucket of the parameters that have a
+/// gradient. A step compares the parameters' and gradients' addresses with the cached ones
+/// (a few ns per tensor) and runs the cached plans with the group's current hyperparameters;
+/// a changed address rebuilds the group's plans here, a parameter without state or a changed
+/// layout (amsgrad, momentum, centered, clipping) sends the work back to Python.
+#include <torch/extension.h>
+
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+#  include <ATen/cuda/CUDAContext.h>
+#  include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include <fusedopt/error.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "plans.hpp"
+
+namespace fusedopt_torch {
+namespace {
+
+namespace py = pybind11;
+
+// Order of the hyperparameter tuple Python passes for each group (fusedopt_torch/_kinds.py).
+enum hyper_index : int {
+  h_lr,
+  h_beta1,
+  h_beta2,
+  h_eps,
+  h_weight_decay,
+  h_momentum,
+  h_dampening,
+  h_alpha,
+  h_lr_decay,
+  h_rho,
+  h_max_grad_norm,
+  h_flags,
+  h_count
+};
+enum flag_bits : int {
+  f_amsgrad = 1,
+  f_maximize = 2,
+  f_nesterov = 4,
+  f_centered = 8,
+  f_decoupled = 16,
+  f_bias_correction = 32,
+  f_grad_averaging = 64,
+  f_adam_w_mode = 128,
+  f_use_nvlamb = 256,
+};
+
+hyper to_hyper(std::vector<double> const& v)
+{
+  TORCH_CHECK(v.size() == h_count, "fusedopt_torch: a group's hyperparameters have ", v.size(), " entries, expected ",
+              static_cast<int>(h_count));
+  hyper h;
+  h.lr = v[h_lr];
+  h.beta1 = v[h_beta1];
+  h.beta2 = v[h_beta2];
+  h.eps = v[h_eps];
+  h.weight_decay = v[h_weight_decay];
+  h.momentum = v[h_momentum];
+  h.dampening = v[h_dampening];
+  h.alpha = v[h_alpha];
+  h.lr_decay = v[h_lr_decay];
+  h.rho = v[h_rho];
+  h.max_grad_norm = v[h_max_grad_norm];
+  auto const flags = static_cast<int>(v[h_flags]);
+  h.amsgrad = (flags & f_amsgrad) != 0;
+  h.maximize = (flags & f_maximize) != 0;
+  h.nesterov = (flags & f_nesterov) != 0;
+  h.centered = (flags & f_centered) != 0;
+  h.decoupled_weight_decay = (flags & f_decoupled) != 0;
+  h.bias_correction = (flags & f_bias_correction) != 0;
+  h.grad_averaging = (flags & f_grad_averaging) != 0;
+  h.adam_w_mode = (flags & f_adam_w_mode) != 0;
+  h.use_nvlamb = (flags & f_use_nvlamb) != 0;
+  return h;
+}
+
+/// The structural options of a family's hyperparameters (must agree with _kinds.state_keys).
+layout layout_of(family f, hyper const& h)
+{
+  layout l;
+  l.amsgrad = (f == family::adam || f == family::adamw) && h.amsgrad;
+  l.momentum = (f == family::sgd && h.momentum != 0.0) || (f == family::rmsprop && h.momentum > 0.0);
+  l.centered = f == family::rmsprop && h.centered;
+  l.clip = f == family::lamb && h.max_grad_norm > 0.0;
+  return l;
+}
+
+dtype dtype_of(at::Tensor const& t)
+{
+  switch (t.scalar_type()) {
+    case at::kFloat: return dtype::f32;
+    case at::kDouble: return dtype::f64;
+    case at::kHalf: return dtype::f16;
+    case at::kBFloat16: return dtype::bf16;
+    default: TORCH_CHECK_TYPE(false, "fusedopt_torch: parameters must be float32, float64, float16 or bfloat16, not ", t.scalar_type());
+  }
+  return dtype::f32;
+}
+
+struct bucket {
+  std::vector<int> members;  // indices into the group's parameters
+  int device = -1;           // -1: CPU (host backend), else the CUDA device index
+  std::int64_t step = 0;     // the members' step count before the next step
+  std::unique_ptr<plan> p;
+};
+
+struct group_data {
+  std::vector<at::Tensor> params;
+  std::vector<std::vector<at::Tensor>> states;
+  std::vector<char> has_state;  // false: no state yet (SGD without momentum has state and no tensors)
+  std::vector<std::int64_t> steps;
+  layout lay;
+  bool layout_known = false;
+  // The cache: addresses the plans were built for (grad null: skipped parameter).
+  std::vector<void const*> param_ptrs, grad_ptrs;
+  std::vector<bucket> buckets;
+  bool built = false;
+};
+
+void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* what, std::size_t index)
+{
+  TORCH_CHECK(t.defined(), "fusedopt_torch: parameter ", index, ": ", what, " is undefined");
+  TORCH_CHECK(!t.is_sparse(), "fusedopt_torch does not support sparse gradients (parameter ", index, ")");
+  TORCH_CHECK(t.scalar_type() == p.scalar_type(), "fusedopt_torch: parameter ", index, " is ", p.scalar_type(),
+              " but its ", what, " is ", t.scalar_type());
+  TORCH_CHECK(t.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(), " but its ", what,
+              " is on ", t.device());
+  TORCH_CHECK(t.sizes() == p.sizes(), "fusedopt_torch: parameter ", index, " has shape ", p.sizes(), " but its ",
+              what, " has shape ", t.sizes());
+  TORCH_CHECK(t.is_non_overlapping_and_dense() && t.strides() == p.strides(), "fusedopt_torch: parameter ", index,
+              ": its ", what,
+              " must be dense with the parameter's strides (an elementwise step runs over the memory of each tensor)");
+}
+
+class engine {
+ public:
+  explicit engine(int f) : family_(static_cast<family>(f)) {}
+
+  /// Replaces every group: parameters, state tensors (None: no state yet) and step counts.
+  void set_groups(std::vector<std::tuple<std::vector<at::Tensor>, std::vector<c10::optional<std::vector<at::Tensor>>>,
+                                         std::vector<std::int64_t>>> const& groups)
+  {
+    std::vector<group_data> next(groups.size());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      auto const& [params, states, steps] = groups[g];
+      TORCH_CHECK(params.size() == states.size() && params.size() == steps.size(),
+                  "fusedopt_torch: set_groups: lists of different lengths");
+      auto& d = next[g];
+      d.params = params;
+      d.steps = steps;
+      d.states.resize(params.size());
+      d.has_state.assign(params.size(), 0);
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        TORCH_CHECK(params[i].is_non_overlapping_and_dense(), "fusedopt_torch: parameter ", i, " of group ", g,
+                    " is not dense (fusedopt steps the memory of each tensor as one flat array)");
+        dtype_of(params[i]);
+        if (states[i]) {
+          for (auto const& s : *states[i]) { check_same_layout(params[i], s, "state", i); }
+          d.states[i] = *states[i];
+          d.has_state[i] = 1;
+        }
+      }
+    }
+    groups_ = std::move(next);
+  }
+
+  /// One step of every group. Returns false, having changed nothing, when Python must first
+  /// create states (a parameter got its first gradient, or the layout changed).
+  bool step(std::vector<std::vector<double>> const& hypers)
+  {
+    TORCH_CHECK(hypers.size() == groups_.size(), "fusedopt_torch: ", hypers.size(), " groups of hyperparameters for ",
+                groups_.size(), " parameter groups");
+    hyper_.resize(hypers.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      hyper_[g] = to_hyper(hypers[g]);
+      layout const l = layout_of(family_, hyper_[g]);
+      auto& d = groups_[g];
+      if (!d.layout_known || l != d.lay) {
+        // States were created by Python for the layout of its last rebuild: ask again.
+        if (d.layout_known) { return false; }
+        d.lay = l;
+        d.layout_known = true;
+      }
+    }
+    // Gather the gradients; nothing runs until every group is known to be ready.
+    changed_.assign(groups_.size(), 0);
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      auto& d = groups_[g];
+      std::size_t const n = d.params.size();
+      if (!d.built || d.param_ptrs.size() != n) {
+        changed_[g] = 1;
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        at::Tensor const& p = d.params[i];
+        at::Tensor const& gr = p.grad();
+        void const* gp = gr.defined() ? gr.data_ptr() : nullptr;
+        if (gp != nullptr && !d.has_state[i]) { return false; }
+        if (!changed_[g] && (gp != d.grad_ptrs[i] || p.data_ptr() != d.param_ptrs[i])) { changed_[g] = 1; }
+      }
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      if (changed_[g]) { rebuild(g); }
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g) { run(g); }
+    return true;
+  }
+
+  /// Every parameter with state and its step count (torch's state['step']).
+  std::vector<std::vector<std::tuple<at::Tensor, std::int64_t>>> steps()
+  {
+    std::vector<std::vector<std::tuple<at::Tensor, std::int64_t>>> out(groups_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      auto& d = groups_[g];
+      flush(d);
+      for (std::size_t i = 0; i < d.params.size(); ++i) {
+        if (d.has_state[i]) { out[g].emplace_back(d.params[i], d.steps[i]); }
+      }
+    }
+    return out;
+  }
+
+  /// Plans built so far (tests: a changed parameter set rebuilds).
+  [[nodiscard]] std::int64_t rebuilds() const { return rebuilds_; }
+  /// Plans in use, over all groups.
+  [[nodiscard]] std::int64_t plans() const
+  {
+    std::int64_t n = 0;
+    for (auto const& d : groups_) { n += static_cast<std::int64_t>(d.buckets.size()); }
+    return n;
+  }
+
+ private:
+  // Bucket step counts back into the per-parameter counts.
+  static void flush(group_data& d)
+  {
+    for (auto const& b : d.buckets) {
+      for (int i : b.members) { d.steps[static_cast<std::size_t>(i)] = b.step; }
+    }
+  }
+
+  void rebuild(std::size_t g)
+  {
+    auto& d = groups_[g];
+    flush(d);
+    d.buckets.clear();
+    d.built = false;
+    std::size_t const n = d.params.size();
+    d.param_ptrs.assign(n, nullptr);
+    d.grad_ptrs.assign(n, nullptr);
+    // Bucket key: device, dtype, step.
+    std::map<std::tuple<int, int, std::int64_t>, std::vector<int>> keys;
+    for (std::size_t i = 0; i < n; ++i) {
+      at::Tensor const& p = d.params[i];
+      d.param_ptrs[i] = p.data_ptr();
+      at::Tensor const& gr = p.grad();
+      if (!gr.defined()) { continue; }
+      check_same_layout(p, gr, "gradient", i);
+      for (auto const& s : d.states[i]) { check_same_layout(p, s, "state", i); }
+      d.grad_ptrs[i] = gr.data_ptr();
+      int const device = p.is_cuda() ? p.get_device() : -1;
+      TORCH_CHECK(p.is_cuda() || p.is_cpu(), "fusedopt_torch: parameter ", i, " is on ", p.device(),
+                  "; CPU and CUDA tensors are supported");
+      keys[{device, static_cast<int>(dtype_of(p)), d.steps[i]}].push_back(static_cast<int>(i));
+    }
+    for (auto& [key, members] : keys) {
+      bucket b;
+      b.device = std::get<0>(key);
+      b.step = std::get<2>(key);
+      b.members = std::move(members);
+      lists x;
+      std::size_t const states = d.states[static_cast<std::size_t>(b.members.front())].size();
+      x.states.resize(states);
+      for (int i : b.members) {
+        auto const u = static_cast<std::size_t>(i);
+        at::Tensor const& p = d.params[u];
+        TORCH_CHECK(d.states[u].size() == states, "fusedopt_torch: parameter ", i, " has ", d.states[u].size(),
+                    " state tensors, expected ", states);
+        x.sizes.push_back(p.numel());
+        x.param.push_back(p.data_ptr());
+        x.grad.push_back(p.grad().data_ptr());
+        for (std::size_t k = 0; k < states; ++k) { x.states[k].push_back(d.states[u][k].data_ptr()); }
+      }
+      auto const t = static_cast<dtype>(std::get<1>(key));
+      try {
+        if (b.device < 0) {
+          b.p = make_host_plan(family_, t, d.lay, x);
+        } else {
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
+          b.p = make_cuda_plan(family_, t, d.lay, x, at::cuda::getCurrentCUDAStream(b.device).stream());
+#else
+          TORCH_CHECK(false, "fusedopt_torch was built without CUDA; parameters are on cuda:", b.device);
+#endif
+        }
+      } catch (fusedopt::error const& e) {
+        TORCH_CHECK(false, e.what());
+      }
+      d.buckets.push_back(std::move(b));
+    }
+    d.built = true;
+    ++rebuilds_;
+  }
+
+  void run(std::size_t g)
+  {
+    auto& d = groups_[g];
+    for (auto& b : d.buckets) {
+      std::int64_t const next = b.step + 1;
+      try {
+        if (b.device < 0) {
+          b.p->run(hyper_[g], next, nullptr);
+        } else {
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
+          b.p->run(hyper_[g], next, at::cuda::getCurrentCUDAStream(b.device).stream());
+#endif
+        }
+      } catch (fusedopt::error const& e) {
+        // Options the rule rejects (checked before anything is written): torch raises ValueError.
+        throw py::value_error(e.what());
+      }
+      b.step = next;
+      // In-place writes bypass autograd's version counters: bump them as torch's ops would.
+      for (int i : b.members) { d.params[static_cast<std::size_t>(i)].unsafeGetTensorImpl()->bump_version(); }
+    }
+  }
+
+  family family_;
+  std::vector<group_data> groups_;
+  std::vector<hyper> hyper_;
+  std::vector<char> changed_;
+  std::int64_t rebuilds_ = 0;
+};
+
+}  // namespace
+}  // namespace fusedopt_torch
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+  namespace py = pybind11;
+  using fusedopt_torch::engine;
+  m.doc() = "fusedopt_torch._C: fused optimizer steps on fusedopt plans";
+  py::class_<engine>(m, "Engine")
+    .def(py::init<int>(), py::arg("family"))
+    .def("set_groups", &engine::set_groups, py::arg("groups"))
+    .def("step", &engine::step, py::arg("hypers"))
+    .def("steps", &engine::steps)
+    .def("rebuilds", &engine::rebuilds)
+    .def("plans", &engine::plans);
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

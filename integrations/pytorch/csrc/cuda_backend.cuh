@@ -1,0 +1,31 @@
+/// @file cuda_backend.cuh
+/// @brief The CUDA backend for families.hpp, and the per-family entry points of the .cu files.
+#pragma once
+
+#include <fusedopt/cuda/backend.cuh>
+
+#include <cuda_runtime.h>
+
+#include "families.hpp"
+
+namespace fusedopt_torch {
+namespace detail {
+
+struct cuda_backend {
+  template <class Lists>
+  static auto make(Lists lists, void* stream, int reduction_capacity)
+  {
+    fusedopt::cuda::options o;
+    // Rules without reduction passes need no workspace: allocate none.
+    o.reduction_capacity = reduction_capacity;
+    return fusedopt::cuda::make_plan(std::move(lists), o, static_cast<cudaStream_t>(stream));
+  }
+  template <class Plan, class Rule>
+  static void run(Plan const& p, Rule const& r, fusedopt::step_info const& step, void* stream)
+  {
+    p.run(r, step, static_cast<cudaStream_t>(stream));
+  }
+};
+
+}  // namespace detail
+}  // namespace fusedopt_torch

@@ -1,0 +1,380 @@
+/// @file families.hpp
+/// @brief Plans of every optimizer family, generic over the backend (host or CUDA).
+///
+/// Included by host_plans.cpp (host backend) and by one `.cu` per family (CUDA backend), so
+/// the two paths bind the same slots and build the same rules from the same hyperparameters.
+/// A backend is a struct with `make(bound_lists, void* stream, int reduction_capacity)` and
+/// `run(plan, rule, step_info, void* stream)`.
+#pragma once
+
+// The headers used, not fusedopt.hpp: that one includes version.hpp, which CMake generates
+// and a torch.utils.cpp_extension build does not have.
+#include <fusedopt/bind.hpp>
+#include <fusedopt/chain.hpp>
+#include <fusedopt/rules/adadelta.hpp>
+#include <fusedopt/rules/adagrad.hpp>
+#include <fusedopt/rules/adam.hpp>
+#include <fusedopt/rules/adamax.hpp>
+#include <fusedopt/rules/lamb.hpp>
+#include <fusedopt/rules/lion.hpp>
+#include <fusedopt/rules/norms.hpp>
+#include <fusedopt/rules/radam.hpp>
+#include <fusedopt/rules/rmsprop.hpp>
+#include <fusedopt/rules/sgd.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "plans.hpp"
+
+namespace fusedopt_torch {
+namespace detail {
+
+namespace fo = fusedopt;
+namespace slot = fusedopt::slot;
+namespace rules = fusedopt::rules;
+
+template <class T>
+struct tag {
+  using type = T;
+};
+
+/// Calls `f(tag<T>{})` with the fusedopt element type of `t`.
+template <class F>
+std::unique_ptr<plan> by_dtype(dtype t, F&& f)
+{
+  switch (t) {
+    case dtype::f32: return f(tag<float>{});
+    case dtype::f64: return f(tag<double>{});
+    case dtype::f16: return f(tag<fo::half>{});
+    case dtype::bf16: return f(tag<fo::bfloat16>{});
+  }
+  throw fo::error("fusedopt_torch: unknown dtype");
+}
+
+template <class T>
+fo::tensor_list<T> writable(std::vector<void*> const& ptrs, std::vector<std::int64_t> const& sizes)
+{
+  fo::tensor_list<T> l;
+  l.reserve(ptrs.size());
+  for (std::size_t i = 0; i < ptrs.size(); ++i) { l.push_back(static_cast<T*>(ptrs[i]), sizes[i]); }
+  return l;
+}
+
+template <class T>
+fo::tensor_list<T const> readonly(std::vector<void const*> const& ptrs, std::vector<std::int64_t> const& sizes)
+{
+  fo::tensor_list<T const> l;
+  l.reserve(ptrs.size());
+  for (std::size_t i = 0; i < ptrs.size(); ++i) { l.push_back(static_cast<T const*>(ptrs[i]), sizes[i]); }
+  return l;
+}
+
+/// Param, grad and the k-th state of `x` as fusedopt bindings.
+template <class T>
+auto param(lists const& x)
+{
+  return slot::param = writable<T>(x.param, x.sizes);
+}
+template <class T>
+auto grad(lists const& x)
+{
+  return slot::grad = readonly<T>(x.grad, x.sizes);
+}
+template <class T>
+fo::tensor_list<T> state(lists const& x, std::size_t k)
+{
+  FUSEDOPT_EXPECTS(k < x.states.size(), "fusedopt_torch: a state list is missing");
+  return writable<T>(x.states[k], x.sizes);
+}
+
+/// A plan of backend B over fixed lists, running the rule `Build` makes from the hyperparameters.
+template <class B, class Plan, class Build>
+class plan_impl final : public plan {
+ public:
+  plan_impl(Plan p, Build b) : plan_(std::move(p)), build_(b) {}
+  void run(hyper const& h, std::int64_t step, void* stream) const override
+  {
+    fo::step_info info;
+    info.step = step;
+    B::run(plan_, build_(h), info, stream);
+  }
+
+ private:
+  Plan plan_;
+  Build build_;
+};
+
+template <class B, class Build, class Lists>
+std::unique_ptr<plan> wrap(Lists lists, Build build, void* stream, int reduction_capacity = 0)
+{
+  auto p = B::make(std::move(lists), stream, reduction_capacity);
+  return std::make_unique<plan_impl<B, decltype(p), Build>>(std::move(p), build);
+}
+
+// ---- rules from hyperparameters -----------------------------------------------------------
+
+inline rules::sgd sgd_rule(hyper const& h)
+{
+  rules::sgd r;
+  r.lr = h.lr;
+  r.momentum = h.momentum;
+  r.dampening = h.dampening;
+  r.weight_decay = h.weight_decay;
+  r.nesterov = h.nesterov;
+  r.maximize = h.maximize;
+  return r;
+}
+
+template <class R>
+R adam_rule(hyper const& h)
+{
+  R r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.amsgrad = h.amsgrad;
+  r.maximize = h.maximize;
+  return r;
+}
+
+inline rules::adagrad adagrad_rule(hyper const& h)
+{
+  rules::adagrad r;
+  r.lr = h.lr;
+  r.lr_decay = h.lr_decay;
+  r.weight_decay = h.weight_decay;
+  r.eps = h.eps;
+  r.maximize = h.maximize;
+  return r;
+}
+
+inline rules::rmsprop rmsprop_rule(hyper const& h)
+{
+  rules::rmsprop r;
+  r.lr = h.lr;
+  r.alpha = h.alpha;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.momentum = h.momentum;
+  r.centered = h.centered;
+  r.maximize = h.maximize;
+  return r;
+}
+
+inline rules::lamb lamb_rule(hyper const& h)
+{
+  rules::lamb r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.bias_correction = h.bias_correction;
+  r.grad_averaging = h.grad_averaging;
+  r.adam_w_mode = h.adam_w_mode;
+  r.use_nvlamb = h.use_nvlamb;
+  return r;
+}
+
+inline rules::lion lion_rule(hyper const& h)
+{
+  rules::lion r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.weight_decay = h.weight_decay;
+  r.maximize = h.maximize;
+  return r;
+}
+
+inline rules::radam radam_rule(hyper const& h)
+{
+  rules::radam r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.decoupled_weight_decay = h.decoupled_weight_decay;
+  r.maximize = h.maximize;
+  return r;
+}
+
+inline rules::adamax adamax_rule(hyper const& h)
+{
+  rules::adamax r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.maximize = h.maximize;
+  return r;
+}
+
+inline rules::adadelta adadelta_rule(hyper const& h)
+{
+  rules::adadelta r;
+  r.lr = h.lr;
+  r.rho = h.rho;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.maximize = h.maximize;
+  return r;
+}
+
+// Captureless lambdas: trivially copyable, stored in the plan.
+struct build_sgd {
+  rules::sgd operator()(hyper const& h) const { return sgd_rule(h); }
+};
+struct build_adam {
+  rules::adam operator()(hyper const& h) const { return adam_rule<rules::adam>(h); }
+};
+struct build_adamw {
+  rules::adamw operator()(hyper const& h) const { return adam_rule<rules::adamw>(h); }
+};
+struct build_adagrad {
+  rules::adagrad operator()(hyper const& h) const { return adagrad_rule(h); }
+};
+struct build_rmsprop {
+  rules::rmsprop operator()(hyper const& h) const { return rmsprop_rule(h); }
+};
+struct build_lamb {
+  rules::lamb operator()(hyper const& h) const { return lamb_rule(h); }
+};
+struct build_clipped_lamb {
+  auto operator()(hyper const& h) const { return fo::chain(rules::clip_by_global_norm{h.max_grad_norm}, lamb_rule(h)); }
+};
+struct build_lion {
+  rules::lion operator()(hyper const& h) const { return lion_rule(h); }
+};
+struct build_radam {
+  rules::radam operator()(hyper const& h) const { return radam_rule(h); }
+};
+struct build_adamax {
+  rules::adamax operator()(hyper const& h) const { return adamax_rule(h); }
+};
+struct build_adadelta {
+  rules::adadelta operator()(hyper const& h) const { return adadelta_rule(h); }
+};
+
+// ---- plans per family (one function per .cu) -----------------------------------------------
+
+template <class B>
+std::unique_ptr<plan> sgd_plan(dtype t, layout const& l, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    if (l.momentum) { return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::momentum_buffer = state<T>(x, 0)), build_sgd{}, s); }
+    return wrap<B>(fo::bind(param<T>(x), grad<T>(x)), build_sgd{}, s);
+  });
+}
+
+template <class B, class Build>
+std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    if (l.amsgrad) {
+      return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1),
+                              slot::max_exp_avg_sq = state<T>(x, 2)),
+                     Build{}, s);
+    }
+    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1)),
+                   Build{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> adam_plan(family f, dtype t, layout const& l, lists const& x, void* s)
+{
+  return f == family::adamw ? adam_plan_of<B, build_adamw>(t, l, x, s) : adam_plan_of<B, build_adam>(t, l, x, s);
+}
+
+template <class B>
+std::unique_ptr<plan> adagrad_plan(dtype t, layout const&, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::sum_sq = state<T>(x, 0)), build_adagrad{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> rmsprop_plan(dtype t, layout const& l, lists const& x, void* s)
+{
+  // State order: square_avg, then momentum_buffer (with momentum), then grad_avg (centered).
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    auto p = [&] { return param<T>(x); };
+    auto g = [&] { return grad<T>(x); };
+    auto sq = [&] { return slot::square_avg = state<T>(x, 0); };
+    if (l.momentum && l.centered) {
+      return wrap<B>(fo::bind(p(), g(), sq(), slot::momentum_buffer = state<T>(x, 1), slot::grad_avg = state<T>(x, 2)),
+                     build_rmsprop{}, s);
+    }
+    if (l.momentum) { return wrap<B>(fo::bind(p(), g(), sq(), slot::momentum_buffer = state<T>(x, 1)), build_rmsprop{}, s); }
+    if (l.centered) { return wrap<B>(fo::bind(p(), g(), sq(), slot::grad_avg = state<T>(x, 1)), build_rmsprop{}, s); }
+    return wrap<B>(fo::bind(p(), g(), sq()), build_rmsprop{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> lamb_plan(dtype t, layout const& l, lists const& x, void* s)
+{
+  // The trust ratio needs two accumulators, the clip one more in its own pass.
+  constexpr int capacity = 4;
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    auto lists = fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1));
+    if (l.clip) { return wrap<B>(std::move(lists), build_clipped_lamb{}, s, capacity); }
+    return wrap<B>(std::move(lists), build_lamb{}, s, capacity);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> lion_plan(dtype t, layout const&, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0)), build_lion{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> radam_plan(dtype t, layout const&, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1)),
+                   build_radam{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> adamax_plan(dtype t, layout const&, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_inf = state<T>(x, 1)),
+                   build_adamax{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> adadelta_plan(dtype t, layout const&, lists const& x, void* s)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(
+      fo::bind(param<T>(x), grad<T>(x), slot::square_avg = state<T>(x, 0), slot::acc_delta = state<T>(x, 1)),
+      build_adadelta{}, s);
+  });
+}
+
+}  // namespace detail
+}  // namespace fusedopt_torch

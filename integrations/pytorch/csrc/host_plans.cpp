@@ -1,0 +1,45 @@
+/// @file host_plans.cpp
+/// @brief Plans of the host backend (CPU tensors): every family, every dtype.
+#include <fusedopt/host/backend.hpp>
+
+#include "families.hpp"
+
+namespace fusedopt_torch {
+namespace detail {
+
+struct host_backend {
+  template <class Lists>
+  static auto make(Lists lists, void*, int reduction_capacity)
+  {
+    fusedopt::host::options o;
+    o.reduction_capacity = reduction_capacity;
+    return fusedopt::host::make_plan(std::move(lists), o);
+  }
+  template <class Plan, class Rule>
+  static void run(Plan const& p, Rule const& r, fusedopt::step_info const& step, void*)
+  {
+    p.run(r, step);
+  }
+};
+
+}  // namespace detail
+
+std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& x)
+{
+  using B = detail::host_backend;
+  switch (f) {
+    case family::sgd: return detail::sgd_plan<B>(t, l, x, nullptr);
+    case family::adam:
+    case family::adamw: return detail::adam_plan<B>(f, t, l, x, nullptr);
+    case family::adagrad: return detail::adagrad_plan<B>(t, l, x, nullptr);
+    case family::rmsprop: return detail::rmsprop_plan<B>(t, l, x, nullptr);
+    case family::lamb: return detail::lamb_plan<B>(t, l, x, nullptr);
+    case family::lion: return detail::lion_plan<B>(t, l, x, nullptr);
+    case family::radam: return detail::radam_plan<B>(t, l, x, nullptr);
+    case family::adamax: return detail::adamax_plan<B>(t, l, x, nullptr);
+    case family::adadelta: return detail::adadelta_plan<B>(t, l, x, nullptr);
+  }
+  throw fusedopt::error("fusedopt_torch: unknown optimizer family");
+}
+
+}  // namespace fusedopt_torch

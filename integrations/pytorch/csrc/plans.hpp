@@ -1,0 +1,99 @@
+/// @file plans.hpp
+/// @brief The small interface between the torch binding and fusedopt's kernels.
+///
+/// Nothing here knows torch or CUDA: tensors are raw pointers and sizes, the stream is a
+/// `void*` (a `cudaStream_t`), hyperparameters a plain struct. The kernel instantiations live in
+/// one `.cu` file per optimizer family (compiled by nvcc, in CI too, without torch) and in
+/// `host_plans.cpp` (the host backend, for CPU tensors); `binding.cpp` alone includes torch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace fusedopt_torch {
+
+/// @brief Element type of every list of one plan (param, grad and states share it, as in torch).
+enum class dtype : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
+
+/// @brief Optimizer families; the numbers are part of the Python interface (fusedopt_torch/_kinds.py).
+enum class family : int {
+  sgd = 0,
+  adam = 1,
+  adamw = 2,
+  adagrad = 3,
+  rmsprop = 4,
+  lamb = 5,
+  lion = 6,
+  radam = 7,
+  adamax = 8,
+  adadelta = 9,
+};
+
+/// @brief Every hyperparameter any family reads, with torch's names; a family ignores the others.
+/// Read from the parameter group at every step (a scheduler may change lr every step).
+struct hyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;       ///< SGD, RMSprop
+  double dampening = 0.0;      ///< SGD
+  double alpha = 0.99;         ///< RMSprop
+  double lr_decay = 0.0;       ///< Adagrad
+  double rho = 0.9;            ///< Adadelta
+  double max_grad_norm = 0.0;  ///< LAMB (apex): clip the gradients' global norm first when > 0
+  bool amsgrad = false;
+  bool maximize = false;
+  bool nesterov = false;
+  bool centered = false;
+  bool decoupled_weight_decay = false;  ///< RAdam
+  bool bias_correction = true;          ///< LAMB
+  bool grad_averaging = true;           ///< LAMB
+  bool adam_w_mode = true;              ///< LAMB
+  bool use_nvlamb = false;              ///< LAMB
+};
+
+/// @brief Which optional state slots a plan binds: options that change the plan's lists (the
+/// other options are read at every step). A change of layout rebuilds the plan.
+struct layout {
+  bool amsgrad = false;   ///< Adam/AdamW: max_exp_avg_sq
+  bool momentum = false;  ///< SGD, RMSprop: momentum_buffer
+  bool centered = false;  ///< RMSprop: grad_avg
+  bool clip = false;      ///< LAMB: a clip_by_global_norm pass in front
+
+  friend bool operator==(layout const& a, layout const& b)
+  {
+    return a.amsgrad == b.amsgrad && a.momentum == b.momentum && a.centered == b.centered && a.clip == b.clip;
+  }
+  friend bool operator!=(layout const& a, layout const& b) { return !(a == b); }
+};
+
+/// @brief The tensors of one plan, one entry per parameter. `states[k]` is the k-th state slot
+/// of the family, in the order fusedopt_torch/_kinds.py lists them for the layout.
+struct lists {
+  std::vector<std::int64_t> sizes;
+  std::vector<void*> param;
+  std::vector<void const*> grad;
+  std::vector<std::vector<void*>> states;
+};
+
+/// @brief A plan over fixed lists: run it once per step.
+class plan {
+ public:
+  virtual ~plan() = default;
+  /// @brief One step: `step` is torch's 1-based state['step'] after its increment; `stream` a
+  /// cudaStream_t (ignored by host plans).
+  virtual void run(hyper const& h, std::int64_t step, void* stream) const = 0;
+};
+
+/// @brief A host-backend plan (CPU memory). @throws fusedopt::error on invalid lists.
+std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& tensors);
+
+/// @brief A CUDA plan on the current device (device memory), built on `stream`.
+/// Defined only when the CUDA sources are compiled (fusedopt_torch built with CUDA).
+std::unique_ptr<plan> make_cuda_plan(family f, dtype t, layout const& l, lists const& tensors, void* stream);
+
+}  // namespace fusedopt_torch
