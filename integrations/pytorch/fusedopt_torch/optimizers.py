@@ -186,8 +186,8 @@ class FusedOptimizer(Optimizer):
                             fresh = True
                     if self._step_key is not None and self._step_key not in state:
                         state[self._step_key] = torch.tensor(0.0, dtype=torch.float32)
-                    step = self._first_step(p, group, state) if fresh and self._step_key is None else \
-                        self._get_step(p, group, state)
+                    # A state tensor created now starts from the first step (SGD's buffer).
+                    step = 0 if fresh and self._step_key is None else self._get_step(p, group, state)
                     if self._step_key is None:
                         self._aux_steps[p] = step
                     states.append([state[k] for k in keys])
