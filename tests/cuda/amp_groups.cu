@@ -94,7 +94,7 @@ TEST_CASE("AMP: a non-finite gradient among 3000 tensors skips the step, bit for
     auto& g = p.slot_arena<1>();
     auto const at = static_cast<std::size_t>(g.offsets[tensor] + element);
     g.host[at] = value;
-    FO_TEST_CUDA(cudaMemcpy(g.device + at, &value, sizeof value, cudaMemcpyHostToDevice));
+    upload_bytes(g.device + at, &value, sizeof value);
   };
   std::size_t const victim = count / 2;  // the large tensor
   float const inf = std::numeric_limits<float>::infinity();

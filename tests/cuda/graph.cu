@@ -60,7 +60,7 @@ TEST_CASE("a captured plan.run replays with the bits of eager runs", "[cuda][gra
                             cudaMemcpyDeviceToDevice));
     FO_TEST_CUDA(cudaDeviceSynchronize());  // the copy ran on the legacy stream, which `stream` does not wait for
     double const lr_now = lr_at(t);
-    FO_TEST_CUDA(cudaMemcpy(lr, &lr_now, sizeof lr_now, cudaMemcpyHostToDevice));
+    upload_bytes(lr, &lr_now, sizeof lr_now);
 
     FO_TEST_CUDA(cudaGraphLaunch(exec, stream));
     fo::rules::adamw host_rule;

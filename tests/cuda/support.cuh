@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,15 @@ namespace fo = ::fusedopt;
     cudaError_t const fo_test_status_ = (call);                                                       \
     if (fo_test_status_ != cudaSuccess) { FAIL(#call << " failed: " << cudaGetErrorString(fo_test_status_)); } \
   } while (0)
+
+/// Host-to-device copy that has landed when it returns. A plain cudaMemcpy from pageable host
+/// memory may return once the bytes are staged, before the DMA (on the legacy stream) reaches
+/// the device; the tests' kernels run on non-blocking streams, which do not wait for it.
+inline void upload_bytes(void* device, void const* host, std::size_t bytes)
+{
+  FO_TEST_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+  FO_TEST_CUDA(cudaDeviceSynchronize());
+}
 
 /// FUSEDOPT_TEST_QUICK=1 (set by scripts/gpu-check under the sanitizers) trims trajectories
 /// and scenarios so that instrumented runs stay within minutes.
@@ -116,7 +126,7 @@ struct arena {
   void randomize(std::mt19937_64& rng)
   {
     for (auto& x : host) { x = draw<T>(rng, Spec::kind); }
-    FO_TEST_CUDA(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    upload_bytes(device, host.data(), host.size() * sizeof(T));
   }
 
   [[nodiscard]] fo::tensor_list<element> list(bool on_device) const
@@ -342,6 +352,7 @@ class device_array {
   {
     FO_TEST_CUDA(cudaMalloc(&data_, std::max<std::size_t>(n, 1) * sizeof(T)));
     FO_TEST_CUDA(cudaMemset(data_, 0, std::max<std::size_t>(n, 1) * sizeof(T)));
+    FO_TEST_CUDA(cudaDeviceSynchronize());  // the memset runs on the legacy stream (see upload_bytes)
   }
   device_array(device_array const&) = delete;
   device_array& operator=(device_array const&) = delete;
@@ -352,7 +363,7 @@ class device_array {
   void upload(std::vector<T> const& values)
   {
     REQUIRE(values.size() <= std::max<std::size_t>(size_, 1));
-    FO_TEST_CUDA(cudaMemcpy(data_, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+    upload_bytes(data_, values.data(), values.size() * sizeof(T));
   }
   void set(T const& value) { upload(std::vector<T>(std::max<std::size_t>(size_, 1), value)); }
   [[nodiscard]] std::vector<T> download() const
@@ -444,7 +455,7 @@ void push(Problem& p, std::index_sequence<K...>)
   (
     [&] {
       auto& a = p.template slot_arena<K>();
-      FO_TEST_CUDA(cudaMemcpy(a.device, a.host.data(), a.host.size() * sizeof(a.host[0]), cudaMemcpyHostToDevice));
+      upload_bytes(a.device, a.host.data(), a.host.size() * sizeof(a.host[0]));
     }(),
     ...);
 }
