@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -84,7 +85,20 @@ struct prepared_chain {
     call(e, parts);
   }
 
+  /// Each part's per-tensor body (offered only when some part has one).
+  template <bool Hooked = (has_tensor_hook_v<P> || ...), std::enable_if_t<Hooked, int> = 0>
+  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  {
+    return parts_for_tensor(tensor, std::index_sequence_for<P...>{});
+  }
+
  private:
+  template <std::size_t... K>
+  FUSEDOPT_HOST_DEVICE auto parts_for_tensor(std::int64_t tensor, std::index_sequence<K...>) const
+  {
+    return prepared_chain<tensor_body_t<P>...>{make_pack(tensor_body_t<P>(body_for_tensor(pack_get<K>(parts), tensor))...)};
+  }
+
   template <class E, class... Q>
   FUSEDOPT_HOST_DEVICE static void call(E& e, pack<Q...> const& p)
   {

@@ -32,6 +32,31 @@ namespace detail {
 /// The prepared bodies of every group, and the element's group: a chain of compile-time
 /// comparisons picks the body (no run-time indexed array of bodies, which the GPU would keep
 /// in local memory).
+/// Runs the body of group `g` (a group outside [0, G) falls through: the element is left as
+/// loaded).
+template <class Q, class... Rest, class E, class... Args>
+FUSEDOPT_HOST_DEVICE void call_group(pack<Q, Rest...> const& bodies, std::int32_t g, E& e, Args&... args)
+{
+  if (g == 0) {
+    bodies.head(e, args...);
+  } else if constexpr (sizeof...(Rest) > 0) {
+    call_group(bodies.tail, g - 1, e, args...);
+  }
+}
+
+/// The groups' bodies over one tensor, its group looked up once (group_dispatch::for_tensor).
+template <class... Bodies>
+struct group_of_tensor {
+  pack<Bodies...> bodies;
+  std::int32_t group;
+
+  template <class E, class... Args>
+  FUSEDOPT_HOST_DEVICE void operator()(E& e, Args&... args) const
+  {
+    call_group(bodies, group, e, args...);
+  }
+};
+
 template <class... Bodies>
 struct group_dispatch {
   pack<Bodies...> bodies;
@@ -41,23 +66,25 @@ struct group_dispatch {
   template <class E, class... Args>
   FUSEDOPT_HOST_DEVICE void operator()(E& e, Args&... args) const
   {
-    call(bodies, group_of[e.tensor()], e, args...);
+    call_group(bodies, group_of[e.tensor()], e, args...);
+  }
+
+  /// The tensor's group, looked up once per chunk rather than per element, with every group's
+  /// per-tensor body.
+  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  {
+    return bodies_for_tensor(tensor, std::index_sequence_for<Bodies...>{});
   }
 
  private:
-  template <class Q, class... Rest, class E, class... Args>
-  FUSEDOPT_HOST_DEVICE static void call(pack<Q, Rest...> const& p, std::int32_t g, E& e, Args&... args)
+  template <std::size_t... K>
+  FUSEDOPT_HOST_DEVICE auto bodies_for_tensor(std::int64_t tensor, std::index_sequence<K...>) const
   {
-    if (g == 0) {
-      p.head(e, args...);
-    } else if constexpr (sizeof...(Rest) > 0) {
-      call(p.tail, g - 1, e, args...);
-    }
-    // A group outside [0, G) falls through: the element is left as loaded.
+    return group_of_tensor<tensor_body_t<Bodies>...>{
+      make_pack(tensor_body_t<Bodies>(body_for_tensor(pack_get<K>(bodies), tensor))...), group_of[tensor]};
   }
 };
 
-/// `reduction` of groups<Rule, G>: that of the rule's single pass, if it has one.
 template <class Rule, bool Reducing = (pass_count_v<Rule> > 0)>
 struct groups_reduction {};
 template <class Rule>

@@ -188,6 +188,35 @@ FUSEDOPT_HOST_DEVICE auto prepare_rule(R const& rule, step_info const& step)
   }
 }
 
+/// A prepared body may offer `for_tensor(std::int64_t tensor) const`: a body giving the same
+/// bits on every element of that tensor, with the work that depends only on the tensor (a
+/// trust ratio's square roots and division) done once. Backends call it once per chunk, so a
+/// chunk's elements run the per-tensor body; a body called directly must stay correct too.
+template <class B, class = void>
+struct has_tensor_hook : std::false_type {};
+template <class B>
+struct has_tensor_hook<B, std::void_t<decltype(std::declval<B const&>().for_tensor(std::int64_t{}))>>
+  : std::true_type {};
+template <class B>
+inline constexpr bool has_tensor_hook_v = has_tensor_hook<B>::value;
+
+/// The body to run over the elements of `tensor`: `body.for_tensor(tensor)` where it has the
+/// hook, else `body` itself (a reference: no copy).
+template <class B>
+FUSEDOPT_HOST_DEVICE decltype(auto) body_for_tensor(B const& body, std::int64_t tensor)
+{
+  if constexpr (has_tensor_hook_v<B>) {
+    return body.for_tensor(tensor);
+  } else {
+    (void)tensor;
+    return (body);
+  }
+}
+
+/// The type of a wrapper's part after body_for_tensor (by value).
+template <class B>
+using tensor_body_t = std::decay_t<decltype(body_for_tensor(std::declval<B const&>(), std::int64_t{}))>;
+
 /// Runs the rule's run-time check of its options against the bound slots, if it has one.
 template <class R, class Bound>
 void validate_rule(R const& rule, Bound bound)

@@ -80,6 +80,35 @@ struct halve_plus_one {
   }
 };
 
+// A body with a per-tensor form that adds a different amount on purpose (a real hook gives
+// the element body's bits): the element body adds 1000, the per-tensor body 0.25 * (tensor % 9).
+// The host backend runs the per-tensor form (tests/host/core.cpp); the same bits here mean the
+// device kernels (update and reduction pass) run it too.
+struct shifted_by_tensor {
+  using reads = fo::slots<slot::param_t>;
+  using writes = fo::slots<slot::param_t>;
+  struct per_tensor {
+    float shift;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      e[slot::param] += static_cast<typename E::value_type>(shift);
+    }
+  };
+  struct prepared {
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      per_tensor{1000.f}(e);
+    }
+    FUSEDOPT_HOST_DEVICE per_tensor for_tensor(std::int64_t tensor) const
+    {
+      return {0.25f * static_cast<float>(tensor % 9)};
+    }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(fo::step_info const&) const { return {}; }
+};
+
 std::vector<std::int64_t> cycle_sizes(std::size_t count, std::int64_t modulus)
 {
   std::vector<std::int64_t> sizes(count);
@@ -128,6 +157,29 @@ TEST_CASE("elements know their tensor and their index", "[cuda][layout]")
   for (scenario const& how : scenarios()) {
     problem<spec<slot::param_t, float>, spec<slot::exp_avg_t, fo::bfloat16>> p(edge_sizes(), how.placement, 6);
     check_trajectory(p, [](std::int64_t) { return by_position{}; }, how, 2, "positions");
+  }
+}
+
+TEST_CASE("kernels run a body's per-tensor form", "[cuda][layout]")
+{
+  for (scenario const& how : scenarios()) {
+    problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>> p(edge_sizes(), how.placement, 8);
+    check_trajectory(p, [](std::int64_t) { return fo::chain(shifted_by_tensor{}, by_position{}); }, how, 2,
+                     "per-tensor body");
+  }
+  // Through a reduction pass (the parts in front of it) and the update kernel of a reducing rule.
+  using norm = fo::rules::norm_of<slot::param_t>;
+  std::size_t const tensors = edge_sizes().size();
+  device_array<double> device_norms(tensors);
+  std::vector<double> host_norms(tensors);
+  for (scenario const& how : plan_scenarios()) {
+    problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>> p(edge_sizes(), how.placement, 9);
+    auto const rule = [&](std::int64_t, bool on_device) {
+      norm n{fo::norm_kind::inf, on_device ? device_norms.get() : host_norms.data(), nullptr};
+      return fo::chain(shifted_by_tensor{}, n, shifted_by_tensor{});
+    };
+    check_close_trajectory(p, rule, how, 2, tolerance{0, 0}, "per-tensor body around a reduction pass");
+    CHECK(device_norms.download() == host_norms);  // max-abs: exact on both backends
   }
 }
 

@@ -1,6 +1,7 @@
 // Core vocabulary: binding validation, chain's derived declarations, the host backend.
 #include <fusedopt/fusedopt.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,31 @@ struct scale_param {
   {
     e[param] *= static_cast<typename E::value_type>(factor);
   }
+};
+
+// A body with a per-tensor hook that gives different values on purpose, so that a test sees
+// which one ran: the element body writes -1, the per-tensor body 10 + tensor. (A real hook,
+// such as LAMB's trust ratio, gives the bits of the element body.)
+struct tagged_by_tensor {
+  using reads = fo::slots<fo::slot::param_t>;
+  using writes = fo::slots<fo::slot::param_t>;
+  struct per_tensor {
+    double tag;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      e[param] = static_cast<typename E::value_type>(tag);
+    }
+  };
+  struct prepared {
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      e[param] = -1;
+    }
+    FUSEDOPT_HOST_DEVICE per_tensor for_tensor(std::int64_t tensor) const { return {10.0 + static_cast<double>(tensor)}; }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(fo::step_info const&) const { return {}; }
 };
 }  // namespace
 
@@ -90,4 +116,51 @@ TEST_CASE("binding rejects bad lists before touching memory", "[core][errors]")
     fo::tensor_list<float const> b{{g.data(), 10}};
     REQUIRE_NOTHROW(fo::bind(grad = a, fo::slot::exp_avg = b, param = pl));
   }
+}
+
+TEST_CASE("backends run a body's per-tensor form, through every wrapper", "[core]")
+{
+  std::vector<std::int64_t> const sizes{100, 37, 0, 5};
+  std::vector<std::vector<float>> p, g;
+  fo::tensor_list<float> params;
+  fo::tensor_list<float const> grads;
+  for (auto n : sizes) {
+    p.emplace_back(static_cast<std::size_t>(n), 0.f);
+    g.emplace_back(static_cast<std::size_t>(n), 1.f);
+    params.push_back(p.back().data(), n);
+    grads.push_back(g.back().data(), n);
+  }
+  auto const lists = fo::bind(param = params, grad = grads);
+  fo::host::options opts;
+  opts.chunk_elements = 16;  // several chunks per tensor
+  auto const plan = fo::host::make_plan(lists, opts);
+  auto const require_tagged = [&](char const* what) {
+    INFO(what);
+    for (std::size_t t = 0; t < p.size(); ++t) {
+      for (float x : p[t]) { REQUIRE(x == static_cast<float>(10 + t)); }
+      std::fill(p[t].begin(), p[t].end(), 0.f);
+    }
+  };
+  using tagged = tagged_by_tensor;
+  STATIC_REQUIRE(fo::detail::has_tensor_hook_v<tagged::prepared>);
+  STATIC_REQUIRE_FALSE(fo::detail::has_tensor_hook_v<decltype(fo::detail::prepare_rule(scale_param{}, {}))>);
+
+  plan.run(tagged{});
+  require_tagged("the rule alone");
+  plan.run(fo::chain(scale_param{1.0}, tagged{}, scale_param{1.0}));
+  require_tagged("a chain");
+  float found_inf = -1.f;
+  plan.run(fo::rules::skip_if_nonfinite(fo::chain(tagged{}), &found_inf));
+  require_tagged("skip_if_nonfinite's guarded parts");
+  REQUIRE(found_inf == 0.f);
+  std::int32_t const group_of[] = {1, 0, 1, 0};
+  plan.run(fo::groups<tagged, 2>{{tagged{}, tagged{}}, group_of});
+  require_tagged("groups");
+
+  // A reduction pass runs the parts before it in their per-tensor form too: the norm of
+  // tensor t is measured on values 10 + t.
+  std::vector<double> norms(sizes.size(), -1.0);
+  plan.run(fo::chain(tagged{}, fo::rules::norm_of<fo::slot::param_t>{fo::norm_kind::inf, norms.data(), nullptr}));
+  for (std::size_t t = 0; t < sizes.size(); ++t) { CHECK(norms[t] == (sizes[t] > 0 ? 10.0 + static_cast<double>(t) : 0.0)); }
+  require_tagged("a chain with a reduction pass");
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -145,6 +146,13 @@ struct reduce_after {
   {
     prefix(e);
     inner(e, acc);
+  }
+
+  template <bool Hooked = has_tensor_hook_v<Prefix> || has_tensor_hook_v<Inner>, std::enable_if_t<Hooked, int> = 0>
+  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  {
+    return reduce_after<tensor_body_t<Prefix>, tensor_body_t<Inner>>{body_for_tensor(prefix, tensor),
+                                                                        body_for_tensor(inner, tensor)};
   }
 };
 

@@ -119,7 +119,8 @@ class plan {
   void run_chunk(Body const& body, chunk const& c) const
   {
     std::array<void*, num_slots> const bases = bases_[static_cast<std::size_t>(c.tensor)];
-    for (std::int64_t i = c.begin; i < c.end; ++i) { Access::update(body, bases.data(), c.tensor, i); }
+    auto const& tensor_body = detail::body_for_tensor(body, c.tensor);
+    for (std::int64_t i = c.begin; i < c.end; ++i) { Access::update(tensor_body, bases.data(), c.tensor, i); }
   }
 
   template <class Rule, int... J>
@@ -191,13 +192,16 @@ class plan {
       for (int k = 0; k < n; ++k) { a[k] = Reduction::template identity<T>(k); }
     }
     std::array<void*, num_slots> const bases = bases_[static_cast<std::size_t>(c.tensor)];
+    auto const& tensor_body = detail::body_for_tensor(body, c.tensor);
     std::int64_t i = c.begin;
     for (; i + lanes <= c.end; i += lanes) {
       for (int l = 0; l < lanes; ++l) {
-        Access::template accumulate<Reads>(body, bases.data(), c.tensor, i + l, acc[l]);
+        Access::template accumulate<Reads>(tensor_body, bases.data(), c.tensor, i + l, acc[l]);
       }
     }
-    for (int l = 0; i < c.end; ++i, ++l) { Access::template accumulate<Reads>(body, bases.data(), c.tensor, i, acc[l]); }
+    for (int l = 0; i < c.end; ++i, ++l) {
+      Access::template accumulate<Reads>(tensor_body, bases.data(), c.tensor, i, acc[l]);
+    }
     for (int k = 0; k < n; ++k) {
       T total = acc[0][k];
       for (int l = 1; l < lanes; ++l) { total = Reduction::combine(k, total, acc[l][k]); }

@@ -85,6 +85,12 @@ struct guarded_body {
   {
     if (e[slot::skip_step] == typename E::value_type(0)) { body(e, args...); }
   }
+
+  template <bool Hooked = has_tensor_hook_v<Body>, std::enable_if_t<Hooked, int> = 0>
+  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  {
+    return guarded_body<tensor_body_t<Body>>{body_for_tensor(body, tensor)};
+  }
 };
 
 /// Gives a guarded part its rule's after-step hook, where the rule has one (CRTP, so rules

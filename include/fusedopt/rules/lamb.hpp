@@ -118,26 +118,39 @@ struct scale_by_trust_ratio {
     }
   };
 
+  /// The update scaled by one tensor's ratio.
+  struct scaled {
+    double ratio;
+
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      e[slot::update] *= static_cast<typename E::value_type>(ratio);
+    }
+  };
+
   struct prepared {
     reduced norms;
     double max_trust_ratio;
     bool adapt;
 
+    FUSEDOPT_HOST_DEVICE double ratio(std::int64_t tensor) const
+    {
+      if (!adapt) { return 1.0; }
+      double const param_norm = math::sqrt(norms.tensor(tensor, 0));
+      double const update_norm = math::sqrt(norms.tensor(tensor, 1));
+      if (param_norm == 0.0 || update_norm == 0.0) { return 1.0; }
+      double const ratio = param_norm / update_norm;
+      return ratio > max_trust_ratio ? max_trust_ratio : ratio;
+    }
+
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
-      using T = typename E::value_type;
-      double ratio = 1.0;
-      if (adapt) {
-        double const param_norm = math::sqrt(norms.tensor(e.tensor(), 0));
-        double const update_norm = math::sqrt(norms.tensor(e.tensor(), 1));
-        if (param_norm != 0.0 && update_norm != 0.0) {
-          ratio = param_norm / update_norm;
-          ratio = ratio > max_trust_ratio ? max_trust_ratio : ratio;
-        }
-      }
-      e[slot::update] *= static_cast<T>(ratio);
+      scaled{ratio(e.tensor())}(e);
     }
+    /// The ratio formed once per tensor rather than per element (the same bits).
+    FUSEDOPT_HOST_DEVICE scaled for_tensor(std::int64_t tensor) const { return scaled{ratio(tensor)}; }
   };
 
   FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {}; }

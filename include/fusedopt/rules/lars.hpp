@@ -60,27 +60,44 @@ struct scale_by_lars {
     }
   };
 
+  /// One tensor's gradient scaling: (grad + weight_decay * param) * local, or none.
+  struct scaled {
+    bool scale;
+    double weight_decay, local;
+
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      using T = typename E::value_type;
+      if (scale) { e[slot::grad] = (e[slot::grad] + static_cast<T>(weight_decay) * e[slot::param]) * static_cast<T>(local); }
+    }
+  };
+
   struct prepared {
     reduced norms;
     double lr, weight_decay, trust_coefficient, eps;
     bool clip;
     std::uint8_t const* exclude;
 
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    FUSEDOPT_HOST_DEVICE scaled for_tensor(std::int64_t tensor) const
     {
-      using T = typename E::value_type;
-      std::int64_t const t = e.tensor();
-      if (exclude != nullptr && exclude[t] != 0) { return; }
-      double const param_norm = math::sqrt(norms.tensor(t, 0));
-      double const grad_norm = math::sqrt(norms.tensor(t, 1));
-      if (param_norm == 0.0 || grad_norm == 0.0) { return; }
+      scaled const none{false, 0.0, 1.0};
+      if (exclude != nullptr && exclude[tensor] != 0) { return none; }
+      double const param_norm = math::sqrt(norms.tensor(tensor, 0));
+      double const grad_norm = math::sqrt(norms.tensor(tensor, 1));
+      if (param_norm == 0.0 || grad_norm == 0.0) { return none; }
       double local = trust_coefficient * param_norm / (grad_norm + param_norm * weight_decay + eps);
       if (clip) {
         local /= lr;
         local = local < 1.0 ? local : 1.0;
       }
-      e[slot::grad] = (e[slot::grad] + static_cast<T>(weight_decay) * e[slot::param]) * static_cast<T>(local);
+      return scaled{true, weight_decay, local};
+    }
+
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      for_tensor(e.tensor())(e);
     }
   };
 

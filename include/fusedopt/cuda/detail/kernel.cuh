@@ -243,7 +243,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-    process_chunk<Policy, access, width, widest>(body, tensor, chunk.begin, chunk.count);
+    process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                 chunk.begin, chunk.count);
   }
 }
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)

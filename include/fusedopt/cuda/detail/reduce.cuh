@@ -198,7 +198,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
     auto acc = identities<reduction, value_type>();
-    accumulate_chunk<Policy, paccess, width, widest>(body, tensor, chunk.begin, chunk.count, acc);
+    accumulate_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                      chunk.begin, chunk.count, acc);
     accumulator<double, n> wide;
 #pragma unroll
     for (int k = 0; k < n; ++k) { wide[k] = static_cast<double>(acc[k]); }
@@ -285,7 +286,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-    process_chunk<Policy, access, width, widest>(body, tensor, chunk.begin, chunk.count);
+    process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                 chunk.begin, chunk.count);
   }
 }
 
