@@ -348,7 +348,7 @@ void plan<B...>::run_pass(Rule const& rule, step_info const& step, detail::pass_
   auto* const per_tensor = const_cast<double*>(results.r[J].per_tensor);
   auto* const all = const_cast<double*>(results.r[J].all);
   detail::launch_kernel(&detail::finalize_kernel<policy, reduction>,
-                        dim3(static_cast<unsigned>(std::max<std::int64_t>(rows_, 1))), dim3(policy::block_threads),
+                        dim3(static_cast<unsigned>(std::max<std::int64_t>(rows_, 1))), dim3(policy::finalize_threads),
                         stream, static_cast<double const*>(partials_), static_cast<detail::chunk_range const*>(ranges_),
                         rows_, per_tensor, all, counter_);
 }
