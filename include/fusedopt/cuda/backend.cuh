@@ -149,6 +149,7 @@ class plan {
   std::unique_ptr<void, device_free> workspace_;
   int reduction_capacity_ = 0;
   std::int64_t rows_ = 0;
+  std::int64_t longest_row_ = 0;  // chunks of the row with the most (picks the finalize's block size)
   double* results_ = nullptr;
   double* partials_ = nullptr;
   detail::chunk_range* ranges_ = nullptr;

@@ -287,7 +287,7 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
     for (std::size_t c = 0; c < layout.chunks.size(); ++c) {
       auto const row = static_cast<std::size_t>(layout.tensors[static_cast<std::size_t>(layout.chunks[c].tensor)].index);
       if (ranges[row].count == 0) { ranges[row].first = static_cast<std::int64_t>(c); }
-      ++ranges[row].count;
+      longest_row_ = std::max(longest_row_, ++ranges[row].count);
     }
     auto const capacity = static_cast<std::size_t>(reduction_capacity_);
     std::size_t const result_bytes = capacity * (static_cast<std::size_t>(rows_) + 1) * sizeof(double);
@@ -347,8 +347,13 @@ void plan<B...>::run_pass(Rule const& rule, step_info const& step, detail::pass_
   }
   auto* const per_tensor = const_cast<double*>(results.r[J].per_tensor);
   auto* const all = const_cast<double*>(results.r[J].all);
-  detail::launch_kernel(&detail::finalize_kernel<policy, reduction>,
-                        dim3(static_cast<unsigned>(std::max<std::int64_t>(rows_, 1))), dim3(policy::finalize_threads),
+  // Wide blocks only where a row is long: the choice depends on the plan alone, so the fold
+  // order (and the bits) is the same at every run.
+  bool const wide = longest_row_ > policy::finalize_wide_after;
+  detail::launch_kernel(wide ? &detail::finalize_kernel<policy::finalize_threads_wide, reduction>
+                             : &detail::finalize_kernel<policy::finalize_threads, reduction>,
+                        dim3(static_cast<unsigned>(std::max<std::int64_t>(rows_, 1))),
+                        dim3(wide ? policy::finalize_threads_wide : policy::finalize_threads),
                         stream, static_cast<double const*>(partials_), static_cast<detail::chunk_range const*>(ranges_),
                         rows_, per_tensor, all, counter_);
 }

@@ -213,17 +213,17 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
 }
 
 /// Combines one pass's chunk partials: block `row` folds the chunks of row `row` of the bound
-/// lists (thread i of Policy::finalize_threads takes chunks i, i + threads, ... in order,
+/// lists (thread i of `Threads` takes chunks i, i + Threads, ... in order,
 /// fold_strided; then a fixed block tree) into `per_tensor[row * N + k]` (the identity for an empty tensor); the last block to finish
 /// (a counter in the workspace, which it resets, so graph replays find it at 0) folds the
 /// rows the same way into `all[k]`. Launched with max(rows, 1) blocks.
-template <class Policy, class Reduction>
-FUSEDOPT_KERNEL void __launch_bounds__(Policy::finalize_threads)
+template <int Threads, class Reduction>
+FUSEDOPT_KERNEL void __launch_bounds__(Threads)
   finalize_kernel(double const* partials, chunk_range const* ranges, std::int64_t rows, double* per_tensor, double* all,
                   unsigned int* counter)
 {
   constexpr int n = Reduction::size;
-  constexpr int threads = Policy::finalize_threads;
+  constexpr int threads = Threads;
   using acc_t = accumulator<double, n>;
   using block_reduce = cub::BlockReduce<acc_t, threads>;
   __shared__ typename block_reduce::TempStorage temp;

@@ -32,9 +32,13 @@ struct tuning {
   /// Elements of one tensor a block updates per chunk (a multiple of every vector width).
   static constexpr std::int64_t chunk_elements = 2048;
   /// Threads of a finalize block, which folds the chunk partials of one row of the bound
-  /// lists (GPT-2's embedding has 19 000): with 128 threads that row alone took 20-30 us of
-  /// dependent loads on the H100; 512 threads fold it in a quarter of the rounds.
-  static constexpr int finalize_threads = 512;
+  /// lists: `finalize_threads`, or `finalize_threads_wide` when the plan's longest row has
+  /// more than `finalize_wide_after` chunks. GPT-2's embedding (19 000 chunks) took 28-35 us
+  /// with 128 threads on the H100 and 11-13 us with 512; 2000 short rows (W3) lost 3-9 us
+  /// with 512, launching four times the threads for rows of a few chunks.
+  static constexpr int finalize_threads = 128;
+  static constexpr int finalize_threads_wide = 512;
+  static constexpr std::int64_t finalize_wide_after = 1024;
   /// Cap on blocks per launch; 0 launches one block per chunk and lets the hardware block
   /// scheduler balance chunks of unequal size. A positive cap makes blocks loop over chunks.
   static constexpr std::int64_t max_blocks = 0;
