@@ -29,11 +29,9 @@
 FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {
 
-/// The prepared bodies of every group, and the element's group: a chain of compile-time
-/// comparisons picks the body (no run-time indexed array of bodies, which the GPU would keep
-/// in local memory).
-/// Runs the body of group `g` (a group outside [0, G) falls through: the element is left as
-/// loaded).
+/// Runs the body of group `g` through a chain of compile-time comparisons (no run-time indexed
+/// array of bodies, which the GPU would keep in local memory); a group outside [0, G) falls
+/// through: the element is left as loaded.
 template <class Q, class... Rest, class E, class... Args>
 FUSEDOPT_HOST_DEVICE void call_group(pack<Q, Rest...> const& bodies, std::int32_t g, E& e, Args&... args)
 {
@@ -57,6 +55,7 @@ struct group_of_tensor {
   }
 };
 
+/// The prepared bodies of every group, and where to find each tensor's group.
 template <class... Bodies>
 struct group_dispatch {
   pack<Bodies...> bodies;
@@ -85,6 +84,7 @@ struct group_dispatch {
   }
 };
 
+/// `reduction` of groups<Rule, G>: that of the rule's single pass, if it has one.
 template <class Rule, bool Reducing = (pass_count_v<Rule> > 0)>
 struct groups_reduction {};
 template <class Rule>

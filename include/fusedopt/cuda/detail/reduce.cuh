@@ -213,10 +213,10 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
 }
 
 /// Combines one pass's chunk partials: block `row` folds the chunks of row `row` of the bound
-/// lists (thread i of `Threads` takes chunks i, i + Threads, ... in order,
-/// fold_strided; then a fixed block tree) into `per_tensor[row * N + k]` (the identity for an empty tensor); the last block to finish
-/// (a counter in the workspace, which it resets, so graph replays find it at 0) folds the
-/// rows the same way into `all[k]`. Launched with max(rows, 1) blocks.
+/// lists (thread i takes chunks i, i + Threads, ... in order, fold_strided; then a fixed block
+/// tree) into `per_tensor[row * N + k]` (the identity for an empty tensor); the last block to
+/// finish (a counter in the workspace, which it resets, so graph replays find it at 0) folds
+/// the rows the same way into `all[k]`. Launched with max(rows, 1) blocks of Threads.
 template <int Threads, class Reduction>
 FUSEDOPT_KERNEL void __launch_bounds__(Threads)
   finalize_kernel(double const* partials, chunk_range const* ranges, std::int64_t rows, double* per_tensor, double* all,
