@@ -258,6 +258,47 @@ void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options o
 }
 
 // Host time of one plan.run call (wall clock around the call alone; the device runs behind).
+/// Host wall time of each `call()` (one iteration each), median and largest as counters. The
+/// stream is synchronised every 16 calls outside the timed region, so a full launch queue
+/// never blocks a call.
+template <class Call>
+void time_host_calls(benchmark::State& state, cudaStream_t stream, Call&& call)
+{
+  std::vector<double> seconds;
+  seconds.reserve(static_cast<std::size_t>(state.max_iterations));
+  for (auto _ : state) {
+    auto const start = std::chrono::steady_clock::now();
+    call();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    state.SetIterationTime(seconds.back());
+    if (seconds.size() % 16 == 0) { FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream)); }
+  }
+  FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
+  state.counters["host_us"] = median(seconds) * 1e6;
+  state.counters["host_us_max"] = *std::max_element(seconds.begin(), seconds.end()) * 1e6;
+}
+
+__global__ void empty_kernel() {}
+
+/// The launch floor next to host_run: one cudaLaunchKernel of an empty kernel, timed the same
+/// way, so that host_run's figure reads against what the driver alone costs on this machine.
+void bm_launch_floor(benchmark::State& state)
+{
+  try {
+    stream_and_events timer;
+    auto const launch = [&] {
+      void* no_args[] = {nullptr};
+      FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(&empty_kernel), dim3(1), dim3(128), no_args, 0,
+                                         timer.stream));
+    };
+    for (int i = 0; i < 10; ++i) { launch(); }
+    FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(timer.stream));
+    time_host_calls(state, timer.stream, launch);
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 template <class Case>
 void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::options opts)
 {
@@ -275,19 +316,7 @@ void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::optio
     for (int i = 0; i < 10; ++i) { plan.run(rule, fo::step_info{step++}, timer.stream); }
     FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(timer.stream));
 
-    std::vector<double> seconds;
-    seconds.reserve(static_cast<std::size_t>(state.max_iterations));
-    for (auto _ : state) {
-      auto const start = std::chrono::steady_clock::now();
-      plan.run(rule, fo::step_info{step++}, timer.stream);
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      state.SetIterationTime(seconds.back());
-      // Keep the launch queue short, outside the timed call: a full queue would block run().
-      if (seconds.size() % 16 == 0) { FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(timer.stream)); }
-    }
-    FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(timer.stream));
-    state.counters["host_us"] = median(seconds) * 1e6;
-    state.counters["host_us_max"] = *std::max_element(seconds.begin(), seconds.end()) * 1e6;
+    time_host_calls(state, timer.stream, [&] { plan.run(rule, fo::step_info{step++}, timer.stream); });
     state.counters["launches"] = static_cast<double>(plan.launches_per_run());
     state.counters["tensors"] = static_cast<double>(w.sizes.size());
     state.SetLabel(transport_name(plan.metadata()));
@@ -415,6 +444,10 @@ int main(int argc, char** argv)
       }
     }
   }
+  benchmark::RegisterBenchmark("host_run/launch_floor", bm_launch_floor)
+    ->UseManualTime()
+    ->Iterations(2000)
+    ->Unit(benchmark::kMicrosecond);
   register_host_run<fb::adam_fp32>(fb::w3(), g_tuning);
   register_host_run<fb::adamw_bf16>(fb::w3(), g_tuning);
   register_host_run<fb::sgd_momentum_fp32>(fb::w3(), g_tuning);
