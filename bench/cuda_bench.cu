@@ -257,7 +257,6 @@ void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options o
   }
 }
 
-// Host time of one plan.run call (wall clock around the call alone; the device runs behind).
 /// Host wall time of each `call()` (one iteration each), median and largest as counters. The
 /// stream is synchronised every 16 calls outside the timed region, so a full launch queue
 /// never blocks a call.
@@ -299,6 +298,7 @@ void bm_launch_floor(benchmark::State& state)
   }
 }
 
+// Host time of one plan.run call (wall clock around the call alone; the device runs behind).
 template <class Case>
 void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::options opts)
 {

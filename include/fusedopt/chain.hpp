@@ -96,7 +96,8 @@ struct prepared_chain {
   template <std::size_t... K>
   FUSEDOPT_HOST_DEVICE auto parts_for_tensor(std::int64_t tensor, std::index_sequence<K...>) const
   {
-    return prepared_chain<tensor_body_t<P>...>{make_pack(tensor_body_t<P>(body_for_tensor(pack_get<K>(parts), tensor))...)};
+    return prepared_chain<tensor_body_t<P>...>{
+      make_pack(tensor_body_t<P>(::fusedopt::detail::body_for_tensor(pack_get<K>(parts), tensor))...)};
   }
 
   template <class E, class... Q>

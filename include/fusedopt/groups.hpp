@@ -80,7 +80,7 @@ struct group_dispatch {
   FUSEDOPT_HOST_DEVICE auto bodies_for_tensor(std::int64_t tensor, std::index_sequence<K...>) const
   {
     return group_of_tensor<tensor_body_t<Bodies>...>{
-      make_pack(tensor_body_t<Bodies>(body_for_tensor(pack_get<K>(bodies), tensor))...), group_of[tensor]};
+      make_pack(tensor_body_t<Bodies>(::fusedopt::detail::body_for_tensor(pack_get<K>(bodies), tensor))...), group_of[tensor]};
   }
 };
 

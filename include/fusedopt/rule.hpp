@@ -215,7 +215,8 @@ FUSEDOPT_HOST_DEVICE decltype(auto) body_for_tensor(B const& body, std::int64_t 
 
 /// The type of a wrapper's part after body_for_tensor (by value).
 template <class B>
-using tensor_body_t = std::decay_t<decltype(body_for_tensor(std::declval<B const&>(), std::int64_t{}))>;
+using tensor_body_t =
+  std::decay_t<decltype(::fusedopt::detail::body_for_tensor(std::declval<B const&>(), std::int64_t{}))>;
 
 /// Runs the rule's run-time check of its options against the bound slots, if it has one.
 template <class R, class Bound>

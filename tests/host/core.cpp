@@ -27,6 +27,7 @@ struct scale_param {
 // which one ran: the element body writes -1, the per-tensor body 10 + tensor. (A real hook,
 // such as LAMB's trust ratio, gives the bits of the element body.)
 struct tagged_by_tensor {
+  double offset = 0;  // added to the per-tensor tag (tells groups apart)
   using reads = fo::slots<fo::slot::param_t>;
   using writes = fo::slots<fo::slot::param_t>;
   struct per_tensor {
@@ -38,14 +39,18 @@ struct tagged_by_tensor {
     }
   };
   struct prepared {
+    double offset;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       e[param] = -1;
     }
-    FUSEDOPT_HOST_DEVICE per_tensor for_tensor(std::int64_t tensor) const { return {10.0 + static_cast<double>(tensor)}; }
+    FUSEDOPT_HOST_DEVICE per_tensor for_tensor(std::int64_t tensor) const
+    {
+      return {offset + 10.0 + static_cast<double>(tensor)};
+    }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(fo::step_info const&) const { return {}; }
+  FUSEDOPT_HOST_DEVICE prepared prepare(fo::step_info const&) const { return {offset}; }
 };
 }  // namespace
 
@@ -134,10 +139,11 @@ TEST_CASE("backends run a body's per-tensor form, through every wrapper", "[core
   fo::host::options opts;
   opts.chunk_elements = 16;  // several chunks per tensor
   auto const plan = fo::host::make_plan(lists, opts);
-  auto const require_tagged = [&](char const* what) {
+  auto const require_tagged = [&](char const* what, std::int32_t const* group = nullptr) {
     INFO(what);
     for (std::size_t t = 0; t < p.size(); ++t) {
-      for (float x : p[t]) { REQUIRE(x == static_cast<float>(10 + t)); }
+      float const offset = group != nullptr ? 100.f * static_cast<float>(group[t]) : 0.f;
+      for (float x : p[t]) { REQUIRE(x == offset + static_cast<float>(10 + t)); }
       std::fill(p[t].begin(), p[t].end(), 0.f);
     }
   };
@@ -154,8 +160,8 @@ TEST_CASE("backends run a body's per-tensor form, through every wrapper", "[core
   require_tagged("skip_if_nonfinite's guarded parts");
   REQUIRE(found_inf == 0.f);
   std::int32_t const group_of[] = {1, 0, 1, 0};
-  plan.run(fo::groups<tagged, 2>{{tagged{}, tagged{}}, group_of});
-  require_tagged("groups");
+  plan.run(fo::groups<tagged, 2>{{tagged{0}, tagged{100}}, group_of});
+  require_tagged("groups", group_of);
 
   // A reduction pass runs the parts before it in their per-tensor form too: the norm of
   // tensor t is measured on values 10 + t.

@@ -12,6 +12,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -424,4 +425,64 @@ TEST_CASE("lars rejects bad options before writing anything", "[lars][errors]")
   fo::rules::lars no_momentum;
   no_momentum.momentum = 0.0;
   REQUIRE_NOTHROW(plain.run(no_momentum));
+}
+
+// The per-tensor bodies the backends run (for_tensor) against the element bodies they replace:
+// the same bits for every element, over norms that exercise each branch (a plain ratio, a zero
+// norm on either side, a clamped ratio, NaN and infinite norms, an excluded tensor).
+namespace {
+template <class T>
+bool same_bits(T a, T b)  // NaN results must match too
+{
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("trust-ratio bodies per tensor give the bits of the element bodies", "[lamb][lars]", float, double)
+{
+  using T = TestType;
+  using e_type = fo::element<T, fo::slots<fo::slot::param_t, fo::slot::grad_t>, fo::slots<fo::slot::update_t>>;
+  double const nan = std::nan("");
+  double const inf = HUGE_VAL;
+  // Per tensor: ||param||^2, then ||update||^2 (LAMB) or ||grad||^2 (LARS).
+  std::vector<double> const norms{4, 9, 0, 1, 1, 0, 1e4, 1e-8, nan, 1, inf, 4, 2.5, 0.5};
+  auto const tensors = static_cast<std::int64_t>(norms.size() / 2);
+  fo::reduced const results{norms.data(), nullptr, 2, tensors};
+  std::uint8_t const exclude[] = {0, 0, 0, 0, 0, 0, 1};
+
+  std::mt19937_64 rng(99);
+  std::uniform_real_distribution<double> value(-2, 2);
+  auto const check = [&](auto const& body, char const* what) {
+    for (std::int64_t t = 0; t < tensors; ++t) {
+      auto const per_tensor = body.for_tensor(t);
+      for (int i = 0; i < 64; ++i) {
+        e_type a;
+        a.set_position(t, i);
+        a[param] = static_cast<T>(value(rng));
+        a[grad] = static_cast<T>(value(rng));
+        a[fo::slot::update] = static_cast<T>(value(rng));
+        e_type b = a;
+        body(a);
+        per_tensor(b);
+        INFO(what << ", tensor " << t << ", element " << i);
+        REQUIRE(same_bits(a[param], b[param]));
+        REQUIRE(same_bits(a[grad], b[grad]));
+        REQUIRE(same_bits(a[fo::slot::update], b[fo::slot::update]));
+      }
+    }
+  };
+  for (bool nvlamb : {true, false}) {
+    fo::rules::scale_by_trust_ratio ratio;
+    ratio.max_trust_ratio = 10.0;
+    ratio.always_adapt = nvlamb;
+    check(ratio.prepare(fo::step_info{3}, results), nvlamb ? "LAMB, NVLAMB" : "LAMB, no decay");
+  }
+  for (bool clip : {false, true}) {
+    fo::rules::scale_by_lars lars;
+    lars.lr = 0.1;
+    lars.weight_decay = 1e-2;
+    lars.clip = clip;
+    lars.exclude = exclude;
+    check(lars.prepare(fo::step_info{3}, results), clip ? "LARS, clip" : "LARS");
+  }
 }

@@ -151,8 +151,8 @@ struct reduce_after {
   template <bool Hooked = has_tensor_hook_v<Prefix> || has_tensor_hook_v<Inner>, std::enable_if_t<Hooked, int> = 0>
   FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
   {
-    return reduce_after<tensor_body_t<Prefix>, tensor_body_t<Inner>>{body_for_tensor(prefix, tensor),
-                                                                        body_for_tensor(inner, tensor)};
+    return reduce_after<tensor_body_t<Prefix>, tensor_body_t<Inner>>{
+      ::fusedopt::detail::body_for_tensor(prefix, tensor), ::fusedopt::detail::body_for_tensor(inner, tensor)};
   }
 };
 

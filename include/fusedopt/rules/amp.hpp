@@ -89,7 +89,7 @@ struct guarded_body {
   template <bool Hooked = has_tensor_hook_v<Body>, std::enable_if_t<Hooked, int> = 0>
   FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
   {
-    return guarded_body<tensor_body_t<Body>>{body_for_tensor(body, tensor)};
+    return guarded_body<tensor_body_t<Body>>{::fusedopt::detail::body_for_tensor(body, tensor)};
   }
 };
 
