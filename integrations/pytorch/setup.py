@@ -34,6 +34,7 @@ ext = Extension(
     include_dirs=[str(_ext.INCLUDE), str(_ext.CSRC)],
     extra_compile_args={"cxx": cflags, "nvcc": cuda_cflags} if with_cuda else cflags,
     extra_objects=extra_objects,
+    extra_link_args=_ext.ldflags(),
 )
 setup(
     name="fusedopt_torch",

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,6 +99,8 @@ class padded_tensors {
   }
   [[nodiscard]] std::size_t num_tensors() const { return sizes_.size(); }
   [[nodiscard]] std::int64_t size(std::size_t t) const { return sizes_[t]; }
+  /// The whole buffer's bits, canaries included.
+  [[nodiscard]] std::vector<unsigned char> bits() const { return bytes_of(buffer_); }
 
  private:
   std::vector<T> buffer_;
@@ -431,4 +434,156 @@ TEST_CASE("bad host options are rejected", "[backend][errors]")
   opts = {};
   opts.threads = -1;
   expect_error([&] { (void)fo::host::make_plan(lists, opts); }, {"threads"});
+}
+
+TEST_CASE("host options out of range are rejected with the option named", "[backend][errors]")
+{
+  std::vector<float> p(4), g(4);
+  fo::tensor_list<float> pl{{p.data(), 4}};
+  fo::tensor_list<float const> gl{{g.data(), 4}};
+  auto const lists = fo::bind(param = pl, grad = gl);
+  fo::host::options opts;
+  for (int threads : {fo::host::options::max_threads + 1, 60000, 100000}) {
+    opts.threads = threads;
+    expect_error([&] { (void)fo::host::make_plan(lists, opts); }, {"threads", std::to_string(threads)});
+  }
+  opts = {};
+  opts.threads = fo::host::options::max_threads;  // the bound itself is accepted
+  REQUIRE_NOTHROW(fo::host::make_plan(lists, opts));
+  opts = {};
+  for (int capacity : {-1, fo::host::options::max_reduction_capacity + 1, 2147483647}) {
+    opts.reduction_capacity = capacity;
+    expect_error([&] { (void)fo::host::make_plan(lists, opts); }, {"reduction_capacity"});
+  }
+  opts = {};
+  opts.chunk_elements = std::numeric_limits<std::int64_t>::max();  // one chunk per tensor, no overflow
+  auto const plan = fo::host::make_plan(lists, opts);
+  CHECK(plan.num_chunks() == 1);
+}
+
+TEST_CASE("host pointers not aligned to their element size are rejected", "[backend][errors]")
+{
+  alignas(16) unsigned char memory[256] = {};
+  auto* aligned = reinterpret_cast<float*>(memory);
+  SECTION("float at +1 and +2 bytes")
+  {
+    for (int offset : {1, 2}) {
+      auto* odd = reinterpret_cast<float*>(memory + 128 + offset);
+      fo::tensor_list<float> pl{{aligned, 8}};
+      fo::tensor_list<float const> gl{{odd, 8}};
+      expect_error([&] { (void)fo::host::make_plan(fo::bind(param = pl, grad = gl)); }, {"tensor 0 of slot 'grad'", "aligned"});
+    }
+  }
+  SECTION("double at +4 bytes")
+  {
+    auto* odd = reinterpret_cast<double*>(memory + 4);
+    fo::tensor_list<double> pl{{odd, 4}};
+    fo::tensor_list<double const> gl{{reinterpret_cast<double*>(memory + 128), 4}};
+    expect_error([&] { (void)fo::host::make_plan(fo::bind(param = pl, grad = gl)); }, {"slot 'param'", "aligned"});
+  }
+  SECTION("bfloat16 at +1 byte")
+  {
+    auto* odd = reinterpret_cast<fo::bfloat16*>(memory + 1);
+    fo::tensor_list<fo::bfloat16> pl{{odd, 4}};
+    fo::tensor_list<fo::bfloat16 const> gl{{reinterpret_cast<fo::bfloat16*>(memory + 128), 4}};
+    expect_error([&] { fo::host::apply(add_grad{}, fo::bind(param = pl, grad = gl)); }, {"slot 'param'", "aligned"});
+  }
+  SECTION("an empty tensor may have any address")
+  {
+    fo::tensor_list<float> pl{{reinterpret_cast<float*>(memory + 1), 0}};
+    fo::tensor_list<float const> gl{{reinterpret_cast<float*>(memory + 3), 0}};
+    REQUIRE_NOTHROW(fo::host::make_plan(fo::bind(param = pl, grad = gl)));
+  }
+}
+
+TEST_CASE("a rejected run leaves the step counter unchanged", "[backend][errors]")
+{
+  std::vector<float> p(64, 1.f), g(64, 0.5f);
+  fo::tensor_list<float> pl{{p.data(), 64}};
+  fo::tensor_list<float const> gl{{g.data(), 64}};
+  fo::host::options opts;
+  opts.reduction_capacity = 0;  // too small for the clip pass
+  auto const plan = fo::host::make_plan(fo::bind(param = pl, grad = gl), opts);
+  std::int64_t counter = 4;
+  fo::step_info step{fo::scalar<std::int64_t>::from_pointer(&counter)};
+  step.advance = &counter;
+  auto const rule = fo::chain(fo::rules::clip_by_global_norm{1.0}, fo::rules::sgd{});
+  expect_error([&] { plan.run(rule, step); }, {"reduction_capacity"});
+  CHECK(counter == 4);
+  CHECK(p == std::vector<float>(64, 1.f));
+}
+
+TEST_CASE("a host plan rebound to moved tensors gives the bits of a fresh plan", "[backend][rebind]")
+{
+  std::vector<std::int64_t> const sizes = {0, 1, 7, 33, 40000, 100000, 5};
+  fo::host::options opts;
+  opts.chunk_elements = 4096;
+  // Fresh: one plan per step over the lists where the tensors are at that step.
+  padded_tensors<float> fresh_p(sizes), fresh_m(sizes), fresh_v(sizes);
+  // Moved: one plan for all steps; its state moves between two buffers and its gradients
+  // between three, as a caching allocator's buffers would.
+  padded_tensors<float> moved_p[2] = {padded_tensors<float>(sizes), padded_tensors<float>(sizes)};
+  padded_tensors<float> moved_m[2] = {padded_tensors<float>(sizes), padded_tensors<float>(sizes)};
+  padded_tensors<float> moved_v[2] = {padded_tensors<float>(sizes), padded_tensors<float>(sizes)};
+  padded_tensors<float> grads[3] = {padded_tensors<float>(sizes), padded_tensors<float>(sizes),
+                                    padded_tensors<float>(sizes)};
+  auto lists_of = [](padded_tensors<float>& p, padded_tensors<float>& g, padded_tensors<float>& m,
+                     padded_tensors<float>& v) {
+    return fo::bind(param = p.list<float>(), grad = g.list<float const>(), exp_avg = m.list<float>(),
+                    exp_avg_sq = v.list<float>());
+  };
+  auto plan = fo::host::make_plan(lists_of(moved_p[0], grads[0], moved_m[0], moved_v[0]), opts);
+  fo::rules::adamw rule;
+  rule.lr = 0.01;
+  for (std::int64_t t = 1; t <= 6; ++t) {
+    auto& g = grads[t % 3];
+    int const here = static_cast<int>(t % 2);
+    auto const lists = lists_of(moved_p[here], g, moved_m[here], moved_v[here]);
+    REQUIRE(plan.can_rebind(lists));
+    plan.rebind(lists);
+    plan.run(rule, fo::step_info{t});
+    fo::host::make_plan(lists_of(fresh_p, g, fresh_m, fresh_v), opts).run(rule, fo::step_info{t});
+    REQUIRE(moved_p[here].bits() == fresh_p.bits());
+    REQUIRE(moved_m[here].bits() == fresh_m.bits());
+    REQUIRE(moved_v[here].bits() == fresh_v.bits());
+    // The state moves to the other buffer for the next step.
+    moved_p[1 - here] = moved_p[here];
+    moved_m[1 - here] = moved_m[here];
+    moved_v[1 - here] = moved_v[here];
+  }
+  for (auto& p : moved_p) { CHECK(p.canaries_intact()); }
+  for (auto& g : grads) { CHECK(g.canaries_intact()); }
+}
+
+TEST_CASE("a host plan refuses lists of another geometry and stays as it was", "[backend][rebind][errors]")
+{
+  std::vector<float> p(100, 1.f), g(100, 1.f), q(100, 1.f);
+  fo::tensor_list<float> pl{{p.data(), 10}, {p.data() + 10, 20}};
+  fo::tensor_list<float const> gl{{g.data(), 10}, {g.data() + 10, 20}};
+  auto plan = fo::host::make_plan(fo::bind(param = pl, grad = gl));
+  SECTION("another size")
+  {
+    fo::tensor_list<float> p2{{q.data(), 10}, {q.data() + 10, 21}};
+    fo::tensor_list<float const> g2{{g.data(), 10}, {g.data() + 10, 21}};
+    auto const lists = fo::bind(param = p2, grad = g2);
+    CHECK_FALSE(plan.can_rebind(lists));
+    expect_error([&] { plan.rebind(lists); }, {"tensor 1 has 21 elements but the plan was made for 20"});
+  }
+  SECTION("another tensor count")
+  {
+    fo::tensor_list<float> p2{{q.data(), 10}};
+    fo::tensor_list<float const> g2{{g.data(), 10}};
+    auto const lists = fo::bind(param = p2, grad = g2);
+    CHECK_FALSE(plan.can_rebind(lists));
+    expect_error([&] { plan.rebind(lists); }, {"1 tensors but the plan was made for 2"});
+  }
+  SECTION("a misaligned pointer")
+  {
+    fo::tensor_list<float> p2{{q.data(), 10}, {reinterpret_cast<float*>(reinterpret_cast<char*>(q.data() + 10) + 2), 20}};
+    expect_error([&] { plan.rebind(fo::bind(param = p2, grad = gl)); }, {"tensor 1 of slot 'param'", "aligned"});
+  }
+  plan.run(add_grad{});
+  CHECK(p[0] == 2.f);
+  CHECK(p[29] == 2.f);
+  CHECK(q == std::vector<float>(100, 1.f));
 }

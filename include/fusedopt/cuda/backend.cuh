@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "../scalar.hpp"
 #include "detail/reduce.cuh"
 #include "detail/tables.cuh"
+#include "detail/upload_ring.cuh"
 #include "error.cuh"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -67,12 +69,21 @@ inline bool param_32k_available(int device);
 /// @brief Bound lists in device memory made ready for repeated steps: validated, cut into
 /// chunks, their launch tables uploaded once. Move-only; owns its device tables.
 ///
+/// A plan is made from the lists' geometry: the number of tensors, their sizes, element types
+/// and alignment classes (where the first 16-byte-aligned element of each tensor falls). Its
+/// chunks, launch shape and workspace depend on nothing else. Addresses are not geometry:
+/// `rebind` points the plan at lists of the same geometry at new addresses (new gradient
+/// buffers every step, as PyTorch's `zero_grad(set_to_none=True)` or a caching allocator hand
+/// out) with O(tensors) host work, no allocation, no synchronisation and at most one
+/// asynchronous upload; only a change of geometry needs a new plan (`can_rebind` tells).
+///
 /// Contract: the plan keeps a copy of the lists (pointers and sizes), never of the tensors.
-/// The caller keeps every tensor allocated, at the same address, while the plan is used; a
-/// plan cannot see memory freed or moved under it: build a new plan when tensors move. The
-/// plan runs on the device that was current when it was built (checked at every `run`). A
-/// CUDA graph that captured `run` reads the plan's device tables: keep the plan alive while
-/// the graph may be launched.
+/// The caller keeps every tensor allocated, at the address last bound, while the plan is used;
+/// a plan cannot see memory freed or moved under it: `rebind` it (or build a new plan) when
+/// tensors move. The plan runs on the device that was current when it was built (checked at
+/// every `run`). A CUDA graph that captured `run` reads the plan's device tables: keep the plan
+/// alive while the graph may be launched, and do not rebind it while a graph that captured it
+/// may still be replayed (the graph would follow the new addresses of a device table).
 template <class... B>
 class plan {
  public:
@@ -114,6 +125,24 @@ class plan {
   template <class Rule>
   void run(Rule const& rule, step_info const& step = {}, cudaStream_t stream = nullptr) const;
 
+  /// @brief True when `lists` have this plan's geometry (tensor count, sizes, alignment classes
+  /// and element alignment), so that `rebind(lists)` can take them. Host work only.
+  [[nodiscard]] bool can_rebind(lists_type const& lists) const;
+
+  /// @brief Points the plan at `lists`, the same geometry at new addresses (validated by
+  /// `fusedopt::bind` like any lists). Host work is O(tensors) with no allocation and no
+  /// synchronisation. With device tables, when an address changed, one cudaMemcpyAsync on
+  /// `stream` uploads the new address table from a pinned staging buffer (the host waits
+  /// only when it runs four rebinds ahead of `stream`); by-value tables are updated on the
+  /// host. Runs enqueued on `stream` afterwards update the new tensors; runs enqueued before
+  /// it still update the old ones. Lists at the addresses already bound cost a comparison and
+  /// enqueue nothing.
+  /// @throws fusedopt::error, leaving the plan unchanged, if the geometry differs (the message
+  /// names the first tensor and what differs: make a new plan), a slot's memory is pageable
+  /// host memory, an upload would be needed while `stream` is being captured, or a CUDA call
+  /// fails.
+  void rebind(lists_type const& lists, cudaStream_t stream = nullptr);
+
   /// @brief Kernel launches per `run` of a rule without reduction passes or after-step hooks
   /// (0 when every tensor is empty).
   [[nodiscard]] std::size_t launches_per_run() const;
@@ -143,7 +172,14 @@ class plan {
   void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                 cudaStream_t stream) const;
 
+  // Empty when `lists` fit, else why not (the first difference found).
+  [[nodiscard]] std::string geometry_mismatch(lists_type const& lists) const;
+
   std::unique_ptr<void, device_free> memory_;
+  // The tensor entries of every non-empty tensor, as the host last uploaded or packed them.
+  std::vector<detail::tensor_entry<num_slots>> tensors_;
+  detail::tensor_entry<num_slots>* device_tensors_ = nullptr;  // device tables: where tensors_ live on the device
+  detail::upload_ring uploads_;
   // Reduction workspace: pass results (capacity x (rows + 1) doubles), chunk partials
   // (capacity x chunks doubles), the chunk range of each row, the finalize counter.
   std::unique_ptr<void, device_free> workspace_;

@@ -12,6 +12,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <new>
+#include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -33,18 +37,30 @@ namespace host {
 
 /// @brief How the host backend spreads work.
 struct options {
-  /// Threads to use: 0 for OpenMP's default, 1 for the calling thread only.
+  /// Most threads a plan accepts: OpenMP runtimes abort the process (or crash) when asked for
+  /// tens of thousands of threads, so larger requests are rejected with an error instead.
+  static constexpr int max_threads = 1024;
+  /// Most accumulators a plan accepts: the largest rule in the library needs 3.
+  static constexpr int max_reduction_capacity = 1024;
+
+  /// Threads to use: 0 for OpenMP's default, 1 for the calling thread only; at most
+  /// `max_threads`.
   int threads = 0;
   /// Elements of one tensor per work item (a few hundred KB across the slots, so a chunk's
   /// data stays in the core's cache while it is updated).
   std::int64_t chunk_elements = std::int64_t{1} << 15;
   /// Accumulators (summed over a rule's reduction passes) the plan keeps room for; a rule
-  /// needing more is rejected by run().
+  /// needing more is rejected by run(). At most `max_reduction_capacity`.
   int reduction_capacity = 8;
 };
 
-/// @brief Lists bound once, cut into chunks once; `run` then updates every element with no
-/// allocation.
+/// @brief Lists cut into chunks once; `run` then updates every element with no allocation.
+///
+/// A plan is made from the lists' geometry (tensor count and sizes): the chunks and the
+/// reduction workspace depend on nothing else. Addresses are not geometry: `rebind` points the
+/// plan at lists of the same geometry at new addresses (new gradient buffers every step, as
+/// PyTorch's `zero_grad(set_to_none=True)` or a caching allocator hand out) in O(tensors) host
+/// work with no allocation; only a change of geometry needs a new plan.
 template <class... Bindings>
 class plan {
   using lists_type = bound_lists<Bindings...>;
@@ -52,23 +68,69 @@ class plan {
 
  public:
   /// @brief Cuts the (already validated) lists into chunks and sizes the reduction workspace.
-  /// @throws fusedopt::error if `opts.chunk_elements < 1`, `opts.threads < 0` or
-  /// `opts.reduction_capacity < 0`.
+  /// @throws fusedopt::error if `opts.chunk_elements < 1`, `opts.threads` is negative or over
+  /// `options::max_threads`, `opts.reduction_capacity` is negative or over
+  /// `options::max_reduction_capacity`, the workspace cannot be allocated, or a pointer is not
+  /// aligned to its element size.
   explicit plan(lists_type lists, options opts = {}) : lists_(std::move(lists)), options_(opts)
   {
     FUSEDOPT_EXPECTS(options_.chunk_elements >= 1, "host::options::chunk_elements must be at least 1");
-    FUSEDOPT_EXPECTS(options_.threads >= 0, "host::options::threads must not be negative");
-    FUSEDOPT_EXPECTS(options_.reduction_capacity >= 0, "host::options::reduction_capacity must not be negative");
+    FUSEDOPT_EXPECTS(options_.threads >= 0 && options_.threads <= options::max_threads,
+                     "host::options::threads must be between 0 and " + std::to_string(options::max_threads) +
+                       ", not " + std::to_string(options_.threads));
+    FUSEDOPT_EXPECTS(options_.reduction_capacity >= 0 && options_.reduction_capacity <= options::max_reduction_capacity,
+                     "host::options::reduction_capacity must be between 0 and " +
+                       std::to_string(options::max_reduction_capacity) + ", not " +
+                       std::to_string(options_.reduction_capacity));
+    check_alignment(lists_, std::make_index_sequence<num_slots>{});
     std::size_t const n = lists_.num_tensors();
     bases_.resize(n);
     for (std::size_t t = 0; t < n; ++t) {
       fill_bases(bases_[t], t, std::make_index_sequence<num_slots>{});
       std::int64_t const size = lists_.tensor_size(t);
-      for (std::int64_t begin = 0; begin < size; begin += options_.chunk_elements) {
-        chunks_.push_back(chunk{static_cast<std::int64_t>(t), begin, std::min(size, begin + options_.chunk_elements)});
+      for (std::int64_t begin = 0; begin < size; begin += std::min(options_.chunk_elements, size - begin)) {
+        chunks_.push_back(chunk{static_cast<std::int64_t>(t), begin, begin + std::min(options_.chunk_elements, size - begin)});
       }
     }
-    workspace_.resize(static_cast<std::size_t>(options_.reduction_capacity) * (n + 1 + chunks_.size()));
+    try {
+      workspace_.resize(static_cast<std::size_t>(options_.reduction_capacity) * (n + 1 + chunks_.size()));
+    } catch (std::bad_alloc const&) {
+      throw error("fusedopt: host::options::reduction_capacity " + std::to_string(options_.reduction_capacity) +
+                  " needs more memory for the reduction workspace than could be allocated");
+    }
+  }
+
+  /// @brief True when `lists` have this plan's geometry (the same number of tensors, each of
+  /// the same size), so that `rebind(lists)` can take them.
+  [[nodiscard]] bool can_rebind(lists_type const& lists) const noexcept
+  {
+    if (lists.num_tensors() != lists_.num_tensors()) { return false; }
+    for (std::size_t t = 0; t < lists.num_tensors(); ++t) {
+      if (lists.tensor_size(t) != lists_.tensor_size(t)) { return false; }
+    }
+    return true;
+  }
+
+  /// @brief Points the plan at `lists`, the same geometry at new addresses (validated by
+  /// `fusedopt::bind` like any lists). O(tensors) host work, no allocation. Later `run`s update
+  /// the new tensors; the old ones are no longer touched.
+  /// @throws fusedopt::error, leaving the plan unchanged, if the geometry differs (the message
+  /// names the first tensor that differs) or a pointer is not aligned to its element size.
+  void rebind(lists_type const& lists)
+  {
+    FUSEDOPT_EXPECTS(lists.num_tensors() == lists_.num_tensors(),
+                     "plan::rebind: the lists hold " + std::to_string(lists.num_tensors()) +
+                       " tensors but the plan was made for " + std::to_string(lists_.num_tensors()) +
+                       "; make a new plan when the geometry changes");
+    for (std::size_t t = 0; t < lists.num_tensors(); ++t) {
+      FUSEDOPT_EXPECTS(lists.tensor_size(t) == lists_.tensor_size(t),
+                       "plan::rebind: tensor " + std::to_string(t) + " has " + std::to_string(lists.tensor_size(t)) +
+                         " elements but the plan was made for " + std::to_string(lists_.tensor_size(t)) +
+                         "; make a new plan when the geometry changes");
+    }
+    check_alignment(lists, std::make_index_sequence<num_slots>{});
+    lists_ = lists;  // equal lengths: the vectors reuse their storage
+    for (std::size_t t = 0; t < bases_.size(); ++t) { fill_bases(bases_[t], t, std::make_index_sequence<num_slots>{}); }
   }
 
   /// @brief Runs `rule` for one step over every element of every tensor: its reduction
@@ -81,15 +143,17 @@ class plan {
   {
     constexpr int passes = detail::pass_count_v<Rule>;
     detail::validate_rule(rule, typename lists_type::memory_slots{});
-    if (step.advance != nullptr) { ++*step.advance; }
-    reduced results[passes > 0 ? passes : 1];
     if constexpr (passes > 0) {
-      FUSEDOPT_EXPECTS(accumulators<Rule>(std::make_integer_sequence<int, passes>{}) <= options_.reduction_capacity,
-                       "the rule needs " + std::to_string(accumulators<Rule>(std::make_integer_sequence<int, passes>{})) +
+      constexpr int needed = accumulators<Rule>(std::make_integer_sequence<int, passes>{});
+      FUSEDOPT_EXPECTS(needed <= options_.reduction_capacity,
+                       "the rule needs " + std::to_string(needed) +
                          " reduction accumulators but host::options::reduction_capacity is " +
                          std::to_string(options_.reduction_capacity));
-      run_passes(rule, step, results, std::make_integer_sequence<int, passes>{});
     }
+    // Every check is done: from here on memory is written.
+    if (step.advance != nullptr) { ++*step.advance; }
+    reduced results[passes > 0 ? passes : 1];
+    if constexpr (passes > 0) { run_passes(rule, step, results, std::make_integer_sequence<int, passes>{}); }
     using access = detail::access<Rule, lists_type>;
     auto const body = detail::prepare_final(rule, step, results);
     auto const count = static_cast<std::int64_t>(chunks_.size());
@@ -113,6 +177,23 @@ class plan {
   void fill_bases(std::array<void*, num_slots>& bases, std::size_t t, std::index_sequence<K...>) const
   {
     ((bases[K] = lists_.template address<K>(t)), ...);
+  }
+
+  // A misaligned element access is undefined behaviour (and faults on some CPUs): reject it
+  // as the CUDA backend does.
+  template <std::size_t... K>
+  static void check_alignment(lists_type const& lists, std::index_sequence<K...>)
+  {
+    static constexpr char const* names[] = {Bindings::slot_type::name...};
+    std::size_t const alignments[] = {alignof(std::remove_const_t<typename Bindings::element_type>)...};
+    for (std::size_t t = 0; t < lists.num_tensors(); ++t) {
+      if (lists.tensor_size(t) == 0) { continue; }
+      std::uintptr_t const addresses[] = {reinterpret_cast<std::uintptr_t>(lists.template address<K>(t))...};
+      for (std::size_t k = 0; k < num_slots; ++k) {
+        FUSEDOPT_EXPECTS(addresses[k] % alignments[k] == 0,
+                         "tensor " + std::to_string(t) + " of slot '" + names[k] + "' is not aligned to its element size");
+      }
+    }
   }
 
   template <class Access, class Body>

@@ -5,13 +5,19 @@
 /// state tensors (the very tensors of the Python optimizer's `state`, shared) and step counts,
 /// and a cache of plans: one per (device, dtype, step) bucket of the parameters that have a
 /// gradient. A step compares the parameters' and gradients' addresses with the cached ones
-/// (a few ns per tensor) and runs the cached plans with the group's current hyperparameters;
-/// a changed address rebuilds the group's plans here, a parameter without state or a changed
-/// layout (amsgrad, momentum, centered, clipping) sends the work back to Python.
+/// (a few ns per tensor) and runs the cached plans with the group's current hyperparameters.
+/// Moved addresses (new gradient tensors every step under `zero_grad(set_to_none=True)`)
+/// rebind the group's plans to the new tensors (no device allocation, no synchronisation); a
+/// change of which parameters have a gradient rebuilds that group's plans; a parameter without
+/// state or a changed layout (amsgrad, momentum, centered, clipping) sends the work back to
+/// Python.
 #include <torch/extension.h>
+
+#include <ATen/Parallel.h>
 
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
 #  include <ATen/cuda/CUDAContext.h>
+#  include <ATen/cuda/CUDAEvent.h>
 #  include <c10/cuda/CUDAGuard.h>
 #endif
 
@@ -31,7 +37,7 @@ namespace {
 
 namespace py = pybind11;
 
-// Order of the hyperparameter tuple Python passes for each group (fusedopt_torch/_kinds.py).
+// Order of the hyperparameter tuple Python passes for each group (fusedopt_torch/optimizers.py's _hyper).
 enum hyper_index : int {
   h_lr,
   h_beta1,
@@ -88,7 +94,7 @@ hyper to_hyper(std::vector<double> const& v)
   return h;
 }
 
-/// The structural options of a family's hyperparameters (must agree with _kinds.state_keys).
+/// The structural options of a family's hyperparameters (must agree with the classes' _state_keys).
 layout layout_of(family f, hyper const& h)
 {
   layout l;
@@ -115,7 +121,13 @@ struct bucket {
   std::vector<int> members;  // indices into the group's parameters
   int device = -1;           // -1: CPU (host backend), else the CUDA device index
   std::int64_t step = 0;     // the members' step count before the next step
+  lists tensors;             // the addresses the plan is bound to (members in order)
   std::unique_ptr<plan> p;
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+  // The stream of the last run: a run on another stream first waits for it, since the plan's
+  // device tables and workspace are rewritten in stream order.
+  c10::optional<c10::cuda::CUDAStream> stream;
+#endif
 };
 
 struct group_data {
@@ -197,23 +209,30 @@ class engine {
       }
     }
     // Gather the gradients; nothing runs until every group is known to be ready.
-    changed_.assign(groups_.size(), 0);
+    changed_.assign(groups_.size(), unchanged);
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       auto& d = groups_[g];
       std::size_t const n = d.params.size();
-      if (!d.built || d.param_ptrs.size() != n) {
-        changed_[g] = 1;
-      }
+      if (!d.built || d.param_ptrs.size() != n) { changed_[g] = members_changed; }
       for (std::size_t i = 0; i < n; ++i) {
         at::Tensor const& p = d.params[i];
         at::Tensor const& gr = p.grad();
         void const* gp = gr.defined() ? gr.data_ptr() : nullptr;
         if (gp != nullptr && !d.has_state[i]) { return false; }
-        if (!changed_[g] && (gp != d.grad_ptrs[i] || p.data_ptr() != d.param_ptrs[i])) { changed_[g] = 1; }
+        if (changed_[g] == members_changed) { continue; }
+        if ((gp == nullptr) != (d.grad_ptrs[i] == nullptr)) {
+          changed_[g] = members_changed;  // a gradient appeared or disappeared
+        } else if (gp != d.grad_ptrs[i] || p.data_ptr() != d.param_ptrs[i]) {
+          changed_[g] = addresses_moved;
+        }
       }
     }
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      if (changed_[g]) { rebuild(g); }
+      if (changed_[g] == members_changed) {
+        rebuild(g);
+      } else if (changed_[g] == addresses_moved) {
+        rebind(g);
+      }
     }
     for (std::size_t g = 0; g < groups_.size(); ++g) { run(g); }
     return true;
@@ -235,6 +254,8 @@ class engine {
 
   /// Plans built so far (tests: a changed parameter set rebuilds).
   [[nodiscard]] std::int64_t rebuilds() const { return rebuilds_; }
+  /// Groups rebound to moved tensors so far (tests and benchmarks: set_to_none rebinds).
+  [[nodiscard]] std::int64_t rebinds() const { return rebinds_; }
   /// Plans in use, over all groups.
   [[nodiscard]] std::int64_t plans() const
   {
@@ -297,7 +318,7 @@ class engine {
       auto const t = static_cast<dtype>(std::get<1>(key));
       try {
         if (b.device < 0) {
-          b.p = make_host_plan(family_, t, d.lay, x);
+          b.p = make_host_plan(family_, t, d.lay, x, at::get_num_threads());
         } else {
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
           c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
@@ -309,11 +330,80 @@ class engine {
       } catch (fusedopt::error const& e) {
         TORCH_CHECK(false, e.what());
       }
+      b.tensors = std::move(x);
       d.buckets.push_back(std::move(b));
     }
     d.built = true;
     ++rebuilds_;
   }
+
+  /// Points the group's plans at the tensors' new addresses; rebuilds the group when a plan
+  /// cannot take them (another alignment class) or a gradient's layout changed.
+  void rebind(std::size_t g)
+  {
+    auto& d = groups_[g];
+    try {
+      rebind_buckets(g);
+    } catch (...) {
+      d.built = false;  // the cached addresses may be half updated: the next step rebuilds
+      throw;
+    }
+  }
+
+  void rebind_buckets(std::size_t g)
+  {
+    auto& d = groups_[g];
+    for (auto& b : d.buckets) {
+      for (std::size_t j = 0; j < b.members.size(); ++j) {
+        auto const i = static_cast<std::size_t>(b.members[j]);
+        at::Tensor const& p = d.params[i];
+        at::Tensor const& gr = p.grad();
+        if (gr.data_ptr() != d.grad_ptrs[i]) {
+          // A new gradient tensor: check it as a rebuild would, before any plan sees it.
+          check_same_layout(p, gr, "gradient", i);
+          d.grad_ptrs[i] = gr.data_ptr();
+          b.tensors.grad[j] = d.grad_ptrs[i];
+        }
+        if (p.data_ptr() != d.param_ptrs[i]) {
+          d.param_ptrs[i] = p.data_ptr();
+          b.tensors.param[j] = p.data_ptr();
+        }
+      }
+      bool rebound = false;
+      try {
+        if (b.device < 0) {
+          rebound = b.p->rebind(b.tensors, nullptr);
+        } else {
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
+          auto const stream = at::cuda::getCurrentCUDAStream(b.device);
+          follow_stream(b, stream);
+          rebound = b.p->rebind(b.tensors, stream.stream());
+#endif
+        }
+      } catch (fusedopt::error const& e) {
+        TORCH_CHECK(false, e.what());
+      }
+      if (!rebound) {
+        rebuild(g);
+        return;
+      }
+    }
+    ++rebinds_;
+  }
+
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+  /// Orders work on `stream` after the bucket's last run on another stream.
+  static void follow_stream(bucket& b, c10::cuda::CUDAStream const& stream)
+  {
+    if (b.stream && *b.stream != stream) {
+      at::cuda::CUDAEvent done;
+      done.record(*b.stream);
+      done.block(stream);
+    }
+    b.stream = stream;
+  }
+#endif
 
   void run(std::size_t g)
   {
@@ -326,7 +416,9 @@ class engine {
         } else {
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
           c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
-          b.p->run(hyper_[g], next, at::cuda::getCurrentCUDAStream(b.device).stream());
+          auto const stream = at::cuda::getCurrentCUDAStream(b.device);
+          follow_stream(b, stream);
+          b.p->run(hyper_[g], next, stream.stream());
 #endif
         }
       } catch (fusedopt::error const& e) {
@@ -339,11 +431,14 @@ class engine {
     }
   }
 
+  enum change : char { unchanged, addresses_moved, members_changed };
+
   family family_;
   std::vector<group_data> groups_;
   std::vector<hyper> hyper_;
-  std::vector<char> changed_;
+  std::vector<change> changed_;
   std::int64_t rebuilds_ = 0;
+  std::int64_t rebinds_ = 0;
 };
 
 }  // namespace
@@ -360,6 +455,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("step", &engine::step, py::arg("hypers"))
     .def("steps", &engine::steps)
     .def("rebuilds", &engine::rebuilds)
+    .def("rebinds", &engine::rebinds)
     .def("plans", &engine::plans);
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
   m.attr("with_cuda") = true;

@@ -25,6 +25,11 @@ struct cuda_backend {
   {
     p.run(r, step, static_cast<cudaStream_t>(stream));
   }
+  template <class Plan, class Lists>
+  static void rebind(Plan& p, Lists const& lists, void* stream)
+  {
+    p.rebind(lists, static_cast<cudaStream_t>(stream));
+  }
 };
 
 }  // namespace detail

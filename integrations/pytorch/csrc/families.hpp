@@ -3,8 +3,8 @@
 ///
 /// Included by host_plans.cpp (host backend) and by one `.cu` per family (CUDA backend), so
 /// the two paths bind the same slots and build the same rules from the same hyperparameters.
-/// A backend is a struct with `make(bound_lists, void* stream, int reduction_capacity)` and
-/// `run(plan, rule, step_info, void* stream)`.
+/// A backend is a struct with `make(bound_lists, void* stream, int reduction_capacity)`,
+/// `run(plan, rule, step_info, void* stream)` and `rebind(plan, bound_lists, void* stream)`.
 #pragma once
 
 // The headers used, not fusedopt.hpp: that one includes version.hpp, which CMake generates
@@ -89,28 +89,39 @@ fo::tensor_list<T> state(lists const& x, std::size_t k)
   return writable<T>(x.states[k], x.sizes);
 }
 
-/// A plan of backend B over fixed lists, running the rule `Build` makes from the hyperparameters.
-template <class B, class Plan, class Build>
+/// A plan of backend B over lists that `Bind` makes from the tensors (so that a step whose
+/// tensors moved rebinds the plan to new lists of the same geometry), running the rule `Build`
+/// makes from the hyperparameters.
+template <class B, class Plan, class Bind, class Build>
 class plan_impl final : public plan {
  public:
-  plan_impl(Plan p, Build b) : plan_(std::move(p)), build_(b) {}
+  plan_impl(Plan p, Bind bind, Build build) : plan_(std::move(p)), bind_(bind), build_(build) {}
   void run(hyper const& h, std::int64_t step, void* stream) const override
   {
     fo::step_info info;
     info.step = step;
     B::run(plan_, build_(h), info, stream);
   }
+  bool rebind(lists const& tensors, void* stream) override
+  {
+    auto bound = bind_(tensors);
+    if (!plan_.can_rebind(bound)) { return false; }
+    B::rebind(plan_, bound, stream);
+    return true;
+  }
 
  private:
   Plan plan_;
+  Bind bind_;
   Build build_;
 };
 
-template <class B, class Build, class Lists>
-std::unique_ptr<plan> wrap(Lists lists, Build build, void* stream, int reduction_capacity = 0)
+/// A plan of backend B over the lists `bind(x)` makes.
+template <class B, class Bind, class Build>
+std::unique_ptr<plan> wrap(Bind bind, lists const& x, Build build, void* stream, int reduction_capacity = 0)
 {
-  auto p = B::make(std::move(lists), stream, reduction_capacity);
-  return std::make_unique<plan_impl<B, decltype(p), Build>>(std::move(p), build);
+  auto p = B::make(bind(x), stream, reduction_capacity);
+  return std::make_unique<plan_impl<B, decltype(p), Bind, Build>>(std::move(p), bind, build);
 }
 
 // ---- rules from hyperparameters -----------------------------------------------------------
@@ -263,14 +274,20 @@ struct build_adadelta {
 };
 
 // ---- plans per family (one function per .cu) -----------------------------------------------
+//
+// Each binds the family's slots through a captureless lambda (`auto const& x` -> bound lists),
+// kept by the plan to rebind it when the tensors move.
 
 template <class B>
 std::unique_ptr<plan> sgd_plan(dtype t, layout const& l, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    if (l.momentum) { return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::momentum_buffer = state<T>(x, 0)), build_sgd{}, s); }
-    return wrap<B>(fo::bind(param<T>(x), grad<T>(x)), build_sgd{}, s);
+    if (l.momentum) {
+      return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::momentum_buffer = state<T>(y, 0)); },
+                     x, build_sgd{}, s);
+    }
+    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y)); }, x, build_sgd{}, s);
   });
 }
 
@@ -280,12 +297,18 @@ std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, voi
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
     if (l.amsgrad) {
-      return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1),
-                              slot::max_exp_avg_sq = state<T>(x, 2)),
-                     Build{}, s);
+      return wrap<B>(
+        [](lists const& y) {
+          return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1),
+                          slot::max_exp_avg_sq = state<T>(y, 2));
+        },
+        x, Build{}, s);
     }
-    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1)),
-                   Build{}, s);
+    return wrap<B>(
+      [](lists const& y) {
+        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
+      },
+      x, Build{}, s);
   });
 }
 
@@ -300,7 +323,8 @@ std::unique_ptr<plan> adagrad_plan(dtype t, layout const&, lists const& x, void*
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::sum_sq = state<T>(x, 0)), build_adagrad{}, s);
+    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::sum_sq = state<T>(y, 0)); }, x,
+                   build_adagrad{}, s);
   });
 }
 
@@ -310,16 +334,31 @@ std::unique_ptr<plan> rmsprop_plan(dtype t, layout const& l, lists const& x, voi
   // State order: square_avg, then momentum_buffer (with momentum), then grad_avg (centered).
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    auto p = [&] { return param<T>(x); };
-    auto g = [&] { return grad<T>(x); };
-    auto sq = [&] { return slot::square_avg = state<T>(x, 0); };
     if (l.momentum && l.centered) {
-      return wrap<B>(fo::bind(p(), g(), sq(), slot::momentum_buffer = state<T>(x, 1), slot::grad_avg = state<T>(x, 2)),
-                     build_rmsprop{}, s);
+      return wrap<B>(
+        [](lists const& y) {
+          return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0),
+                          slot::momentum_buffer = state<T>(y, 1), slot::grad_avg = state<T>(y, 2));
+        },
+        x, build_rmsprop{}, s);
     }
-    if (l.momentum) { return wrap<B>(fo::bind(p(), g(), sq(), slot::momentum_buffer = state<T>(x, 1)), build_rmsprop{}, s); }
-    if (l.centered) { return wrap<B>(fo::bind(p(), g(), sq(), slot::grad_avg = state<T>(x, 1)), build_rmsprop{}, s); }
-    return wrap<B>(fo::bind(p(), g(), sq()), build_rmsprop{}, s);
+    if (l.momentum) {
+      return wrap<B>(
+        [](lists const& y) {
+          return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0),
+                          slot::momentum_buffer = state<T>(y, 1));
+        },
+        x, build_rmsprop{}, s);
+    }
+    if (l.centered) {
+      return wrap<B>(
+        [](lists const& y) {
+          return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0), slot::grad_avg = state<T>(y, 1));
+        },
+        x, build_rmsprop{}, s);
+    }
+    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0)); },
+                   x, build_rmsprop{}, s);
   });
 }
 
@@ -330,9 +369,11 @@ std::unique_ptr<plan> lamb_plan(dtype t, layout const& l, lists const& x, void* 
   constexpr int capacity = 4;
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    auto lists = fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1));
-    if (l.clip) { return wrap<B>(std::move(lists), build_clipped_lamb{}, s, capacity); }
-    return wrap<B>(std::move(lists), build_lamb{}, s, capacity);
+    auto bind = [](lists const& y) {
+      return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
+    };
+    if (l.clip) { return wrap<B>(bind, x, build_clipped_lamb{}, s, capacity); }
+    return wrap<B>(bind, x, build_lamb{}, s, capacity);
   });
 }
 
@@ -341,7 +382,8 @@ std::unique_ptr<plan> lion_plan(dtype t, layout const&, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0)), build_lion{}, s);
+    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0)); }, x,
+                   build_lion{}, s);
   });
 }
 
@@ -350,8 +392,11 @@ std::unique_ptr<plan> radam_plan(dtype t, layout const&, lists const& x, void* s
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_avg_sq = state<T>(x, 1)),
-                   build_radam{}, s);
+    return wrap<B>(
+      [](lists const& y) {
+        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
+      },
+      x, build_radam{}, s);
   });
 }
 
@@ -360,8 +405,11 @@ std::unique_ptr<plan> adamax_plan(dtype t, layout const&, lists const& x, void* 
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    return wrap<B>(fo::bind(param<T>(x), grad<T>(x), slot::exp_avg = state<T>(x, 0), slot::exp_inf = state<T>(x, 1)),
-                   build_adamax{}, s);
+    return wrap<B>(
+      [](lists const& y) {
+        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_inf = state<T>(y, 1));
+      },
+      x, build_adamax{}, s);
   });
 }
 
@@ -371,8 +419,10 @@ std::unique_ptr<plan> adadelta_plan(dtype t, layout const&, lists const& x, void
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
     return wrap<B>(
-      fo::bind(param<T>(x), grad<T>(x), slot::square_avg = state<T>(x, 0), slot::acc_delta = state<T>(x, 1)),
-      build_adadelta{}, s);
+      [](lists const& y) {
+        return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0), slot::acc_delta = state<T>(y, 1));
+      },
+      x, build_adadelta{}, s);
   });
 }
 

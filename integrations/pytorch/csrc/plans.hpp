@@ -17,7 +17,7 @@ namespace fusedopt_torch {
 /// @brief Element type of every list of one plan (param, grad and states share it, as in torch).
 enum class dtype : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
 
-/// @brief Optimizer families; the numbers are part of the Python interface (fusedopt_torch/_kinds.py).
+/// @brief Optimizer families; the numbers are part of the Python interface (fusedopt_torch/optimizers.py).
 enum class family : int {
   sgd = 0,
   adam = 1,
@@ -72,7 +72,7 @@ struct layout {
 };
 
 /// @brief The tensors of one plan, one entry per parameter. `states[k]` is the k-th state slot
-/// of the family, in the order fusedopt_torch/_kinds.py lists them for the layout.
+/// of the family, in the order the Python class's `_state_keys` lists them for the layout.
 struct lists {
   std::vector<std::int64_t> sizes;
   std::vector<void*> param;
@@ -80,17 +80,25 @@ struct lists {
   std::vector<std::vector<void*>> states;
 };
 
-/// @brief A plan over fixed lists: run it once per step.
+/// @brief A plan over lists of fixed geometry (sizes, dtype, alignment): run it once per step,
+/// rebind it when the tensors move.
 class plan {
  public:
   virtual ~plan() = default;
   /// @brief One step: `step` is torch's 1-based state['step'] after its increment; `stream` a
   /// cudaStream_t (ignored by host plans).
   virtual void run(hyper const& h, std::int64_t step, void* stream) const = 0;
+  /// @brief Points the plan at `tensors`, the lists it was made from at new addresses (new
+  /// gradients every step under `zero_grad(set_to_none=True)`): no allocation on the device,
+  /// no synchronisation, at most one asynchronous upload on `stream`. Returns false, changing
+  /// nothing, when the geometry differs (then make a new plan).
+  /// @throws fusedopt::error on invalid lists (overlapping outputs, pageable memory for CUDA).
+  virtual bool rebind(lists const& tensors, void* stream) = 0;
 };
 
-/// @brief A host-backend plan (CPU memory). @throws fusedopt::error on invalid lists.
-std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& tensors);
+/// @brief A host-backend plan (CPU memory) run on `threads` OpenMP threads (torch's
+/// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists.
+std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& tensors, int threads);
 
 /// @brief A CUDA plan on the current device (device memory), built on `stream`.
 /// Defined only when the CUDA sources are compiled (fusedopt_torch built with CUDA).

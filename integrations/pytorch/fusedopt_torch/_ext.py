@@ -5,6 +5,7 @@ there is one, else a JIT build with ``torch.utils.cpp_extension.load`` into a bu
 Environment:
   FUSEDOPT_TORCH_BUILD_DIR  where the JIT build goes (default: integrations/pytorch/build/jit-<cpu|cuda>)
   FUSEDOPT_TORCH_CUDA       0: build the CPU path only even where CUDA is available; 1: require CUDA
+  FUSEDOPT_TORCH_MARCH      -march of the CPU code (default native; see march())
   TORCH_CUDA_ARCH_LIST      CUDA architectures (torch's variable; default: the visible GPUs', e.g. 9.0)
   MAX_JOBS                  parallel compile jobs (torch's variable; default: all cores)
 """
@@ -42,13 +43,31 @@ def sources(with_cuda):
     return [str(f) for f in files]
 
 
+def march():
+    """The -march of the host (CPU) code: FUSEDOPT_TORCH_MARCH, default 'native' (the vector width
+    of the machine that builds, right for the JIT build); set it to e.g. 'x86-64-v3' (AVX2) or
+    'x86-64' (any x86-64) for an extension built to run on other machines; 'none' adds no -march."""
+    return os.environ.get("FUSEDOPT_TORCH_MARCH", "native")
+
+
 def flags(with_cuda):
-    """(extra_cflags, extra_cuda_cflags) shared by setup.py and the JIT build."""
-    cflags = ["-O3", "-std=c++17", "-fno-math-errno"]
+    """(extra_cflags, extra_cuda_cflags) shared by setup.py and the JIT build.
+
+    The host backend's loops need what fusedopt's CMake target gives its users: OpenMP threads
+    (torch's own OpenMP runtime, libgomp, runs them; the thread count is torch.get_num_threads()),
+    -fno-math-errno (else GCC does not vectorise sqrt) and the machine's vector width."""
+    cflags = ["-O3", "-std=c++17", "-fno-math-errno", "-fopenmp"]
+    if march() != "none":
+        cflags.append(f"-march={march()}")
     cuda_cflags = ["-O3", "-std=c++17", "-Xcompiler=-fno-math-errno"]
     if with_cuda:
         cflags.append("-DFUSEDOPT_TORCH_WITH_CUDA")
     return cflags, cuda_cflags
+
+
+def ldflags():
+    """Link flags shared by setup.py and the JIT build (OpenMP's runtime)."""
+    return ["-fopenmp"]
 
 
 def build(verbose=False):
@@ -65,6 +84,7 @@ def build(verbose=False):
         extra_include_paths=[str(INCLUDE), str(CSRC)],
         extra_cflags=cflags,
         extra_cuda_cflags=cuda_cflags,
+        extra_ldflags=ldflags(),
         build_directory=build_dir,
         with_cuda=with_cuda,
         verbose=verbose,

@@ -140,8 +140,12 @@ class FusedOptimizer(Optimizer):
     # ---- internals ---------------------------------------------------------------------------
 
     def plan_rebuilds(self):
-        """How many times plans were built (one per group whose parameter set or addresses changed)."""
+        """How many times plans were built (one per group whose set of parameters with a gradient changed)."""
         return self._engine.rebuilds()
+
+    def plan_rebinds(self):
+        """How many times a group's plans followed moved tensors (new gradients under set_to_none=True)."""
+        return self._engine.rebinds()
 
     def _get_step(self, p, group, state):
         if self._step_key is not None:

@@ -545,12 +545,67 @@ def test_param_set_change_rebuilds(device):
     assert ours.plan_rebuilds() == 4, ours.plan_rebuilds()
     sd = ours.state_dict()
     assert [float(sd["state"][i]["step"]) for i in range(5)] == [12.0, 8.0, 12.0, 10.0, 12.0]
-    # New gradient tensors (other addresses): one rebuild, then none while they stay.
+    # New gradient tensors (other addresses): the plans follow them (a rebind), no rebuild.
+    rebinds = ours.plan_rebinds()
     for p in b:
         p.grad = torch.zeros_like(p)
     ours.step()
     ours.step()
-    assert ours.plan_rebuilds() == 5
+    assert ours.plan_rebuilds() == 4
+    assert ours.plan_rebinds() == rebinds + 1
+
+
+@parametrize("device", DEVICES)
+@parametrize("name", ["Adam", "AdamW", "SGD", "LAMB"])
+def test_set_to_none_gives_the_same_bits_and_never_rebuilds(name, device):
+    """zero_grad(set_to_none=True): new gradient tensors every step. Same bits as gradients
+    written into the same tensors; the plans are rebound, never rebuilt."""
+    need_device(device)
+    base = make_params(device)
+    kwargs = {"SGD": dict(lr=0.1, momentum=0.9)}.get(name, dict(lr=1e-2))
+    held_params = [torch.nn.Parameter(p.clone()) for p in base]
+    none_params = [torch.nn.Parameter(p.clone()) for p in base]
+    held, none = getattr(ft, name)(held_params, **kwargs), getattr(ft, name)(none_params, **kwargs)
+    buffers = [torch.zeros_like(p) for p in held_params]
+    spare = []  # keeps old gradients alive, so that new ones cannot reuse their addresses
+    for t in range(8):
+        gs = grads_for(t, held_params)
+        for p, buf, g in zip(held_params, buffers, gs):
+            p.grad = buf.copy_(g)
+        none.zero_grad(set_to_none=True)
+        for p, g in zip(none_params, gs):
+            p.grad = g.clone()
+        spare.append([p.grad for p in none_params])
+        held.step()
+        none.step()
+        for x, y in zip(held_params, none_params):
+            assert torch.equal(x, y), (name, device, t)
+    assert held.plan_rebuilds() == 1 and held.plan_rebinds() == 0
+    assert none.plan_rebuilds() == 1, none.plan_rebuilds()
+    assert none.plan_rebinds() == 7, none.plan_rebinds()
+
+
+def test_gradient_of_other_strides_after_a_rebind_is_an_error():
+    """A new gradient tensor is checked as a rebuild would check it, and a rejected step leaves
+    nothing half-updated."""
+    params = [torch.nn.Parameter(torch.rand(3, 5)), torch.nn.Parameter(torch.rand(4, 6))]
+    opt = ft.Adam(params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    params[0].grad = torch.ones_like(params[0])  # a new tensor, as set_to_none gives
+    params[1].grad = torch.ones(6, 4).t()  # the same shape, transposed strides
+    raised = False
+    try:
+        opt.step()
+    except RuntimeError:
+        raised = True
+    assert raised
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    params[1].grad = torch.ones_like(params[1])
+    opt.step()
+    assert float(opt.state_dict()["state"][1]["step"]) == 2.0
 
 
 def test_zero_grad():

@@ -110,6 +110,16 @@ void launch(Rule const& rule, step_info const& step, Table const& table, std::in
   }
 }
 
+/// Whether a rule's kernels (its passes' and its update's) can take it next to a by-value
+/// table of type `Table`.
+template <class Rule, class Bound, class Table>
+inline constexpr bool fits_by_value =
+  param_bytes<Rule, Table> +
+    (::fusedopt::detail::pass_count_v<Rule> > 0
+       ? sizeof(pass_results<::fusedopt::detail::pass_count_v<Rule>>) + 16
+       : 0) <=
+  param_limit<Table>;
+
 /// What every step checks before it enqueues anything.
 template <class Rule, class Bound>
 void check_rule(Rule const& rule)
@@ -256,6 +266,7 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
   }
   detail::check_device_memory(lists_);
   auto const layout = detail::make_layout(lists_, chunk, std::index_sequence_for<B...>{});
+  tensors_ = layout.tensors;
   if (transport_ == transport::param_4k) {
     tables_4k_ = detail::pack_tables<detail::table_4k<num_slots>>(layout);
   } else if (transport_ == transport::param_32k) {
@@ -274,8 +285,10 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
     FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
     auto* bytes = static_cast<unsigned char*>(memory);
     global_.chunks = reinterpret_cast<detail::chunk_entry const*>(bytes);
-    global_.tensors = reinterpret_cast<detail::tensor_entry<num_slots> const*>(bytes + chunk_bytes);
+    device_tensors_ = reinterpret_cast<detail::tensor_entry<num_slots>*>(bytes + chunk_bytes);
+    global_.tensors = device_tensors_;
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
+    uploads_ = detail::upload_ring(tensor_bytes);
   }
   FUSEDOPT_EXPECTS(opts.reduction_capacity >= 0, "cuda::options::reduction_capacity must not be negative");
   reduction_capacity_ = opts.reduction_capacity;
@@ -374,6 +387,12 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
   FUSEDOPT_EXPECTS(detail::current_device() == device_,
                    "cuda::plan::run: the current device is not the one the plan was built on (device " +
                      std::to_string(device_) + ")");
+  FUSEDOPT_EXPECTS(transport_ == transport::device_table ||
+                     (transport_ == transport::param_4k ? detail::fits_by_value<Rule, lists_type, detail::table_4k<num_slots>>
+                                                        : detail::fits_by_value<Rule, lists_type, detail::table_32k<num_slots>>),
+                   "rule of " + std::to_string(sizeof(Rule)) +
+                     " bytes is too large to travel next to a by-value launch table; use transport::device_table");
+  // Every check is done: from here on work is enqueued.
   detail::advance_step(step, stream);
   using policy = detail::tuning;
   auto const results = detail::make_pass_results<Rule>(results_, rows_, std::make_integer_sequence<int, passes>{});
@@ -409,6 +428,85 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
     }
   }
   detail::launch_after_step(rule, step, results, stream);
+}
+
+template <class... B>
+std::string plan<B...>::geometry_mismatch(lists_type const& lists) const
+{
+  static constexpr char const* names[] = {B::slot_type::name...};
+  std::size_t const n = lists.num_tensors();
+  if (n != lists_.num_tensors()) {
+    return "the lists hold " + std::to_string(n) + " tensors but the plan was made for " +
+           std::to_string(lists_.num_tensors());
+  }
+  for (std::size_t t = 0; t < n; ++t) {
+    if (lists.tensor_size(t) != lists_.tensor_size(t)) {
+      return "tensor " + std::to_string(t) + " has " + std::to_string(lists.tensor_size(t)) +
+             " elements but the plan was made for " + std::to_string(lists_.tensor_size(t));
+    }
+  }
+  constexpr int width = detail::vector_width<lists_type>::value;
+  std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
+  for (auto const& e : tensors_) {
+    auto const t = static_cast<std::size_t>(e.index);
+    void* bases[num_slots];
+    detail::tensor_bases(lists, t, bases);
+    int const misaligned = detail::misaligned_slot(bases, sizes);
+    if (misaligned >= 0) {
+      return "tensor " + std::to_string(t) + " of slot '" + names[misaligned] + "' is not aligned to its element size";
+    }
+    if (detail::vector_head(bases, sizes, width) != e.head) {
+      return "tensor " + std::to_string(t) +
+             " has another alignment class (the offset of its first 16-byte-aligned element) than the plan's";
+    }
+  }
+  return {};
+}
+
+template <class... B>
+bool plan<B...>::can_rebind(lists_type const& lists) const
+{
+  return geometry_mismatch(lists).empty();
+}
+
+template <class... B>
+void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
+{
+  std::string const mismatch = geometry_mismatch(lists);
+  FUSEDOPT_EXPECTS(mismatch.empty(), "cuda::plan::rebind: " + mismatch + "; make a new plan when the geometry changes");
+  bool moved = false;
+  for (auto const& e : tensors_) {
+    auto const t = static_cast<std::size_t>(e.index);
+    void* bases[num_slots];
+    detail::tensor_bases(lists, t, bases);
+    for (std::size_t k = 0; k < num_slots; ++k) { moved = moved || bases[k] != e.bases[k]; }
+  }
+  if (!moved) {
+    lists_ = lists;  // empty tensors may still have moved; equal lengths: no allocation
+    return;
+  }
+  detail::check_device_memory(lists);
+  if (transport_ == transport::device_table) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    FUSEDOPT_EXPECTS(capture == cudaStreamCaptureStatusNone,
+                     "cuda::plan::rebind: the stream is being captured; a graph cannot replay an upload of "
+                     "addresses that change (rebind before capturing, or capture per address set)");
+  }
+  // Checks done: from here the plan changes.
+  lists_ = lists;
+  for (auto& e : tensors_) {
+    auto const t = static_cast<std::size_t>(e.index);
+    detail::tensor_bases(lists_, t, e.bases);
+  }
+  switch (transport_) {
+    case transport::param_4k: detail::rebase_tables(tables_4k_, tensors_); break;
+    case transport::param_32k: detail::rebase_tables(tables_32k_, tensors_); break;
+    default:
+      uploads_.upload(device_tensors_, tensors_.data(), tensors_.size() * sizeof(detail::tensor_entry<num_slots>),
+                      stream);
+      break;
+  }
 }
 
 template <class... B>

@@ -113,6 +113,28 @@ int vector_head(void* const (&bases)[S], std::size_t const (&sizes)[S], int widt
   return -1;
 }
 
+/// Element 0 of tensor `t` in every slot of `lists`.
+template <class... B, std::size_t... K>
+void tensor_bases(bound_lists<B...> const& lists, std::size_t t, void* (&bases)[sizeof...(B)], std::index_sequence<K...>)
+{
+  ((bases[K] = lists.template address<K>(t)), ...);
+}
+template <class... B>
+void tensor_bases(bound_lists<B...> const& lists, std::size_t t, void* (&bases)[sizeof...(B)])
+{
+  tensor_bases(lists, t, bases, std::index_sequence_for<B...>{});
+}
+
+/// The first slot whose address is not a multiple of its element size, or -1.
+template <std::size_t S>
+int misaligned_slot(void* const (&bases)[S], std::size_t const (&sizes)[S])
+{
+  for (std::size_t k = 0; k < S; ++k) {
+    if (reinterpret_cast<std::uintptr_t>(bases[k]) % sizes[k] != 0) { return static_cast<int>(k); }
+  }
+  return -1;
+}
+
 /// Records every non-empty tensor (bases, head) and cuts it into chunks of `chunk` elements
 /// (a multiple of `width`) whose boundaries fall on vector boundaries: chunk 0 holds the head,
 /// so only the first chunk of a tensor has scalar head elements and only the last a tail.
@@ -133,12 +155,10 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
     std::int64_t const size = lists.tensor_size(t);
     if (size == 0) { continue; }
     tensor_entry<S> e{};
-    ((e.bases[K] = lists.template address<K>(t)), ...);
-    for (std::size_t k = 0; k < S; ++k) {
-      FUSEDOPT_EXPECTS(reinterpret_cast<std::uintptr_t>(e.bases[k]) % sizes[k] == 0,
-                       "tensor " + std::to_string(t) + " of slot '" + names[k] +
-                         "' is not aligned to its element size (the GPU faults on misaligned accesses)");
-    }
+    tensor_bases(lists, t, e.bases);
+    int const misaligned = misaligned_slot(e.bases, sizes);
+    FUSEDOPT_EXPECTS(misaligned < 0, "tensor " + std::to_string(t) + " of slot '" + names[misaligned < 0 ? 0 : misaligned] +
+                                       "' is not aligned to its element size (the GPU faults on misaligned accesses)");
     e.index = static_cast<std::int32_t>(t);
     e.head = vector_head(e.bases, sizes, width);
     auto const local = static_cast<std::int32_t>(out.tensors.size());
@@ -177,6 +197,22 @@ std::vector<Table> pack_tables(layout<S> const& plan)
     current->chunks[current->num_chunks++] = chunk_entry{c.begin, current->num_tensors - 1, c.count};
   }
   return tables;
+}
+
+/// Copies the addresses of `tensors` (a plan's entries, in list order) into by-value tables
+/// packed from the same layout (each table's entries in list order; a tensor split between
+/// two tables appears in both).
+template <class Table, std::size_t S>
+void rebase_tables(std::vector<Table>& tables, std::vector<tensor_entry<S>> const& tensors)
+{
+  std::size_t cursor = 0;
+  for (Table& table : tables) {
+    for (std::int32_t k = 0; k < table.num_tensors; ++k) {
+      tensor_entry<S>& entry = table.tensors[k];
+      while (tensors[cursor].index != entry.index) { ++cursor; }
+      std::copy(std::begin(tensors[cursor].bases), std::end(tensors[cursor].bases), std::begin(entry.bases));
+    }
+  }
 }
 
 }  // namespace detail

@@ -1,0 +1,199 @@
+// Plans follow moving addresses: a plan rebound to lists of the same geometry at new addresses
+// gives the bits of the host backend (every transport, every placement), a changed geometry is
+// a clear error that leaves the plan as it was, and a rebind is never captured half-way.
+#include "support.cuh"
+
+#include <string>
+
+using namespace fusedopt_test;
+namespace fo = fusedopt;
+namespace slot = fusedopt::slot;
+
+namespace {
+using adam_problem = problem<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,
+                             spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>;
+
+template <class F>
+std::string message_of(F&& f)
+{
+  try {
+    f();
+  } catch (fo::error const& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// Copies every device arena of `from` into `to` (same layout): the tensors "move".
+template <std::size_t... K>
+void move_device_state(adam_problem& from, adam_problem& to, std::index_sequence<K...>)
+{
+  (
+    [&] {
+      auto& a = from.slot_arena<K>();
+      auto& b = to.slot_arena<K>();
+      FO_TEST_CUDA(cudaMemcpy(b.device, a.device, a.host.size() * sizeof(a.host[0]), cudaMemcpyDeviceToDevice));
+      b.host = a.host;
+    }(),
+    ...);
+}
+}  // namespace
+
+TEST_CASE("a plan rebound to moved tensors gives the host backend's bits", "[cuda][rebind]")
+{
+  for (scenario const& how : plan_scenarios()) {
+    if (!transport_available(how.metadata)) { continue; }
+    std::vector<std::int64_t> const sizes = edge_sizes();
+    // Two copies of the same problem at different addresses; after every step the state moves
+    // from one to the other, as a caching allocator's new buffers would.
+    adam_problem a(sizes, how.placement, 21), b(sizes, how.placement, 21);
+    adam_problem* here = &a;
+    adam_problem* there = &b;
+    auto host_plan = fo::host::make_plan(a.lists(false));
+    fo::cuda::options opts;
+    opts.metadata = how.metadata;
+    opts.chunk_elements = how.chunk_elements;
+    opts.max_blocks = how.max_blocks;
+    auto plan = fo::cuda::make_plan(a.lists(true), opts);
+    fo::rules::adamw rule;
+    rule.lr = 1e-2;
+    for (std::int64_t t = 1; t <= trajectory_steps(); ++t) {
+      here->refresh_inputs();
+      host_plan.rebind(here->lists(false));
+      REQUIRE(plan.can_rebind(here->lists(true)));
+      plan.rebind(here->lists(true));
+      host_plan.run(rule, fo::step_info{t});
+      plan.run(rule, fo::step_info{t});
+      FO_TEST_CUDA(cudaDeviceSynchronize());
+      here->require_same_bits(std::string("rebind [") + how.name + "] step " + std::to_string(t));
+      move_device_state(*here, *there, std::make_index_sequence<4>{});
+      std::swap(here, there);
+    }
+  }
+}
+
+TEST_CASE("only the gradients move: the other slots stay where they are", "[cuda][rebind]")
+{
+  std::vector<std::int64_t> const sizes = edge_sizes();
+  adam_problem p(sizes, shift::same, 5), spare(sizes, shift::same, 6);
+  auto host_plan = fo::host::make_plan(p.lists(false));
+  auto plan = fo::cuda::make_plan(p.lists(true));
+  auto const& other_grads = spare.slot_arena<1>();
+  auto with_grads_from = [&](auto const& g) {
+    return fo::bind(slot::param = p.slot_arena<0>().list(true), slot::grad = g.list(true),
+                    slot::exp_avg = p.slot_arena<2>().list(true), slot::exp_avg_sq = p.slot_arena<3>().list(true));
+  };
+  fo::rules::adam rule;
+  for (std::int64_t t = 1; t <= trajectory_steps(); ++t) {
+    p.refresh_inputs();
+    bool const moved = t % 2 == 1;
+    if (moved) {  // the same gradient values in the spare buffer
+      auto& g = p.slot_arena<1>();
+      FO_TEST_CUDA(cudaMemcpy(other_grads.device, g.device, g.host.size() * sizeof(g.host[0]), cudaMemcpyDeviceToDevice));
+      plan.rebind(with_grads_from(other_grads));
+    } else {
+      plan.rebind(p.lists(true));
+    }
+    host_plan.run(rule, fo::step_info{t});
+    plan.run(rule, fo::step_info{t});
+    FO_TEST_CUDA(cudaDeviceSynchronize());
+    p.require_same_bits("gradients moved at step " + std::to_string(t));
+  }
+  spare.require_same_bits("the spare buffers (read, never written)");
+}
+
+TEST_CASE("a changed geometry is a clear error and leaves the plan as it was", "[cuda][rebind][errors]")
+{
+  auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k);
+  std::vector<std::int64_t> const sizes = {3, 64, 1000};
+  adam_problem p(sizes, shift::none, 8);
+  fo::cuda::options opts;
+  opts.metadata = how;
+  auto plan = fo::cuda::make_plan(p.lists(true), opts);
+
+  SECTION("another size")
+  {
+    adam_problem q({3, 65, 1000}, shift::none, 8);
+    CHECK_FALSE(plan.can_rebind(q.lists(true)));
+    std::string const what = message_of([&] { plan.rebind(q.lists(true)); });
+    CHECK(what.find("tensor 1 has 65 elements but the plan was made for 64") != std::string::npos);
+  }
+  SECTION("another tensor count")
+  {
+    adam_problem q({3, 64}, shift::none, 8);
+    CHECK_FALSE(plan.can_rebind(q.lists(true)));
+    CHECK(message_of([&] { plan.rebind(q.lists(true)); }).find("2 tensors but the plan was made for 3") !=
+          std::string::npos);
+  }
+  SECTION("another alignment class")
+  {
+    adam_problem q(sizes, shift::same, 8);  // tensors start 1, 4, 7 elements past a 64-byte boundary
+    CHECK_FALSE(plan.can_rebind(q.lists(true)));
+    CHECK(message_of([&] { plan.rebind(q.lists(true)); }).find("alignment class") != std::string::npos);
+  }
+  SECTION("pageable host memory")
+  {
+    CHECK(message_of([&] { plan.rebind(p.lists(false)); }).find("pageable") != std::string::npos);
+  }
+  // The plan still updates the tensors it was bound to, bit for bit.
+  auto host_plan = fo::host::make_plan(p.lists(false));
+  host_plan.run(fo::rules::adam{}, fo::step_info{1});
+  plan.run(fo::rules::adam{}, fo::step_info{1});
+  FO_TEST_CUDA(cudaDeviceSynchronize());
+  p.require_same_bits("after a rejected rebind");
+}
+
+TEST_CASE("rebind and stream capture", "[cuda][rebind][graph]")
+{
+  std::vector<std::int64_t> const sizes = {100, 5000};
+  adam_problem p(sizes, shift::none, 3), q(sizes, shift::none, 3);
+  cudaStream_t stream = nullptr;
+  FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto plan = fo::cuda::make_plan(p.lists(true), {}, stream);
+
+  cudaGraph_t graph = nullptr;
+  FO_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  // The addresses already bound: nothing to upload, nothing captured.
+  REQUIRE_NOTHROW(plan.rebind(p.lists(true), stream));
+  // New addresses would need an upload that a replay could not repeat with other addresses.
+  std::string const what = message_of([&] { plan.rebind(q.lists(true), stream); });
+  plan.run(fo::rules::sgd{}, fo::step_info{1}, stream);
+  FO_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK(what.find("captured") != std::string::npos);
+  cudaGraphExec_t exec = nullptr;
+  FO_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  FO_TEST_CUDA(cudaGraphLaunch(exec, stream));
+  FO_TEST_CUDA(cudaStreamSynchronize(stream));
+  // The replay updated p (the plan's tensors), as the host does.
+  fo::host::apply(fo::rules::sgd{}, p.lists(false), fo::step_info{1});
+  p.require_same_bits("replay after a rejected rebind");
+  q.require_same_bits("the tensors of the rejected rebind are untouched");
+  FO_TEST_CUDA(cudaGraphExecDestroy(exec));
+  FO_TEST_CUDA(cudaGraphDestroy(graph));
+  FO_TEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("many rebinds in a row on one stream (the upload ring wraps)", "[cuda][rebind]")
+{
+  std::vector<std::int64_t> const sizes = {17, 4096, 3000, 1};
+  adam_problem a(sizes, shift::none, 9), b(sizes, shift::none, 9);
+  auto host_plan = fo::host::make_plan(a.lists(false));
+  cudaStream_t stream = nullptr;
+  FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto plan = fo::cuda::make_plan(a.lists(true), {}, stream);
+  // Only the gradients alternate; the host never waits, so uploads pile up on the stream.
+  auto grads_of = [&](adam_problem& g) {
+    return fo::bind(slot::param = a.slot_arena<0>().list(true), slot::grad = g.slot_arena<1>().list(true),
+                    slot::exp_avg = a.slot_arena<2>().list(true), slot::exp_avg_sq = a.slot_arena<3>().list(true));
+  };
+  fo::rules::sgd rule;
+  int const steps = 23;
+  for (std::int64_t t = 1; t <= steps; ++t) {
+    plan.rebind(grads_of(t % 2 == 0 ? a : b), stream);
+    plan.run(rule, fo::step_info{t}, stream);
+    host_plan.run(rule, fo::step_info{t});
+  }
+  FO_TEST_CUDA(cudaStreamSynchronize(stream));
+  a.require_same_bits("23 steps with gradients from alternating buffers (equal values)");
+  FO_TEST_CUDA(cudaStreamDestroy(stream));
+}
