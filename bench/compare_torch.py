@@ -16,6 +16,12 @@ time / fusedopt GPU time (> 1: fusedopt faster) and torch fused host time / fuse
 Usage: python3 bench/compare_torch.py [--workloads W1,W3] [--optimizers adam_fp32] [--budget 250]
        [--variants foreach,fused,fused_graph,compile] [--out FILE] [--markdown]
 JSON goes to --out, or $OUT/compare_torch.json when $OUT is set.
+
+CPU section (--cpu): CPU tensors, fusedopt_torch (fusedopt's host backend, torch.get_num_threads()
+OpenMP threads) beside torch's forloop (foreach=False), foreach and fused CPU optimizers, on W1-W3
+for Adam fp32, AdamW bf16, SGD momentum fp32 and Adagrad fp32; wall time per step() (median of
+rounds) and the fraction of a multi-threaded 1 GiB torch copy_ measured in the same run. Targets
+(issue 11): fusedopt at least as fast as torch fused on W1 and W2, at least 3x on W3.
 """
 
 import argparse
@@ -161,6 +167,89 @@ def print_tables(rows, summary, copy_bps, markdown=False):
                   f"{tgt:>6s} {s['fusedopt_host_us']:8.1f} {fh:>10s} {hx:>7s} {s['fusedopt_extra_bytes'] / 2**20:6.2f}")
 
 
+# CPU cases: (torch.optim class, dtype, kwargs, bytes per element at the minimum in torch's layout).
+CPU_OPTIMIZERS = {
+    "adam_fp32": ("Adam", torch.float32, dict(lr=1e-3), 28),
+    "adamw_bf16": ("AdamW", torch.bfloat16, dict(lr=1e-3, weight_decay=1e-2), 14),
+    "sgd_momentum_fp32": ("SGD", torch.float32, dict(lr=1e-2, momentum=0.9), 20),
+    "adagrad_fp32": ("Adagrad", torch.float32, dict(lr=1e-2), 20),
+}
+CPU_TARGETS = {"W1": 1.0, "W2": 1.0, "W3": 3.0}
+
+
+def cpu_copy_bandwidth(repetitions=10):
+    """Bytes per second (read + write) of torch's multi-threaded copy_ of 1 GiB on the CPU."""
+    a = torch.rand(1 << 28)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    times = []
+    for _ in range(repetitions):
+        t = time.perf_counter()
+        b.copy_(a)
+        times.append(time.perf_counter() - t)
+    return 2 * a.numel() * 4 / sorted(times)[len(times) // 2]
+
+
+def cpu_main(args, started):
+    import fusedopt_torch
+
+    cpu = torch.device("cpu")
+    copy_bps = cpu_copy_bandwidth()
+    print(f"CPU: torch {torch.__version__}, {torch.get_num_threads()} threads; copy_ {copy_bps * 1e-9:.1f} GB/s "
+          f"read + write", flush=True)
+    timer = peers.Timer(cpu)
+    rows = []
+    for w in [x for x in args.workloads.split(",") if x and x != "W4"]:
+        sizes = peers.WORKLOADS[w][1]()
+        for o in [x for x in args.cpu_optimizers.split(",") if x]:
+            cls_name, dtype, kwargs, per_element = CPU_OPTIMIZERS[o]
+            params = peers.make_params(sizes, dtype, cpu, seed=1)
+            for v in ("fusedopt", "fused", "foreach", "forloop"):
+                row = dict(workload=w, optimizer=o, variant=v, bytes_per_step=per_element * sum(sizes))
+                if time.perf_counter() - started > args.budget:
+                    row["skipped"] = "time budget"
+                    rows.append(row)
+                    continue
+                try:
+                    if v == "fusedopt":
+                        opt = getattr(fusedopt_torch, cls_name)(params, **kwargs)
+                    else:
+                        flag = dict(fused=dict(fused=True), foreach=dict(foreach=True), forloop=dict(foreach=False))[v]
+                        opt = getattr(torch.optim, cls_name)(params, **flag, **kwargs)
+                    rounds = 1 if v == "forloop" else args.rounds
+                    row.update(peers.measure(timer, opt.step, 2, 5, rounds))
+                    row["GBps"] = row["bytes_per_step"] / (row["gpu_us"] * 1e-6) * 1e-9
+                    row["pct_copy"] = 100.0 * row["GBps"] * 1e9 / copy_bps
+                    print(f"  {w} {o:18s} {v:9s} {row['gpu_us'] / 1e3:9.2f} ms/step {row['GBps']:7.1f} GB/s "
+                          f"{row['pct_copy']:6.1f}% copy", flush=True)
+                except Exception as e:  # noqa: BLE001 - reported, never fatal
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                    print(f"  {w} {o:18s} {v:9s} FAILED {row['error']}", flush=True)
+                rows.append(row)
+                opt = None
+            del params
+            gc.collect()
+    print(f"\nCPU: fusedopt_torch vs torch.optim (ms per step; copy_ {copy_bps * 1e-9:.1f} GB/s)")
+    print("| W | optimizer | fusedopt ms | % copy | torch fused ms | foreach ms | forloop ms | vs fused | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        for o in dict.fromkeys(r["optimizer"] for r in rows if r["workload"] == w):
+            got = {r["variant"]: r for r in rows if r["workload"] == w and r["optimizer"] == o and "gpu_us" in r}
+            ms = {v: (f"{got[v]['gpu_us'] / 1e3:.2f}" if v in got else "-") for v in ("fusedopt", "fused", "foreach", "forloop")}
+            ratio = (f"{got['fused']['gpu_us'] / got['fusedopt']['gpu_us']:.2f}x" if "fused" in got and "fusedopt" in got
+                     else "-")
+            pct = f"{got['fusedopt']['pct_copy']:.1f}" if "fusedopt" in got else "-"
+            print(f"| {w} | {o} | {ms['fusedopt']} | {pct} | {ms['fused']} | {ms['foreach']} | {ms['forloop']} | {ratio} | "
+                  f"{CPU_TARGETS.get(w, '-')}x |")
+    out = args.out or (os.path.join(os.environ["OUT"], "compare_torch_cpu.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), copy_GBps=copy_bps * 1e-9,
+                           results=rows), f, indent=1)
+        print(f"wrote {out}")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="W1,W2,W3,W4")
@@ -173,8 +262,12 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="the CPU section instead of the GPU one")
+    p.add_argument("--cpu-optimizers", default=",".join(CPU_OPTIMIZERS))
     args = p.parse_args()
     started = time.perf_counter()
+    if args.cpu:
+        return cpu_main(args, started)
     if not torch.cuda.is_available():
         print("compare_torch: no CUDA device visible to torch, nothing to measure")
         return 0

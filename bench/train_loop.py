@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""The optimizer step in the loop a user writes: a GPT-2-small-shaped transformer trained with
+fusedopt_torch.AdamW beside torch's fused and foreach AdamW, in one process.
+
+CUDA: GPT-2 small's shapes (12 layers, d=768, vocab 50257, 124M parameters in 148 tensors, the
+embedding tied to the head), bf16 autocast, batch x sequence tokens of random ids. CPU: the same
+architecture, smaller (--cpu-layers, --cpu-dim, --cpu-vocab), fp32.
+
+Each configuration (optimizer x zero_grad(set_to_none=True/False)) trains its own copy of the
+model from the same initial weights: warm-up steps, then timed steps. Per step the optimizer's
+step() alone is timed, after a synchronize (so the forward and backward are done): on CUDA the
+elapsed time of events recorded around the call (the GPU's time from the call's start to its
+last kernel, host launch overhead included, as a user's loop sees it) and the host time of the
+call; on the CPU the wall time of the call. Printed per configuration: median and max step time,
+host call median, plan rebuilds and rebinds (fusedopt), and the loss after the run (the same
+model, data and hyperparameters for every optimizer: the losses should agree closely).
+
+Targets (issue 11): with set_to_none=True, fusedopt within 5% of its own set_to_none=False time,
+>= 1.5x faster than torch fused, no step over 2x the median, host call <= 1/5 of torch fused's.
+
+Usage: python3 bench/train_loop.py [--device cuda,cpu] [--steps 25] [--warmup 5] [--out FILE]
+JSON goes to --out, or $OUT/train_loop.json when $OUT is set.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
+
+
+def attention(q, k, v):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    t = q.shape[-2]  # torch before 2.0
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    w = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf"))
+    return w.softmax(-1) @ v
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, 4 * d)
+        self.out = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = attention(q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(torch.nn.Module):
+    """GPT-2's parameter tensors: wte, wpe, 12 per block, ln_f (the head is wte, tied)."""
+
+    def __init__(self, vocab, d, layers, heads, context):
+        super().__init__()
+        self.wte = torch.nn.Embedding(vocab, d)
+        self.wpe = torch.nn.Embedding(context, d)
+        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(d)
+        for m in self.modules():  # GPT-2's initialisation
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.zeros_(m.bias)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte.weight)
+
+
+def make_optimizer(name, params, device):
+    kwargs = dict(lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    if name == "fusedopt":
+        import fusedopt_torch
+
+        return fusedopt_torch.AdamW(params, **kwargs)
+    if name == "torch_fused":
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    if name == "torch_foreach":
+        return torch.optim.AdamW(params, foreach=True, **kwargs)
+    raise ValueError(name)
+
+
+def run(device, optimizer, set_to_none, args, initial, shape):
+    vocab, d, layers, heads, context, batch, seq = shape
+    torch.manual_seed(0)
+    model = GPT(vocab, d, layers, heads, context).to(device)
+    model.load_state_dict(initial)
+    opt = make_optimizer(optimizer, model.parameters(), device)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    cuda = device.type == "cuda"
+    step_s, host_s = [], []
+    loss = None
+    for i in range(args.warmup + args.steps):
+        idx = torch.randint(0, vocab, (batch, seq + 1), generator=gen).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(idx[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, vocab), idx[:, 1:].reshape(-1))
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        opt.step()
+        host = time.perf_counter() - t0
+        if cuda:
+            stop.record()
+            stop.synchronize()
+            elapsed = start.elapsed_time(stop) * 1e-3
+        else:
+            elapsed = host
+        opt.zero_grad(set_to_none=set_to_none)
+        if i >= args.warmup:
+            step_s.append(elapsed)
+            host_s.append(host)
+    row = dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none,
+               step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
+               host_us_median=statistics.median(host_s) * 1e6, final_loss=float(loss))
+    if optimizer == "fusedopt":
+        row.update(plan_rebuilds=opt.plan_rebuilds(), plan_rebinds=opt.plan_rebinds())
+    del opt, model
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+def section(device, args, shape):
+    vocab, d, layers, heads, context, batch, seq = shape
+    torch.manual_seed(0)
+    initial = {k: v.clone() for k, v in GPT(vocab, d, layers, heads, context).state_dict().items()}
+    n = sum(v.numel() for k, v in initial.items())
+    print(f"\n{device.type}: GPT vocab {vocab}, d {d}, {layers} layers, batch {batch} x {seq}; {n / 1e6:.1f}M parameters; "
+          f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
+    rows = []
+    for set_to_none in (True, False):
+        for optimizer in ("torch_fused", "torch_foreach", "fusedopt"):
+            try:
+                rows.append(run(device, optimizer, set_to_none, args, initial, shape))
+            except Exception as e:  # noqa: BLE001 - reported, never fatal
+                rows.append(dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none,
+                                 error=f"{type(e).__name__}: {e}"[:300]))
+            r = rows[-1]
+            if "error" in r:
+                print(f"  {optimizer:14s} set_to_none={set_to_none!s:5s} FAILED {r['error']}", flush=True)
+            else:
+                extra = f"  rebuilds {r['plan_rebuilds']} rebinds {r['plan_rebinds']}" if "plan_rebuilds" in r else ""
+                print(f"  {optimizer:14s} set_to_none={set_to_none!s:5s} step {r['step_us_median']:9.1f} us "
+                      f"(max {r['step_us_max']:9.1f})  host {r['host_us_median']:8.1f} us  loss {r['final_loss']:.5f}"
+                      f"{extra}", flush=True)
+    return rows
+
+
+def verdict(rows):
+    """Issue 11's targets, read off the rows of one device."""
+    get = {(r["optimizer"], r["set_to_none"]): r for r in rows if "error" not in r}
+    ours_t, ours_f, fused_t = get.get(("fusedopt", True)), get.get(("fusedopt", False)), get.get(("torch_fused", True))
+    if not (ours_t and ours_f and fused_t):
+        return ["incomplete"]
+    out = [
+        f"set_to_none=True vs False: {ours_t['step_us_median'] / ours_f['step_us_median']:.3f}x (target <= 1.05)",
+        f"vs torch fused (set_to_none=True): {fused_t['step_us_median'] / ours_t['step_us_median']:.2f}x faster (target >= 1.5)",
+        f"max / median step: {ours_t['step_us_max'] / ours_t['step_us_median']:.2f} (target <= 2)",
+        f"host call: {ours_t['host_us_median']:.1f} us vs torch fused {fused_t['host_us_median']:.1f} us "
+        f"= 1/{fused_t['host_us_median'] / ours_t['host_us_median']:.1f} (target <= 1/5)",
+        f"plan rebuilds {ours_t.get('plan_rebuilds')} rebinds {ours_t.get('plan_rebinds')} over "
+        f"{ours_t.get('plan_rebuilds', 0) + ours_t.get('plan_rebinds', 0)} address changes",
+    ]
+    loss = [r["final_loss"] for r in rows if "final_loss" in r]
+    out.append(f"final losses {min(loss):.5f} .. {max(loss):.5f}")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda,cpu")
+    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--cpu-layers", type=int, default=4)
+    p.add_argument("--cpu-dim", type=int, default=512)
+    p.add_argument("--cpu-vocab", type=int, default=16384)
+    p.add_argument("--cpu-batch", type=int, default=4)
+    p.add_argument("--cpu-seq", type=int, default=64)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    results, verdicts = [], {}
+    for name in [x for x in args.device.split(",") if x]:
+        if name == "cuda":
+            if not torch.cuda.is_available():
+                print("train_loop: no CUDA device, CUDA section skipped")
+                continue
+            shape = (50257, 768, 12, 12, 1024, args.batch, args.seq)
+        else:
+            shape = (args.cpu_vocab, args.cpu_dim, args.cpu_layers, max(1, args.cpu_dim // 64), 1024, args.cpu_batch,
+                     args.cpu_seq)
+        rows = section(torch.device(name), args, shape)
+        results += rows
+        verdicts[name] = verdict(rows)
+    print("\n== train_loop summary")
+    for name, lines in verdicts.items():
+        for line in lines:
+            print(f"{name}: {line}")
+    out = args.out or (os.path.join(os.environ["OUT"], "train_loop.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(dict(torch=torch.__version__, results=results, verdicts=verdicts,
+                           gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None), f, indent=1)
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
