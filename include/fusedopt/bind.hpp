@@ -27,6 +27,14 @@ class bound_lists {
   static_assert(sizeof...(Bindings) > 0, "fusedopt::bind needs at least one binding");
   static_assert(!detail::has_duplicates<slots<typename Bindings::slot_type...>>::value,
                 "fusedopt::bind: a slot is bound twice");
+  // Checked here, where every backend's lists pass, rather than in tensor_list: a list does
+  // not know the slot it will be bound to.
+  static_assert(((!std::is_same_v<std::remove_const_t<typename Bindings::element_type>, std::int16_t> ||
+                  accepts_integer_elements<typename Bindings::slot_type>::value) &&
+                 ...),
+                "fusedopt::bind: a std::int16_t list can only be bound to slot::remainder (a parameter, "
+                "gradient or state in int16 would be truncated to integers at every step); use a floating "
+                "type, or specialise fusedopt::accepts_integer_elements for a slot of your own");
 
  public:
   /// The bound memory slots, in binding order.
