@@ -74,13 +74,15 @@ class plan {
   /// @brief Runs `rule` for one step over every element of every tensor: its reduction
   /// passes first (if it has any), then the update pass, then its after-step hooks.
   /// Synchronous. Not to be called concurrently on one plan (the reduction results live in it).
-  /// @throws fusedopt::error if the rule's options need a slot that is not bound, or the rule
-  /// needs more accumulators than `options::reduction_capacity`.
+  /// @throws fusedopt::error if the rule's options need a slot that is not bound, the step
+  /// (a value, or read through its host pointer) is below 1, the `advance` counter is at
+  /// INT64_MAX, or the rule needs more accumulators than `options::reduction_capacity`.
   template <class Rule>
   void run(Rule const& rule, step_info const& step = {}) const
   {
     constexpr int passes = detail::pass_count_v<Rule>;
     detail::validate_rule(rule, typename lists_type::memory_slots{});
+    detail::validate_step(step, true);  // host pointers: readable here
     if (step.advance != nullptr) { ++*step.advance; }
     reduced results[passes > 0 ? passes : 1];
     if constexpr (passes > 0) {
