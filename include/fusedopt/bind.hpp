@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -47,7 +48,8 @@ class bound_lists {
   /// @brief Validates and keeps copies of the lists (not of the tensors).
   /// @throws fusedopt::error if the lists have different lengths, a size is negative, a
   /// tensor has different sizes in different slots, a pointer is null with a non-zero size,
-  /// or the memory of a written (non-const) tensor overlaps any other bound tensor.
+  /// a tensor's bytes would extend past the end of the address space, or the memory of a
+  /// written (non-const) tensor overlaps any other bound tensor.
   explicit bound_lists(Bindings... bindings) : bindings_(std::move(bindings)...) { validate(); }
 
   /// @brief Number of tensors (the common length of every list).
@@ -101,8 +103,15 @@ class bound_lists {
                          std::to_string(l[i].size) + " elements");
       if (l[i].size > 0) {
         auto const begin = reinterpret_cast<std::uintptr_t>(l[i].data);
-        spans.push_back(span{begin, begin + static_cast<std::uintptr_t>(l[i].size) * sizeof(T), K, i,
-                             !std::is_const_v<T>});
+        auto const size = static_cast<std::uintptr_t>(l[i].size);
+        // size * sizeof(T) or begin + bytes could wrap around: a huge tensor would then look
+        // short (or empty) to the overlap sweep below and be accepted over other tensors. One
+        // division rules out both: the bytes must end within the address space.
+        FUSEDOPT_EXPECTS(size <= (std::numeric_limits<std::uintptr_t>::max() - begin) / sizeof(T),
+                         "tensor " + std::to_string(i) + " of slot '" + slot_names[K] + "' has " +
+                           std::to_string(l[i].size) + " elements of " + std::to_string(sizeof(T)) +
+                           " bytes: they would extend past the end of the address space");
+        spans.push_back(span{begin, begin + size * sizeof(T), K, i, !std::is_const_v<T>});
       }
     }
   }
