@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -27,6 +28,14 @@ class bound_lists {
   static_assert(sizeof...(Bindings) > 0, "fusedopt::bind needs at least one binding");
   static_assert(!detail::has_duplicates<slots<typename Bindings::slot_type...>>::value,
                 "fusedopt::bind: a slot is bound twice");
+  // Checked here, where every backend's lists pass, rather than in tensor_list: a list does
+  // not know the slot it will be bound to.
+  static_assert(((!std::is_same_v<std::remove_const_t<typename Bindings::element_type>, std::int16_t> ||
+                  accepts_integer_elements<typename Bindings::slot_type>::value) &&
+                 ...),
+                "fusedopt::bind: a std::int16_t list can only be bound to slot::remainder (a parameter, "
+                "gradient or state in int16 would be truncated to integers at every step); use a floating "
+                "type, or specialise fusedopt::accepts_integer_elements for a slot of your own");
 
  public:
   /// The bound memory slots, in binding order.
@@ -39,7 +48,8 @@ class bound_lists {
   /// @brief Validates and keeps copies of the lists (not of the tensors).
   /// @throws fusedopt::error if the lists have different lengths, a size is negative, a
   /// tensor has different sizes in different slots, a pointer is null with a non-zero size,
-  /// or the memory of a written (non-const) tensor overlaps any other bound tensor.
+  /// a tensor's bytes would extend past the end of the address space, or the memory of a
+  /// written (non-const) tensor overlaps any other bound tensor.
   explicit bound_lists(Bindings... bindings) : bindings_(std::move(bindings)...) { validate(); }
 
   /// @brief Number of tensors (the common length of every list).
@@ -93,8 +103,15 @@ class bound_lists {
                          std::to_string(l[i].size) + " elements");
       if (l[i].size > 0) {
         auto const begin = reinterpret_cast<std::uintptr_t>(l[i].data);
-        spans.push_back(span{begin, begin + static_cast<std::uintptr_t>(l[i].size) * sizeof(T), K, i,
-                             !std::is_const_v<T>});
+        auto const size = static_cast<std::uintptr_t>(l[i].size);
+        // size * sizeof(T) or begin + bytes could wrap around: a huge tensor would then look
+        // short (or empty) to the overlap sweep below and be accepted over other tensors. One
+        // division rules out both: the bytes must end within the address space.
+        FUSEDOPT_EXPECTS(size <= (std::numeric_limits<std::uintptr_t>::max() - begin) / sizeof(T),
+                         "tensor " + std::to_string(i) + " of slot '" + slot_names[K] + "' has " +
+                           std::to_string(l[i].size) + " elements of " + std::to_string(sizeof(T)) +
+                           " bytes: they would extend past the end of the address space");
+        spans.push_back(span{begin, begin + size * sizeof(T), K, i, !std::is_const_v<T>});
       }
     }
   }

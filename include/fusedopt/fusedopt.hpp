@@ -33,4 +33,4 @@
 #include "scalar.hpp"
 #include "slots.hpp"
 #include "tensor_list.hpp"
-#include <fusedopt/version.hpp>
+#include "version.hpp"

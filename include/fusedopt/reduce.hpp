@@ -8,7 +8,10 @@
 ///   using reduction = fusedopt::reduction<fusedopt::reduce_op::sum>;   // one accumulator
 ///   // pass 1: accumulate (nothing is stored in this pass)
 ///   FUSEDOPT_HOST_DEVICE auto prepare_reduce(fusedopt::step_info const&) const {
-///     return [](auto& e, auto& acc) { acc[0] += e[slot::grad] * e[slot::grad]; };
+///     return [](auto& e, auto& acc) {
+///       auto const g = static_cast<typename std::decay_t<decltype(acc)>::value_type>(e[slot::grad]);
+///       acc[0] += g * g;   // in the accumulator's type: see accumulator
+///     };
 ///   }
 ///   // pass 2: update, knowing the results (per tensor and over all tensors, in double)
 ///   FUSEDOPT_HOST_DEVICE auto prepare(fusedopt::step_info const&, fusedopt::reduced const& r) const;
@@ -66,12 +69,54 @@ struct reduction {
 
 /// @brief A thread's accumulators for one pass: `acc[k] += x` for a sum,
 /// `acc[k] = math::maximum(acc[k], x)` for a max.
+///
+/// `T` is the element's arithmetic type, except where a backend re-accumulates a unit of work
+/// in double because a float sum came out non-finite (see detail::sums_finite): an
+/// accumulating body is called with both, so it should compute in `value_type` (as
+/// accumulate_norm does: float squares are exact in double, and cannot overflow there).
 template <class T, int N>
 struct accumulator {
+  /// The type the accumulators hold.
+  using value_type = T;
   T values[N];
   FUSEDOPT_HOST_DEVICE T& operator[](int k) { return values[k]; }
   FUSEDOPT_HOST_DEVICE T const& operator[](int k) const { return values[k]; }
 };
+
+namespace detail {
+
+/// True when `Reduction` has a sum: only sums can overflow to infinity from finite inputs.
+template <class Reduction>
+FUSEDOPT_HOST_DEVICE constexpr bool has_sum()
+{
+  for (int k = 0; k < Reduction::size; ++k) {
+    if (Reduction::op(k) == reduce_op::sum) { return true; }
+  }
+  return false;
+}
+
+/// False when a sum accumulator of `a` is infinite or NaN. The backends accumulate a unit of
+/// work (the host: a chunk; CUDA: one thread's share of a chunk) in the arithmetic type first
+/// and, when this is false in float, accumulate the unit again in double: a float sum of
+/// squares overflows for |x| > 1.8e19 where the double sum of the same (exact) squares does
+/// not. A non-finite input gives the same non-finite result both times; finite sums, the
+/// common case, cost one test per unit and keep their bits.
+template <class Reduction, class T, int N>
+FUSEDOPT_HOST_DEVICE bool sums_finite(accumulator<T, N> const& a)
+{
+  bool finite = true;
+  for (int k = 0; k < N; ++k) {
+    if (Reduction::op(k) == reduce_op::sum) { finite = finite && a[k] - a[k] == T(0); }
+  }
+  return finite;
+}
+
+/// Whether a backend re-accumulates in double (see sums_finite): arithmetic narrower than
+/// double, and a reduction with a sum.
+template <class Reduction, class T>
+inline constexpr bool widens_overflowing_sums_v = !std::is_same_v<T, double> && has_sum<Reduction>();
+
+}  // namespace detail
 
 /// @brief The results of one reduction pass, kept by the backend (device memory for the CUDA
 /// backend): per tensor and over all tensors, in double.

@@ -28,11 +28,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "config.hpp"
 #include "detail/meta.hpp"
+#include "error.hpp"
 #include "numeric/dtypes.hpp"
 #include "scalar.hpp"
 #include "slots.hpp"
@@ -223,6 +226,34 @@ template <class R, class Bound>
 void validate_rule(R const& rule, Bound bound)
 {
   if constexpr (has_validate<R, Bound>::value) { rule.validate(bound); }
+}
+
+/// Checks the step a run is about to take, for every rule: steps are 1-based (step_info's
+/// contract, torch's `state['step']` after its increment). Step 0 or below makes bias
+/// corrections 1 - beta^t zero (Adam, AdamW, LAMB, Adamax, RAdam: every parameter NaN or
+/// infinite), NAdam's products meaningless, SGD's momentum restart and Adagrad's decay wrong,
+/// so it is refused rather than left to the few rules that would notice. Backends call this
+/// before anything is written, `step.advance` included.
+///
+/// `host_memory` says whether a step given as a pointer can be read here: the host backend's
+/// pointers are host memory and are checked (with the count `advance` will produce when it
+/// points at the same counter), and so is the counter `advance` would increment past
+/// INT64_MAX. A CUDA backend's pointers are device memory: reading them would need a
+/// synchronisation that a step must not have, so only a step given as a value is checked
+/// there; rules keep defined behaviour for any int64 step they read on the device.
+/// @throws fusedopt::error naming the step.
+inline void validate_step(step_info const& step, bool host_memory)
+{
+  if (step.step.is_pointer() && !host_memory) { return; }
+  std::int64_t t = step.step.get();
+  if (host_memory && step.advance != nullptr) {
+    FUSEDOPT_EXPECTS(*step.advance < std::numeric_limits<std::int64_t>::max(),
+                     "step_info::advance: the step counter is at INT64_MAX; one more step would overflow it");
+    if (step.step.pointer == step.advance) { ++t; }  // the rule reads the advanced count
+  }
+  FUSEDOPT_EXPECTS(t >= 1, "step " + std::to_string(t) +
+                             ": steps are 1-based (the first step is 1, as torch's state['step'] after its "
+                             "increment); a loop counting from 0 must pass step_info{i + 1}");
 }
 
 }  // namespace detail

@@ -41,7 +41,10 @@ static_assert(std::is_trivially_copyable_v<scalar<double>>);
 
 /// @brief What a rule knows about the step being taken.
 struct step_info {
-  /// 1-based number of this step (torch's `state['step']` after its increment).
+  /// 1-based number of this step (torch's `state['step']` after its increment). Backends
+  /// reject a step below 1 with fusedopt::error before writing anything, where they can see
+  /// it: always on the host backend; on the CUDA backend when it is a value (a device pointer
+  /// is not read on the host: that would synchronise).
   scalar<std::int64_t> step{1};
   /// When not null, the backend adds 1 to `*advance` before the step runs (on the GPU: in
   /// stream order, on the device), so a step captured in a CUDA graph advances its own count.

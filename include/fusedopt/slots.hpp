@@ -7,6 +7,7 @@
 /// FUSEDOPT_MEMORY_SLOT(name) and FUSEDOPT_REGISTER_SLOT(name) at namespace scope.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "config.hpp"
@@ -73,5 +74,16 @@ FUSEDOPT_MEMORY_SLOT(acc_delta);        ///< running average of squared updates 
 FUSEDOPT_MEMORY_SLOT(grad_avg);         ///< running average of gradients (centered RMSprop)
 FUSEDOPT_REGISTER_SLOT(update);         ///< the step direction flowing from gradient to parameter
 }  // namespace slot
+
+/// @brief Whether slot `S` may be bound to `std::int16_t` lists. False for every slot but
+/// `slot::remainder`, whose values are integers by construction (the low bits of a split
+/// bfloat16 parameter, see rules/mixed_precision.hpp): a parameter, gradient or state stored
+/// as an integer would be truncated at every step. Specialise it (true_type) for a slot of
+/// your own that holds integers.
+template <class S>
+struct accepts_integer_elements : std::false_type {};
+/// The remainder of split-bfloat16 parameters is an integer.
+template <>
+struct accepts_integer_elements<slot::remainder_t> : std::true_type {};
 
 FUSEDOPT_NAMESPACE_END

@@ -168,6 +168,60 @@ TEST_CASE("norms propagate NaN and infinity; the norm of nothing is 0", "[cuda][
   }
 }
 
+TEST_CASE("a global norm of float gradients whose squares overflow float is finite (issue 15)", "[cuda][reduce][clip]")
+{
+  // Squares above float's largest value (1e20, -3e19) and a float sum above it of squares
+  // below it (1e19 in every element of a 70000-element tensor), among ordinary values: a
+  // thread whose float sum overflows accumulates again in double.
+  std::vector<std::int64_t> sizes{5000, 3, 0, 70000};
+  for (scenario const& how : plan_scenarios()) {
+    if (!transport_available(how.metadata)) { continue; }
+    INFO("scenario " << how.name);
+    pg_problem p(sizes, how.placement, 9);
+    auto& g = p.slot_arena<1>();
+    g.host[static_cast<std::size_t>(g.offsets[0] + 17)] = 1e20f;
+    g.host[static_cast<std::size_t>(g.offsets[1] + 2)] = -3e19f;
+    for (std::int64_t i = 0; i < sizes[3]; i += 3) { g.host[static_cast<std::size_t>(g.offsets[3] + i)] = 1e19f; }
+    push(p);
+    std::vector<double> l2, inf;
+    double l2_total = 0, inf_total = 0;
+    reference_norms<1>(p, l2, inf, l2_total, inf_total);
+    REQUIRE(std::isfinite(l2_total));
+
+    device_array<double> per(sizes.size()), total_norm(1);
+    device_array<int> nonfinite(1);
+    nonfinite.set(7);
+    fo::rules::clip_by_global_norm clip{1.0, fo::norm_kind::l2, false, nonfinite.get(), total_norm.get()};
+    fo::rules::sgd sgd;
+    sgd.lr = 0.1;
+    auto const plan = fo::cuda::make_plan(p.lists(true), options_of(how));
+    plan.run(fo::chain(fo::rules::norm_of<slot::grad_t>{fo::norm_kind::l2, per.get(), nullptr}, clip, sgd));
+    CHECK(total_norm.value() == fusedopt_test::Approx(l2_total).epsilon(2e-6));
+    CHECK(nonfinite.value() == 0);
+    auto const got = per.download();
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      INFO("tensor " << t);
+      CHECK(got[t] == fusedopt_test::Approx(l2[t]).epsilon(2e-6).margin(1e-30));
+    }
+    // The host backend re-accumulates the same way: the same parameters within the norms'
+    // rounding (not bits: the two backends sum in different orders, see above).
+    pg_problem q(sizes, how.placement, 9);
+    auto& qg = q.slot_arena<1>();
+    qg.host = g.host;
+    auto host_plan = fo::host::make_plan(q.lists(false));
+    double host_total = 0;
+    fo::rules::clip_by_global_norm host_clip{1.0};
+    host_clip.total_norm = &host_total;
+    host_plan.run(fo::chain(host_clip, sgd));
+    CHECK(host_total == fusedopt_test::Approx(l2_total).epsilon(2e-6));
+    pull(p);
+    auto const& pa = p.slot_arena<0>();
+    for (std::size_t i = 0; i < pa.host.size(); ++i) {
+      REQUIRE(pa.host[i] == fusedopt_test::Approx(q.slot_arena<0>().host[i]).epsilon(1e-6).margin(3e-7));
+    }
+  }
+}
+
 TEST_CASE("clip_by_global_norm + SGD against a double reference and the host backend", "[cuda][reduce][clip]")
 {
   auto const kind = GENERATE(fo::norm_kind::l2, fo::norm_kind::inf);

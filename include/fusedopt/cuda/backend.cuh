@@ -118,9 +118,10 @@ class plan {
   /// after the update. Still no allocation, copy or synchronisation: the whole step is
   /// capturable, and results are the same bits every run (docs/cuda.md, "Reduction passes").
   /// The workspace belongs to the plan: do not run one plan on two streams at once.
-  /// @throws fusedopt::error if the rule's options need a slot that is not bound or the rule
-  /// needs more accumulators than `options::reduction_capacity` (before anything is
-  /// enqueued), the current device is not the plan's, the rule is too large for a by-value
+  /// @throws fusedopt::error if the rule's options need a slot that is not bound, the step
+  /// is a value below 1 (steps are 1-based; a step read from device memory is not checked)
+  /// or the rule needs more accumulators than `options::reduction_capacity` (before anything
+  /// is enqueued), the current device is not the plan's, the rule is too large for a by-value
   /// table, or a launch fails.
   template <class Rule>
   void run(Rule const& rule, step_info const& step = {}, cudaStream_t stream = nullptr) const;
@@ -205,7 +206,8 @@ template <class... B>
 /// does the host-side planning once and launches once. Rules with reduction passes need a
 /// workspace for their results and are rejected at compile time (make a plan); after-step
 /// hooks of rules without passes (grad_scaler_update) run.
-/// @throws fusedopt::error on invalid rule options (before anything is enqueued), misaligned
+/// @throws fusedopt::error on invalid rule options or a step value below 1 (before anything
+/// is enqueued), misaligned
 /// or pageable pointers, `transport::device_table` (apply has no tables to own), a transport
 /// that is not available, or a failed launch.
 template <class Rule, class... B>

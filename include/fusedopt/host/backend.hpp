@@ -136,13 +136,15 @@ class plan {
   /// @brief Runs `rule` for one step over every element of every tensor: its reduction
   /// passes first (if it has any), then the update pass, then its after-step hooks.
   /// Synchronous. Not to be called concurrently on one plan (the reduction results live in it).
-  /// @throws fusedopt::error if the rule's options need a slot that is not bound, or the rule
-  /// needs more accumulators than `options::reduction_capacity`.
+  /// @throws fusedopt::error if the rule's options need a slot that is not bound, the step
+  /// (a value, or read through its host pointer) is below 1, the `advance` counter is at
+  /// INT64_MAX, or the rule needs more accumulators than `options::reduction_capacity`.
   template <class Rule>
   void run(Rule const& rule, step_info const& step = {}) const
   {
     constexpr int passes = detail::pass_count_v<Rule>;
     detail::validate_rule(rule, typename lists_type::memory_slots{});
+    detail::validate_step(step, true);  // host pointers: readable here
     if constexpr (passes > 0) {
       constexpr int needed = accumulators<Rule>(std::make_integer_sequence<int, passes>{});
       FUSEDOPT_EXPECTS(needed <= options_.reduction_capacity,
@@ -260,17 +262,37 @@ class plan {
     results[J] = reduced{per_tensor, all, n, static_cast<std::int64_t>(tensors)};
   }
 
-  // Elements go round-robin into `lanes` accumulators that are combined in lane order at the
-  // end: independent chains the compiler can vectorise, and the same bits for any thread count.
+  // A chunk is accumulated in the arithmetic type; when a float sum comes out non-finite it
+  // is accumulated again in double (detail::sums_finite: squares of |x| > 1.8e19 overflow
+  // float, not double), as the CUDA backend does for a thread's share of a chunk. Finite sums
+  // pay one test per chunk and keep their bits.
   template <class Access, class Reads, class Reduction, class Body>
   void reduce_chunk(Body const& body, chunk const& c, double* partial) const
   {
     using T = typename Access::value_type;
     constexpr int n = Reduction::size;
+    auto const narrow = reduce_lanes<Access, Reads, Reduction, T>(body, c);
+    if constexpr (detail::widens_overflowing_sums_v<Reduction, T>) {
+      if (!detail::sums_finite<Reduction>(narrow)) {
+        auto const wide = reduce_lanes<Access, Reads, Reduction, double>(body, c);
+        for (int k = 0; k < n; ++k) { partial[k] = wide[k]; }
+        return;
+      }
+    }
+    for (int k = 0; k < n; ++k) { partial[k] = static_cast<double>(narrow[k]); }
+  }
+
+  // Elements go round-robin into `lanes` accumulators of type A that are combined in lane
+  // order at the end: independent chains the compiler can vectorise, and the same bits for
+  // any thread count.
+  template <class Access, class Reads, class Reduction, class A, class Body>
+  accumulator<A, Reduction::size> reduce_lanes(Body const& body, chunk const& c) const
+  {
+    constexpr int n = Reduction::size;
     constexpr int lanes = 8;
-    accumulator<T, n> acc[lanes];
+    accumulator<A, n> acc[lanes];
     for (auto& a : acc) {
-      for (int k = 0; k < n; ++k) { a[k] = Reduction::template identity<T>(k); }
+      for (int k = 0; k < n; ++k) { a[k] = Reduction::template identity<A>(k); }
     }
     std::array<void*, num_slots> const bases = bases_[static_cast<std::size_t>(c.tensor)];
     auto const& tensor_body = detail::body_for_tensor(body, c.tensor);
@@ -283,11 +305,12 @@ class plan {
     for (int l = 0; i < c.end; ++i, ++l) {
       Access::template accumulate<Reads>(tensor_body, bases.data(), c.tensor, i, acc[l]);
     }
+    accumulator<A, n> total;
     for (int k = 0; k < n; ++k) {
-      T total = acc[0][k];
-      for (int l = 1; l < lanes; ++l) { total = Reduction::combine(k, total, acc[l][k]); }
-      partial[k] = static_cast<double>(total);
+      total[k] = acc[0][k];
+      for (int l = 1; l < lanes; ++l) { total[k] = Reduction::combine(k, total[k], acc[l][k]); }
     }
+    return total;
   }
 
   lists_type lists_;

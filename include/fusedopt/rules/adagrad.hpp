@@ -72,7 +72,9 @@ struct scale_by_decayed_lr {
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const& s) const
   {
-    auto const steps_before = static_cast<double>(s.step.get() - 1);
+    // In double: `step - 1` in int64 overflows at INT64_MIN (a step read from memory is not
+    // checked on the device); the two agree for every |step| < 2^53.
+    double const steps_before = static_cast<double>(s.step.get()) - 1.0;
     return {-(lr.get() / (1.0 + steps_before * lr_decay.get()))};
   }
 

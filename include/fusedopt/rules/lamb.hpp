@@ -12,6 +12,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "../chain.hpp"
 #include "../config.hpp"
@@ -111,8 +112,9 @@ struct scale_by_trust_ratio {
     template <class E, class Acc>
     FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
     {
-      auto const p = e[slot::param];
-      auto const u = e[slot::update];
+      using A = std::remove_reference_t<decltype(acc[0])>;  // see accumulator: float, or double on overflow
+      auto const p = static_cast<A>(e[slot::param]);
+      auto const u = static_cast<A>(e[slot::update]);
       acc[0] += p * p;
       acc[1] += u * u;
     }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../chain.hpp"
 #include "../config.hpp"
@@ -53,8 +54,9 @@ struct scale_by_lars {
     template <class E, class Acc>
     FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
     {
-      auto const p = e[slot::param];
-      auto const g = e[slot::grad];
+      using A = std::remove_reference_t<decltype(acc[0])>;  // see accumulator: float, or double on overflow
+      auto const p = static_cast<A>(e[slot::param]);
+      auto const g = static_cast<A>(e[slot::grad]);
       acc[0] += p * p;
       acc[1] += g * g;
     }

@@ -18,7 +18,8 @@ FUSEDOPT_NAMESPACE_BEGIN
 
 namespace detail {
 
-/// @brief 0.96^x for x >= 0: NAdam's momentum cache 0.96^(t * momentum_decay).
+/// @brief 0.96^x for x >= 0: NAdam's momentum cache 0.96^(t * momentum_decay); 1 for x < 0,
+/// 0 for NaN.
 ///
 /// The exponent is real, so detail::ipow cannot serve and std::pow / CUDA's pow may differ
 /// in the last bit. Instead x = n + f is split into its integer part, whose bits select
@@ -52,7 +53,11 @@ FUSEDOPT_HOST_DEVICE double momentum_cache_power(double x)
     0x1.ffffffffffff6p-1, 0x1.ffffffffffffbp-1, 0x1.ffffffffffffdp-1, 0x1.fffffffffffffp-1,
     0x1.fffffffffffffp-1};
 
-  if (!(x < 32768.0)) { return 0.0; }  // underflows (as pow does); also catches +inf
+  if (!(x < 32768.0)) { return 0.0; }  // underflows (as pow does); also catches +inf and NaN
+  // Below 0 only for a step before the first (or a negative momentum_decay read from memory):
+  // outside NAdam's domain, clamped to 0.96^0 so the cast below stays defined (a double below
+  // -2^63 or -inf has no int64 value).
+  if (x < 0.0) { return 1.0; }
   auto const whole = static_cast<std::int64_t>(x);  // x >= 0: truncation is floor
   double fraction = x - static_cast<double>(whole);  // exact
   double result = 1.0;
@@ -100,7 +105,15 @@ struct scale_by_nadam {
   /// The same bits on host and device (see detail::momentum_cache_power).
   FUSEDOPT_HOST_DEVICE static double mu(double beta1, double momentum_decay, std::int64_t t)
   {
-    return beta1 * (1.0 - 0.5 * detail::momentum_cache_power(static_cast<double>(t) * momentum_decay));
+    return mu_of_step(beta1, momentum_decay, static_cast<double>(t));
+  }
+
+  /// @brief mu for a step given as a double: lets prepare form step t + 1 without the int64
+  /// overflow of `t + 1` at INT64_MAX (the same bits as mu(t + 1) wherever that is defined,
+  /// since every |t| < 2^53 converts exactly).
+  FUSEDOPT_HOST_DEVICE static double mu_of_step(double beta1, double momentum_decay, double t)
+  {
+    return beta1 * (1.0 - 0.5 * detail::momentum_cache_power(t * momentum_decay));
   }
 
   /// @brief The per-step values, resolved once per thread.
@@ -131,7 +144,7 @@ struct scale_by_nadam {
     double const psi = momentum_decay.get();
     std::int64_t const t = step.step.get();
     double const mu_t = mu(b1, psi, t);
-    double const mu_next = mu(b1, psi, t + 1);
+    double const mu_next = mu_of_step(b1, psi, static_cast<double>(t) + 1.0);
     double const product = mu_product.get() * mu_t;  // mu_1 ... mu_t
     double const product_next = product * mu_next;   // mu_1 ... mu_{t+1}
     return prepared{b1,

@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "../config.hpp"
 #include "../error.hpp"
@@ -31,7 +32,11 @@ struct accumulate_norm {
   template <class E, class Acc>
   FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
   {
-    auto const x = e[Slot{}];
+    // In the accumulator's type: float as a rule (the same bits as squaring the element),
+    // double where the backend re-accumulates a unit whose float sum overflowed (a float
+    // square is exact in double and below its largest value).
+    using A = std::remove_reference_t<decltype(acc[0])>;
+    auto const x = static_cast<A>(e[Slot{}]);
     acc[0] += x * x;
     acc[1] = math::maximum(acc[1], math::abs(x));
   }

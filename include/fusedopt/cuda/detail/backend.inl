@@ -120,12 +120,14 @@ inline constexpr bool fits_by_value =
        : 0) <=
   param_limit<Table>;
 
-/// What every step checks before it enqueues anything.
+/// What every step checks before it enqueues anything. A step given as a pointer is device
+/// memory: not checked (reading it would synchronise).
 template <class Rule, class Bound>
-void check_rule(Rule const& rule)
+void check_rule(Rule const& rule, step_info const& step)
 {
   static_assert(is_rule_v<Rule>, "fusedopt: a rule must be trivially copyable (it is passed to kernels by value)");
   ::fusedopt::detail::validate_rule(rule, typename Bound::memory_slots{});
+  ::fusedopt::detail::validate_step(step, false);
 }
 
 /// Accumulators a rule's passes need in all.
@@ -376,7 +378,7 @@ template <class Rule>
 void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
-  detail::check_rule<Rule, lists_type>(rule);
+  detail::check_rule<Rule, lists_type>(rule, step);
   if constexpr (passes > 0) {
     constexpr int needed = detail::accumulators_v<Rule>;
     FUSEDOPT_EXPECTS(needed <= reduction_capacity_,
@@ -545,7 +547,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
                 "fusedopt: cuda::apply cannot run rules with reduction passes (clip_by_global_norm, LAMB, LARS, "
                 "skip_if_nonfinite, norm_of, ...): their results need a device workspace, and apply allocates no "
                 "device memory. Make a plan (cuda::make_plan) and call plan.run.");
-  detail::check_rule<Rule, lists_type>(rule);
+  detail::check_rule<Rule, lists_type>(rule, step);
   FUSEDOPT_EXPECTS(opts.metadata != transport::device_table,
                    "cuda::apply carries its tables by value and owns no device memory; use a plan for "
                    "transport::device_table");

@@ -176,6 +176,7 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// accumulates its elements in the rule's arithmetic type (what the rule's accumulating body
 /// is written for), the block combines the threads in double with cub::BlockReduce (a fixed
 /// tree), and thread 0 writes the chunk's partial to `partials[(chunk_base + c) * N + k]`.
+/// A thread whose float sum came out non-finite accumulates its elements again in double.
 /// Nothing is stored to any tensor.
 template <class Policy, class Rule, class Bound, class Table, int J, int P>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
@@ -203,6 +204,16 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
     accumulator<double, n> wide;
 #pragma unroll
     for (int k = 0; k < n; ++k) { wide[k] = static_cast<double>(acc[k]); }
+    if constexpr (::fusedopt::detail::widens_overflowing_sums_v<reduction, value_type>) {
+      // A float sum that came out non-finite is accumulated again in double (as the host
+      // backend does for a chunk; ::fusedopt::detail::sums_finite): one test per thread and
+      // chunk, and no FP64 work unless a sum overflowed or an input is not finite.
+      if (!::fusedopt::detail::sums_finite<reduction>(acc)) {
+        wide = identities<reduction, double>();
+        accumulate_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index),
+                                                          tensor, chunk.begin, chunk.count, wide);
+      }
+    }
     accumulator<double, n> const total = block_reduce(temp).Reduce(wide, combine_all<reduction>{});
     if (threadIdx.x == 0) {
 #pragma unroll
