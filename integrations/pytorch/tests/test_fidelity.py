@@ -88,7 +88,7 @@ def test_noncontiguous_params_match_torch(family, kind, device):
     """Autograd's gradients (same strides as a dense parameter, contiguous for a sliced one)."""
     need_device(device)
     ours_cls, name, kwargs = family
-    make_ref = torch_cls(name, kwargs)
+    torch_cls(name, kwargs)  # skips where the local torch lacks an option
     make = layout_params(kind, device)
     a, b = make(), make()
     gen = torch.Generator().manual_seed(1)
