@@ -50,6 +50,7 @@ enum hyper_index : int {
   h_lr_decay,
   h_rho,
   h_max_grad_norm,
+  h_momentum_decay,
   h_flags,
   h_count
 };
@@ -81,6 +82,7 @@ hyper to_hyper(std::vector<double> const& v)
   h.lr_decay = v[h_lr_decay];
   h.rho = v[h_rho];
   h.max_grad_norm = v[h_max_grad_norm];
+  h.momentum_decay = v[h_momentum_decay];
   auto const flags = static_cast<int>(v[h_flags]);
   h.amsgrad = (flags & f_amsgrad) != 0;
   h.maximize = (flags & f_maximize) != 0;
@@ -122,6 +124,7 @@ struct bucket {
   int device = -1;           // -1: CPU (host backend), else the CUDA device index
   std::int64_t step = 0;     // the members' step count before the next step
   lists tensors;             // the addresses the plan is bound to (members in order)
+  double mu_product = 1.0;   // NAdam: the members' state['mu_product'] before the next step
   std::unique_ptr<plan> p;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
   // The stream of the last run: a run on another stream first waits for it, since the plan's
@@ -135,6 +138,7 @@ struct group_data {
   std::vector<std::vector<at::Tensor>> states;
   std::vector<char> has_state;  // false: no state yet (SGD without momentum has state and no tensors)
   std::vector<std::int64_t> steps;
+  std::vector<double> mu_products;  // NAdam only (set_mu_products); empty for the other families
   layout lay;
   bool layout_known = false;
   // The cache: addresses the plans were built for (grad null: skipped parameter).
@@ -177,6 +181,9 @@ class engine {
       d.states.resize(params.size());
       d.has_state.assign(params.size(), 0);
       for (std::size_t i = 0; i < params.size(); ++i) {
+        TORCH_CHECK(params[i].defined(), "fusedopt_torch: parameter ", i, " of group ", g, " is undefined");
+        TORCH_CHECK(params[i].layout() == at::kStrided, "fusedopt_torch: parameter ", i, " of group ", g,
+                    " is not a strided tensor (", params[i].layout(), ")");
         TORCH_CHECK(params[i].is_non_overlapping_and_dense(), "fusedopt_torch: parameter ", i, " of group ", g,
                     " is not dense (fusedopt steps the memory of each tensor as one flat array)");
         dtype_of(params[i]);
@@ -252,6 +259,37 @@ class engine {
     return out;
   }
 
+  /// NAdam: torch's state['mu_product'] of every parameter of every group (after set_groups,
+  /// before the next step; 1 for parameters without state). `single`: torch keeps it in float32
+  /// (default dtype float32), so every product is rounded to float as torch's `mu_product *= mu` does.
+  void set_mu_products(std::vector<std::vector<double>> const& values, bool single)
+  {
+    TORCH_CHECK(values.size() == groups_.size(), "fusedopt_torch: set_mu_products: ", values.size(),
+                " groups for ", groups_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      TORCH_CHECK(values[g].size() == groups_[g].params.size(), "fusedopt_torch: set_mu_products: group ", g,
+                  " has ", groups_[g].params.size(), " parameters, not ", values[g].size());
+      groups_[g].mu_products = values[g];
+      groups_[g].built = false;  // buckets are keyed by it
+    }
+    mu_single_ = single;
+  }
+
+  /// NAdam: every parameter with state and its mu_product (torch's state['mu_product']).
+  std::vector<std::vector<std::tuple<at::Tensor, double>>> mu_products()
+  {
+    std::vector<std::vector<std::tuple<at::Tensor, double>>> out(groups_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      auto& d = groups_[g];
+      flush(d);
+      if (d.mu_products.empty()) { continue; }
+      for (std::size_t i = 0; i < d.params.size(); ++i) {
+        if (d.has_state[i]) { out[g].emplace_back(d.params[i], d.mu_products[i]); }
+      }
+    }
+    return out;
+  }
+
   /// Plans built so far (tests: a changed parameter set rebuilds).
   [[nodiscard]] std::int64_t rebuilds() const { return rebuilds_; }
   /// Groups rebound to moved tensors so far (tests and benchmarks: set_to_none rebinds).
@@ -270,6 +308,9 @@ class engine {
   {
     for (auto const& b : d.buckets) {
       for (int i : b.members) { d.steps[static_cast<std::size_t>(i)] = b.step; }
+      if (!d.mu_products.empty()) {
+        for (int i : b.members) { d.mu_products[static_cast<std::size_t>(i)] = b.mu_product; }
+      }
     }
   }
 
@@ -282,8 +323,9 @@ class engine {
     std::size_t const n = d.params.size();
     d.param_ptrs.assign(n, nullptr);
     d.grad_ptrs.assign(n, nullptr);
-    // Bucket key: device, dtype, step.
-    std::map<std::tuple<int, int, std::int64_t>, std::vector<int>> keys;
+    // Bucket key: device, dtype, step (and NAdam's mu_product: parameters of one step may differ in it
+    // when the group's betas or momentum_decay changed while some of them had no gradient).
+    std::map<std::tuple<int, int, std::int64_t, double>, std::vector<int>> keys;
     for (std::size_t i = 0; i < n; ++i) {
       at::Tensor const& p = d.params[i];
       d.param_ptrs[i] = p.data_ptr();
@@ -295,12 +337,14 @@ class engine {
       int const device = p.is_cuda() ? p.get_device() : -1;
       TORCH_CHECK(p.is_cuda() || p.is_cpu(), "fusedopt_torch: parameter ", i, " is on ", p.device(),
                   "; CPU and CUDA tensors are supported");
-      keys[{device, static_cast<int>(dtype_of(p)), d.steps[i]}].push_back(static_cast<int>(i));
+      double const mu = d.mu_products.empty() ? 1.0 : d.mu_products[i];
+      keys[{device, static_cast<int>(dtype_of(p)), d.steps[i], mu}].push_back(static_cast<int>(i));
     }
     for (auto& [key, members] : keys) {
       bucket b;
       b.device = std::get<0>(key);
       b.step = std::get<2>(key);
+      b.mu_product = std::get<3>(key);
       b.members = std::move(members);
       lists x;
       std::size_t const states = d.states[static_cast<std::size_t>(b.members.front())].size();
@@ -411,14 +455,15 @@ class engine {
     for (auto& b : d.buckets) {
       std::int64_t const next = b.step + 1;
       try {
+        hyper const& h = bucket_hyper(g, b);
         if (b.device < 0) {
-          b.p->run(hyper_[g], next, nullptr);
+          b.p->run(h, next, nullptr);
         } else {
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
           c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
           auto const stream = at::cuda::getCurrentCUDAStream(b.device);
           follow_stream(b, stream);
-          b.p->run(hyper_[g], next, stream.stream());
+          b.p->run(h, next, stream.stream());
 #endif
         }
       } catch (fusedopt::error const& e) {
@@ -426,6 +471,7 @@ class engine {
         throw py::value_error(e.what());
       }
       b.step = next;
+      if (family_ == family::nadam) { b.mu_product = advance_mu_product(b.mu_product, hyper_[g], next); }
       // In-place writes bypass autograd's version counters: bump them as torch's ops would.
       for (int i : b.members) { d.params[static_cast<std::size_t>(i)].unsafeGetTensorImpl()->bump_version(); }
     }
@@ -433,8 +479,29 @@ class engine {
 
   enum change : char { unchanged, addresses_moved, members_changed };
 
+  /// The hyperparameters of bucket `b` of group `g`: the group's, with NAdam's per-bucket mu_product.
+  hyper const& bucket_hyper(std::size_t g, bucket const& b)
+  {
+    if (family_ != family::nadam) { return hyper_[g]; }
+    bucket_hyper_ = hyper_[g];
+    bucket_hyper_.mu_product = b.mu_product;
+    return bucket_hyper_;
+  }
+
+  /// torch's `mu_product *= mu` of step `t`, in torch's precision of the state (float or double).
+  [[nodiscard]] double advance_mu_product(double product, hyper const& h, std::int64_t t) const
+  {
+    double const mu = nadam_mu(h.beta1, h.momentum_decay, t);
+    if (!mu_single_) { return product * mu; }
+    // float * float is exact in double: rounding the double product once is the float product.
+    return static_cast<double>(static_cast<float>(static_cast<double>(static_cast<float>(product)) *
+                                                  static_cast<double>(static_cast<float>(mu))));
+  }
+
   family family_;
   std::vector<group_data> groups_;
+  hyper bucket_hyper_;
+  bool mu_single_ = true;
   std::vector<hyper> hyper_;
   std::vector<change> changed_;
   std::int64_t rebuilds_ = 0;
@@ -454,6 +521,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("set_groups", &engine::set_groups, py::arg("groups"))
     .def("step", &engine::step, py::arg("hypers"))
     .def("steps", &engine::steps)
+    .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
+    .def("mu_products", &engine::mu_products)
     .def("rebuilds", &engine::rebuilds)
     .def("rebinds", &engine::rebinds)
     .def("plans", &engine::plans);

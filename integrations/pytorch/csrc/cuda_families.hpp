@@ -19,6 +19,7 @@ std::unique_ptr<plan> cuda_lion(family, dtype, layout const&, lists const&, void
 std::unique_ptr<plan> cuda_radam(family, dtype, layout const&, lists const&, void*);
 std::unique_ptr<plan> cuda_adamax(family, dtype, layout const&, lists const&, void*);
 std::unique_ptr<plan> cuda_adadelta(family, dtype, layout const&, lists const&, void*);
+std::unique_ptr<plan> cuda_nadam(family, dtype, layout const&, lists const&, void*);
 
 }  // namespace detail
 }  // namespace fusedopt_torch

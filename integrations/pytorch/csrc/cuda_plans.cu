@@ -20,6 +20,7 @@ std::unique_ptr<plan> make_cuda_plan(family f, dtype t, layout const& l, lists c
     case family::radam: return cuda_radam(f, t, l, x, stream);
     case family::adamax: return cuda_adamax(f, t, l, x, stream);
     case family::adadelta: return cuda_adadelta(f, t, l, x, stream);
+    case family::nadam: return cuda_nadam(f, t, l, x, stream);
   }
   throw fusedopt::error("fusedopt_torch: unknown optimizer family");
 }

@@ -17,6 +17,7 @@
 #include <fusedopt/rules/adamax.hpp>
 #include <fusedopt/rules/lamb.hpp>
 #include <fusedopt/rules/lion.hpp>
+#include <fusedopt/rules/nadam.hpp>
 #include <fusedopt/rules/norms.hpp>
 #include <fusedopt/rules/radam.hpp>
 #include <fusedopt/rules/rmsprop.hpp>
@@ -238,6 +239,21 @@ inline rules::adadelta adadelta_rule(hyper const& h)
   return r;
 }
 
+inline rules::nadam nadam_rule(hyper const& h)
+{
+  rules::nadam r;
+  r.lr = h.lr;
+  r.beta1 = h.beta1;
+  r.beta2 = h.beta2;
+  r.eps = h.eps;
+  r.weight_decay = h.weight_decay;
+  r.momentum_decay = h.momentum_decay;
+  r.decoupled_weight_decay = h.decoupled_weight_decay;
+  r.maximize = h.maximize;
+  r.mu_product = h.mu_product;
+  return r;
+}
+
 // Captureless lambdas: trivially copyable, stored in the plan.
 struct build_sgd {
   rules::sgd operator()(hyper const& h) const { return sgd_rule(h); }
@@ -271,6 +287,9 @@ struct build_adamax {
 };
 struct build_adadelta {
   rules::adadelta operator()(hyper const& h) const { return adadelta_rule(h); }
+};
+struct build_nadam {
+  rules::nadam operator()(hyper const& h) const { return nadam_rule(h); }
 };
 
 // ---- plans per family (one function per .cu) -----------------------------------------------
@@ -423,6 +442,20 @@ std::unique_ptr<plan> adadelta_plan(dtype t, layout const&, lists const& x, void
         return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0), slot::acc_delta = state<T>(y, 1));
       },
       x, build_adadelta{}, s);
+  });
+}
+
+template <class B>
+std::unique_ptr<plan> nadam_plan(dtype t, layout const&, lists const& x, void* s)
+{
+  // State order: exp_avg, exp_avg_sq (torch's mu_product is a scalar per bucket: hyper::mu_product).
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(
+      [](lists const& y) {
+        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
+      },
+      x, build_nadam{}, s);
   });
 }
 

@@ -46,8 +46,14 @@ std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists c
     case family::radam: return detail::radam_plan<B>(t, l, x, s);
     case family::adamax: return detail::adamax_plan<B>(t, l, x, s);
     case family::adadelta: return detail::adadelta_plan<B>(t, l, x, s);
+    case family::nadam: return detail::nadam_plan<B>(t, l, x, s);
   }
   throw fusedopt::error("fusedopt_torch: unknown optimizer family");
+}
+
+double nadam_mu(double beta1, double momentum_decay, std::int64_t t)
+{
+  return fusedopt::rules::scale_by_nadam::mu(beta1, momentum_decay, t);
 }
 
 }  // namespace fusedopt_torch

@@ -29,6 +29,7 @@ enum class family : int {
   radam = 7,
   adamax = 8,
   adadelta = 9,
+  nadam = 10,
 };
 
 /// @brief Every hyperparameter any family reads, with torch's names; a family ignores the others.
@@ -45,11 +46,15 @@ struct hyper {
   double lr_decay = 0.0;       ///< Adagrad
   double rho = 0.9;            ///< Adadelta
   double max_grad_norm = 0.0;  ///< LAMB (apex): clip the gradients' global norm first when > 0
+  double momentum_decay = 4e-3;  ///< NAdam
+  /// NAdam: torch's state['mu_product'] before the step (mu_1 ... mu_{t-1}); the engine sets it
+  /// per bucket (it is per parameter in torch), not Python.
+  double mu_product = 1.0;
   bool amsgrad = false;
   bool maximize = false;
   bool nesterov = false;
   bool centered = false;
-  bool decoupled_weight_decay = false;  ///< RAdam
+  bool decoupled_weight_decay = false;  ///< RAdam, NAdam
   bool bias_correction = true;          ///< LAMB
   bool grad_averaging = true;           ///< LAMB
   bool adam_w_mode = true;              ///< LAMB
@@ -95,6 +100,10 @@ class plan {
   /// @throws fusedopt::error on invalid lists (overlapping outputs, pageable memory for CUDA).
   virtual bool rebind(lists const& tensors, void* stream) = 0;
 };
+
+/// @brief NAdam's momentum coefficient of step `t`, mu_t = beta1 (1 - 0.5 * 0.96^(t momentum_decay)),
+/// with the bits the NAdam rule uses (rules::scale_by_nadam::mu). Defined in host_plans.cpp.
+double nadam_mu(double beta1, double momentum_decay, std::int64_t t);
 
 /// @brief A host-backend plan (CPU memory) run on `threads` OpenMP threads (torch's
 /// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists.

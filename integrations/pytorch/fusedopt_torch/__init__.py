@@ -7,8 +7,8 @@ CUDA tensors step through fusedopt's CUDA backend (one launch per parameter grou
 plans cached across steps), CPU tensors through its host backend. See docs/pytorch.md.
 """
 
-from .optimizers import (LAMB, SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, FusedOptimizer, Lion, RAdam,  # noqa: F401
-                         RMSprop)
+from .optimizers import (LAMB, SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, FusedOptimizer, Lion, NAdam,  # noqa: F401
+                         RAdam, RMSprop)
 from . import _ext
 
 
@@ -22,5 +22,5 @@ def with_cuda():
     return bool(_ext.load().with_cuda)
 
 
-__all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "Adamax", "Adadelta", "LAMB", "Lion",
+__all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta", "LAMB", "Lion",
            "extension", "with_cuda"]

@@ -17,7 +17,7 @@ from torch.optim import Optimizer
 from . import _ext
 
 # Family numbers: csrc/plans.hpp's fusedopt_torch::family.
-SGD_F, ADAM_F, ADAMW_F, ADAGRAD_F, RMSPROP_F, LAMB_F, LION_F, RADAM_F, ADAMAX_F, ADADELTA_F = range(10)
+SGD_F, ADAM_F, ADAMW_F, ADAGRAD_F, RMSPROP_F, LAMB_F, LION_F, RADAM_F, ADAMAX_F, ADADELTA_F, NADAM_F = range(11)
 
 # Flag bits of the hyperparameter tuple: csrc/binding.cpp's flag_bits.
 AMSGRAD, MAXIMIZE, NESTEROV, CENTERED, DECOUPLED, BIAS_CORRECTION, GRAD_AVERAGING, ADAM_W_MODE, USE_NVLAMB = (
@@ -25,19 +25,37 @@ AMSGRAD, MAXIMIZE, NESTEROV, CENTERED, DECOUPLED, BIAS_CORRECTION, GRAD_AVERAGIN
 
 
 def _hyper(group, lr=None, beta1=0.0, beta2=0.0, eps=0.0, weight_decay=0.0, momentum=0.0, dampening=0.0, alpha=0.0,
-           lr_decay=0.0, rho=0.0, max_grad_norm=0.0, flags=0):
+           lr_decay=0.0, rho=0.0, max_grad_norm=0.0, momentum_decay=0.0, flags=0):
     """The tuple binding.cpp reads (order: its hyper_index)."""
     return [float(group["lr"] if lr is None else lr), float(beta1), float(beta2), float(eps), float(weight_decay),
             float(momentum), float(dampening), float(alpha), float(lr_decay), float(rho), float(max_grad_norm),
-            float(flags)]
+            float(momentum_decay), float(flags)]
+
+
+def _scalar_dtype():
+    """torch.optim.optimizer._get_scalar_dtype: the dtype of state['step'] (and NAdam's mu_product)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _is_dense(t):
+    """Whether t's elements fill its memory without gaps or overlaps (any order of the dimensions):
+    at::Tensor::is_non_overlapping_and_dense, which the extension requires of every tensor it steps."""
+    if t.numel() <= 1 or t.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _check_common(lr=None, eps=None, weight_decay=None, betas=None):
     # torch's constructor checks, with torch's messages.
-    if lr is not None and not isinstance(lr, torch.Tensor) and not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
         raise ValueError("Tensor lr must be 1-element")
+    if lr is not None and not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
     if eps is not None and not 0.0 <= eps:
         raise ValueError(f"Invalid epsilon value: {eps}")
     if betas is not None:
@@ -49,12 +67,34 @@ def _check_common(lr=None, eps=None, weight_decay=None, betas=None):
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
+def _check_fused_flags(fused, foreach, differentiable):
+    # torch (Adam, AdamW, SGD, Adagrad) raises these after Optimizer.__init__, in this order.
+    if fused:
+        if differentiable:
+            raise RuntimeError("`fused` does not support `differentiable`")
+        if foreach:
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+
+
 def _reject_unsupported(name, capturable=False, differentiable=False):
     if differentiable:
         raise NotImplementedError(f"fusedopt_torch.{name}: differentiable=True is not supported")
     if capturable:
         # A captured step would freeze lr and the step count (they are passed by value).
         raise NotImplementedError(f"fusedopt_torch.{name}: capturable=True is not supported")
+
+
+class _View:
+    """A parameter the engine cannot step in place as it is: complex (the engine steps its real
+    view, as torch does), not dense (sliced with gaps: the engine steps a dense copy), or whose
+    gradient has another layout or dtype than the parameter (the engine reads a dense copy of it).
+    `proxy` is the tensor the engine holds; its .grad is set before every step."""
+
+    __slots__ = ("param", "real", "proxy", "grad_buffer", "copy_param")
+
+    def __init__(self, param, real, proxy, grad_buffer, copy_param):
+        self.param, self.real, self.proxy = param, real, proxy
+        self.grad_buffer, self.copy_param = grad_buffer, copy_param
 
 
 class FusedOptimizer(Optimizer):
@@ -66,20 +106,29 @@ class FusedOptimizer(Optimizer):
 
     _family = None
     _step_key = "step"
+    _mu_key = None  # NAdam: 'mu_product', a per-parameter scalar state the engine keeps per bucket
+    _sparse_error = None  # torch's message for sparse gradients; None: torch supports them, fusedopt does not
 
     def __init__(self, params, defaults):
         self._engine = None
+        self._engine_family = None
         self._dirty = True  # the engine's groups must be (re)set from Python
         self._engine_ahead = False  # the engine's step counts are newer than self.state's
         self._aux_steps = {}  # step counts of families without torch 'step' entries
+        self._views = []  # _View of every parameter the engine steps through a proxy
+        self._param_of = {}  # proxy -> parameter
         super().__init__(params, defaults)
-        self._engine = _ext.load().Engine(self._family)
+        self._make_engine(self._wanted_family())
 
     # ---- what subclasses define ---------------------------------------------------------------
 
     def _state_keys(self, group):
         """Torch's state keys the group's options need, in the engine's slot order."""
         raise NotImplementedError
+
+    def _keeps_state(self, group):
+        """Whether torch keeps per-parameter state for the group (SGD without momentum keeps none)."""
+        return True
 
     def _new_state(self, p, group, key):
         """A fresh state tensor, as torch creates it."""
@@ -91,6 +140,10 @@ class FusedOptimizer(Optimizer):
     def _first_step(self, p, group, state):
         """Step count of a parameter whose state was just created or loaded without a count."""
         return 0
+
+    def _wanted_family(self):
+        """The engine family the parameter groups need now (Adam: AdamW's with decoupled_weight_decay)."""
+        return self._family
 
     # ---- torch.optim.Optimizer ---------------------------------------------------------------
 
@@ -105,10 +158,27 @@ class FusedOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         hypers = [self._hyper(g) for g in self.param_groups]
-        if self._dirty or not self._engine.step(hypers):
-            self._rebuild()
-            if not self._engine.step(hypers):
-                raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
+        family = self._wanted_family()
+        if family != self._engine_family:
+            self._make_engine(family)
+        with torch.no_grad():
+            done = False
+            if not self._dirty and (not self._views or self._sync_in()):
+                try:
+                    done = self._engine.step(hypers)
+                except RuntimeError:
+                    # A gradient of another layout than its parameter's, or a sparse one: nothing
+                    # was written (the engine checks every tensor before it runs a plan).
+                    if not self._needs_reroute():
+                        raise
+            if not done:
+                self._rebuild()
+                if self._views and not self._sync_in():
+                    raise RuntimeError("fusedopt_torch: internal error: a rebuilt proxy refused its gradient")
+                if not self._engine.step(hypers):
+                    raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
+            if self._views:
+                self._sync_out()
         self._engine_ahead = True
         return loss
 
@@ -125,16 +195,18 @@ class FusedOptimizer(Optimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         self.__dict__.setdefault("_engine", None)
+        self.__dict__.setdefault("_engine_family", None)
         self.__dict__.setdefault("_aux_steps", {})
+        self._views, self._param_of = [], {}
         self._engine_ahead = False
         self._dirty = True
         if self._engine is None and self._family is not None:
-            self._engine = _ext.load().Engine(self._family)
+            self._make_engine(self._wanted_family())
 
     def __getstate__(self):
         self._pull_steps()
         state = super().__getstate__()
-        state = {k: v for k, v in state.items() if k not in ("_engine",)}
+        state = {k: v for k, v in state.items() if k not in ("_engine", "_engine_family", "_views", "_param_of")}
         return state
 
     # ---- internals ---------------------------------------------------------------------------
@@ -147,6 +219,14 @@ class FusedOptimizer(Optimizer):
         """How many times a group's plans followed moved tensors (new gradients under set_to_none=True)."""
         return self._engine.rebinds()
 
+    def _make_engine(self, family):
+        if self._engine is not None:
+            self._pull_steps()
+        self._engine = _ext.load().Engine(family)
+        self._engine_family = family
+        self._engine_ahead = False
+        self._dirty = True
+
     def _get_step(self, p, group, state):
         if self._step_key is not None:
             s = state.get(self._step_key)
@@ -156,30 +236,140 @@ class FusedOptimizer(Optimizer):
         s = self._aux_steps.get(p)
         return self._first_step(p, group, state) if s is None else s
 
+    def _set_scalar(self, p, key, value):
+        """state[p][key] = value, in place where torch's scalar tensor exists (torch updates it in place)."""
+        state = self.state[p]
+        old = state.get(key)
+        if isinstance(old, torch.Tensor) and old.numel() == 1 and old.is_floating_point():
+            old.fill_(value)
+        else:
+            state[key] = torch.tensor(float(value), dtype=_scalar_dtype())
+
     def _set_step(self, p, value):
         if self._step_key is not None:
-            self.state[p][self._step_key] = torch.tensor(float(value), dtype=torch.float32)
+            self._set_scalar(p, self._step_key, value)
         else:
             self._aux_steps[p] = value
 
     def _pull_steps(self):
         if self._engine is None or not self._engine_ahead:
             return
+        param_of = self._param_of
         for group_steps in self._engine.steps():
-            for p, s in group_steps:
-                self._set_step(p, s)
+            for t, s in group_steps:
+                self._set_step(param_of.get(t, t), s)
+        if self._mu_key is not None:
+            for group_mus in self._engine.mu_products():
+                for t, m in group_mus:
+                    self._set_scalar(param_of.get(t, t), self._mu_key, m)
         self._engine_ahead = False
+
+    def _sparse_message(self):
+        if self._sparse_error is not None:
+            return self._sparse_error
+        return (f"fusedopt_torch.{type(self).__name__} does not support sparse gradients "
+                f"(torch.optim.{type(self).__name__} does: use it for sparse parameters)")
+
+    def _check_sparse(self, g):
+        if g is not None and g.is_sparse:
+            if self._sparse_error is not None:
+                raise RuntimeError(self._sparse_error)
+            raise NotImplementedError(self._sparse_message())
+
+    def _needs_reroute(self):
+        """After an engine error: whether a gradient now needs another route than the one its
+        parameter got at the last rebuild (then nothing was written and a rebuild fixes it).
+        Raises torch's error for sparse gradients."""
+        viewed = {id(v.param) for v in self._views}
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                self._check_sparse(g)
+                if id(p) not in viewed and (g.stride() != p.stride() or g.dtype != p.dtype):
+                    return True
+        return False
+
+    def _sync_in(self):
+        """Points every proxy at its parameter's gradient (a view or a dense copy) and copies
+        non-dense parameters into their dense proxies. False: a gradient needs another route."""
+        for v in self._views:
+            g = v.param.grad
+            if g is None:
+                if v.proxy.grad is not None:
+                    v.proxy.grad = None
+                continue
+            self._check_sparse(g)
+            if g.is_complex():
+                g = torch.view_as_real(g)
+            if v.grad_buffer is None:
+                if g.dtype != v.proxy.dtype or g.stride() != v.proxy.stride() or g.device != v.proxy.device:
+                    self._dirty = True
+                    return False
+                v.proxy.grad = g
+            else:
+                v.grad_buffer.copy_(g)
+                if v.proxy.grad is not v.grad_buffer:
+                    v.proxy.grad = v.grad_buffer
+            if v.copy_param:
+                v.proxy.copy_(v.real)
+        return True
+
+    def _sync_out(self):
+        for v in self._views:
+            if v.copy_param and v.param.grad is not None:
+                v.real.copy_(v.proxy)
+
+    def _route(self, p, state, keys):
+        """The tensor the engine steps for p and the state tensors it binds (torch's, or their
+        real views for complex parameters). Normalises the layout of state tensors that differ
+        from the tensor stepped (torch does not care about a state's strides)."""
+        g = p.grad
+        complex_ = p.is_complex()
+        real = torch.view_as_real(p.detach()) if complex_ else p
+        gr = None if g is None else (torch.view_as_real(g) if g.is_complex() else g)
+        dense = _is_dense(real)
+        grad_ok = gr is None or (gr.dtype == real.dtype and gr.stride() == real.stride() and gr.device == real.device)
+        if dense:
+            proxy, copy_param = (p if not complex_ and grad_ok else real.detach()), False
+        else:
+            proxy, copy_param = torch.empty(real.shape, dtype=real.dtype, device=real.device), True
+        if state is not None:
+            for k in keys:
+                s = state[k]
+                sv = torch.view_as_real(s) if s.is_complex() else s
+                if sv.stride() != proxy.stride():
+                    fresh = torch.empty_like(p) if dense else torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                    state[k] = fresh.copy_(s)
+        if proxy is not p:
+            grad_buffer = None if (dense and grad_ok) else torch.empty_like(proxy)
+            self._views.append(_View(p, real, proxy, grad_buffer, copy_param))
+            self._param_of[proxy] = p
+        states = None
+        if state is not None:
+            states = [torch.view_as_real(state[k]) if state[k].is_complex() else state[k] for k in keys]
+        return proxy, states
 
     def _rebuild(self):
         self._pull_steps()
-        groups = []
+        self._views, self._param_of = [], {}
+        groups, mus, single = [], [], True
         for group in self.param_groups:
             keys = self._state_keys(group)
-            params, states, steps = [], [], []
+            keeps = self._keeps_state(group)
+            proxies, states, steps, group_mus = [], [], [], []
             for p in group["params"]:
+                self._check_sparse(p.grad)
+                if not keeps:
+                    # No torch state (SGD without momentum): nothing to create, nothing to count.
+                    proxy, _ = self._route(p, None, ())
+                    proxies.append(proxy)
+                    states.append([] if p.grad is not None else None)
+                    steps.append(0)
+                    group_mus.append(1.0)
+                    continue
                 state = self.state.get(p)
-                if p.grad is not None and p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
                 if p.grad is not None or state:
                     if state is None:
                         state = self.state[p]
@@ -189,19 +379,33 @@ class FusedOptimizer(Optimizer):
                             state[k] = self._new_state(p, group, k)
                             fresh = True
                     if self._step_key is not None and self._step_key not in state:
-                        state[self._step_key] = torch.tensor(0.0, dtype=torch.float32)
+                        state[self._step_key] = torch.tensor(0.0, dtype=_scalar_dtype())
+                    if self._mu_key is not None and self._mu_key not in state:
+                        state[self._mu_key] = torch.tensor(1.0, dtype=_scalar_dtype())
                     # A state tensor created now starts from the first step (SGD's buffer).
                     step = 0 if fresh and self._step_key is None else self._get_step(p, group, state)
                     if self._step_key is None:
                         self._aux_steps[p] = step
-                    states.append([state[k] for k in keys])
+                    proxy, st = self._route(p, state, keys)
+                    states.append(st)
                     steps.append(step)
+                    if self._mu_key is not None:
+                        mu = state[self._mu_key]
+                        single = single and not (isinstance(mu, torch.Tensor) and mu.dtype == torch.float64)
+                        group_mus.append(float(mu))
+                    else:
+                        group_mus.append(1.0)
                 else:
+                    proxy, _ = self._route(p, None, keys)
                     states.append(None)
                     steps.append(0)
-                params.append(p)
-            groups.append((params, states, steps))
+                    group_mus.append(1.0)
+                proxies.append(proxy)
+            groups.append((proxies, states, steps))
+            mus.append(group_mus)
         self._engine.set_groups(groups)
+        if self._mu_key is not None:
+            self._engine.set_mu_products(mus, single)
         self._dirty = False
 
 
@@ -227,13 +431,17 @@ class SGD(FusedOptimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        _reject_unsupported("SGD", differentiable=differentiable)
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
                         maximize=maximize, foreach=foreach, differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+        _reject_unsupported("SGD", differentiable=differentiable)
 
     def _state_keys(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _keeps_state(self, group):
+        return group["momentum"] != 0
 
     def _first_step(self, p, group, state):
         # A loaded torch state with a buffer continues it; no buffer: the next step is the first.
@@ -246,20 +454,53 @@ class SGD(FusedOptimizer):
 
 
 class Adam(FusedOptimizer):
-    """torch.optim.Adam (amsgrad, weight decay, maximize)."""
+    """torch.optim.Adam (amsgrad, weight decay, maximize, decoupled_weight_decay).
+
+    As in torch 2.11, ``decoupled_weight_decay=True`` is AdamW's formula: the groups then run on
+    the AdamW engine (every group must agree on the option).
+    """
 
     _family = ADAM_F
     _name = "Adam"
+    _sparse_error = "Adam does not support sparse gradients, please consider SparseAdam instead"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *, foreach=None,
                  maximize=False, capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False):
+        if isinstance(lr, torch.Tensor):
+            if foreach and not capturable:
+                raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
         _check_common(lr=lr, eps=eps, weight_decay=weight_decay, betas=betas)
-        _reject_unsupported(self._name, capturable, differentiable)
-        if decoupled_weight_decay and type(self) is Adam:
-            raise NotImplementedError("fusedopt_torch.Adam: decoupled_weight_decay=True: use fusedopt_torch.AdamW")
+        if not ((isinstance(betas[0], float) and isinstance(betas[1], float))
+                or (isinstance(betas[0], torch.Tensor) and isinstance(betas[1], torch.Tensor))):
+            raise ValueError("betas must be either both floats or both Tensors")
+        for i in (0, 1):
+            if isinstance(betas[i], torch.Tensor):
+                if not capturable and foreach:
+                    raise ValueError(f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True")
+                if betas[i].numel() != 1:
+                    raise ValueError(f"Tensor betas[{i}] must be 1-element")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused)
+                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+        _reject_unsupported(self._name, capturable, differentiable)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:
+            if type(self) is AdamW:
+                group["decoupled_weight_decay"] = True  # as torch's AdamW.__setstate__
+            else:
+                group.setdefault("decoupled_weight_decay", False)
+        self._dirty = True
+
+    def _wanted_family(self):
+        flags = {bool(g.get("decoupled_weight_decay", False)) for g in self.param_groups}
+        if len(flags) > 1:
+            raise NotImplementedError(f"fusedopt_torch.{self._name}: decoupled_weight_decay must be the same in "
+                                      "every parameter group (one engine per optimizer)")
+        return ADAMW_F if flags == {True} else ADAM_F
 
     def _state_keys(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
@@ -271,7 +512,7 @@ class Adam(FusedOptimizer):
 
 
 class AdamW(Adam):
-    """torch.optim.AdamW (decoupled weight decay, default 1e-2)."""
+    """torch.optim.AdamW (decoupled weight decay, default 1e-2): Adam(decoupled_weight_decay=True)."""
 
     _family = ADAMW_F
     _name = "AdamW"
@@ -280,7 +521,7 @@ class AdamW(Adam):
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                          foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
-                         fused=fused)
+                         fused=fused, decoupled_weight_decay=True)
 
 
 class Adagrad(FusedOptimizer):
@@ -298,15 +539,16 @@ class Adagrad(FusedOptimizer):
             raise ValueError(f"Invalid lr_decay value: {lr_decay}")
         if not 0.0 <= initial_accumulator_value:
             raise ValueError(f"Invalid initial_accumulator_value value: {initial_accumulator_value}")
-        _reject_unsupported("Adagrad", differentiable=differentiable)
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, foreach=foreach, maximize=maximize,
                         differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
+        _check_fused_flags(fused, foreach, differentiable)
+        _reject_unsupported("Adagrad", differentiable=differentiable)
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
                 state["sum"] = self._new_state(p, group, "sum")
 
     def _state_keys(self, group):
@@ -314,6 +556,8 @@ class Adagrad(FusedOptimizer):
 
     def _new_state(self, p, group, key):
         value = group["initial_accumulator_value"]
+        if torch.is_complex(p):
+            value = complex(value, value)  # as torch: the real view starts at the value in both parts
         return torch.full_like(p, value, memory_format=torch.preserve_format)
 
     def _hyper(self, group):
@@ -326,6 +570,7 @@ class RMSprop(FusedOptimizer):
     """torch.optim.RMSprop (alpha, centered, momentum, weight decay, maximize)."""
 
     _family = RMSPROP_F
+    _sparse_error = "RMSprop does not support sparse gradients"
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
                  capturable=False, foreach=None, maximize=False, differentiable=False):
@@ -357,6 +602,7 @@ class RAdam(FusedOptimizer):
     """torch.optim.RAdam (L2 or decoupled weight decay, maximize)."""
 
     _family = RADAM_F
+    _sparse_error = "RAdam does not support sparse gradients"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, decoupled_weight_decay=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False):
@@ -381,6 +627,7 @@ class Adamax(FusedOptimizer):
     """torch.optim.Adamax (weight decay, maximize)."""
 
     _family = ADAMAX_F
+    _sparse_error = "Adamax does not support sparse gradients"
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *, maximize=False,
                  differentiable=False, capturable=False):
@@ -403,6 +650,7 @@ class Adadelta(FusedOptimizer):
     """torch.optim.Adadelta (rho, weight decay, maximize)."""
 
     _family = ADADELTA_F
+    _sparse_error = "Adadelta does not support sparse gradients"
 
     def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, capturable=False,
                  maximize=False, differentiable=False):
@@ -422,6 +670,43 @@ class Adadelta(FusedOptimizer):
         return _hyper(group, rho=group["rho"], eps=group["eps"], weight_decay=group["weight_decay"], flags=flags)
 
 
+class NAdam(FusedOptimizer):
+    """torch.optim.NAdam (momentum_decay, L2 or decoupled weight decay, maximize).
+
+    State as torch's: 'step', 'mu_product' (scalar tensors of torch's step dtype), 'exp_avg',
+    'exp_avg_sq'. The engine keeps mu_product per bucket, advancing it with torch's rounding;
+    like 'step' it is written back into ``state`` by ``state_dict()``.
+    """
+
+    _family = NADAM_F
+    _mu_key = "mu_product"
+    _sparse_error = "NAdam does not support sparse gradients"
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
+                 decoupled_weight_decay=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False):
+        _check_common(lr=lr, eps=eps, weight_decay=None, betas=betas)
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not 0.0 <= momentum_decay:
+            raise ValueError(f"Invalid momentum_decay value: {momentum_decay}")
+        _reject_unsupported("NAdam", capturable, differentiable)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum_decay=momentum_decay,
+                        decoupled_weight_decay=decoupled_weight_decay, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable)
+        super().__init__(params, defaults)
+
+    def _state_keys(self, group):
+        return ("exp_avg", "exp_avg_sq")
+
+    def _hyper(self, group):
+        b1, b2 = group["betas"]
+        flags = (DECOUPLED if group.get("decoupled_weight_decay", False) else 0) | \
+            (MAXIMIZE if group.get("maximize", False) else 0)
+        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
+                      momentum_decay=group["momentum_decay"], flags=flags)
+
+
 # ---- optimizers torch does not have ---------------------------------------------------------------
 
 
@@ -436,6 +721,7 @@ class LAMB(FusedOptimizer):
     """
 
     _family = LAMB_F
+    _sparse_error = "LAMB does not support sparse gradients"
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
                  amsgrad=False, adam_w_mode=True, grad_averaging=True, set_grad_none=True, max_grad_norm=1.0,
@@ -473,6 +759,7 @@ class Lion(FusedOptimizer):
 
     _family = LION_F
     _step_key = None
+    _sparse_error = "Lion does not support sparse gradients"
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False):
         if not lr > 0.0:
@@ -493,5 +780,5 @@ class Lion(FusedOptimizer):
         return _hyper(group, beta1=b1, beta2=b2, weight_decay=group["weight_decay"], flags=flags)
 
 
-__all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "Adamax", "Adadelta", "LAMB",
-           "Lion"]
+__all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta",
+           "LAMB", "Lion"]

@@ -1,0 +1,500 @@
+"""Regression tests of issue 15 rows 11-15 and issue 12 items 5-6: fusedopt_torch against
+torch.optim where torch's layout, errors or behaviour matter more than the numbers.
+
+CPU cases run everywhere; CUDA cases skip without a GPU. Tests that need torch 2.x options skip on
+older torch (the local CPU torch may be 1.13).
+"""
+
+import copy
+import os
+import re
+import sys
+import warnings
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fusedopt_torch as ft  # noqa: E402
+from test_parity import DEVICES, accepts, max_rel, need_device, reference_class  # noqa: E402
+
+TOL = 1e-5
+
+# (fusedopt class, torch.optim name, kwargs): every torch optimizer fusedopt has, with its options on.
+FAMILIES = [
+    (ft.SGD, "SGD", dict(lr=1e-2)),
+    (ft.SGD, "SGD", dict(lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.1)),
+    (ft.Adam, "Adam", dict(lr=1e-2, amsgrad=True, weight_decay=0.1)),
+    (ft.AdamW, "AdamW", dict(lr=1e-2)),
+    (ft.Adagrad, "Adagrad", dict(lr=1e-2, initial_accumulator_value=0.1, weight_decay=0.1)),
+    (ft.RMSprop, "RMSprop", dict(lr=1e-3, momentum=0.5, centered=True)),
+    (ft.RAdam, "RAdam", dict(lr=1e-2)),
+    (ft.NAdam, "NAdam", dict(lr=1e-2, weight_decay=0.1)),
+    (ft.Adamax, "Adamax", dict(lr=1e-2)),
+    (ft.Adadelta, "Adadelta", dict(lr=0.5)),
+]
+IDS = [f"{c.__name__}-{'-'.join(k for k in kw if k != 'lr') or 'default'}" for c, _, kw in FAMILIES]
+
+
+def torch_cls(name, kwargs):
+    cls = reference_class(name)
+    if cls is None or not accepts(cls, kwargs):
+        pytest.skip(f"torch {torch.__version__}'s {name} lacks an option of {sorted(kwargs)}")
+    extra = dict(foreach=False) if accepts(cls, {"foreach": None}) else {}
+    return lambda p: cls(p, **kwargs, **extra)
+
+
+def run_both(make_ref, make_ours, params_ref, params_ours, grads, steps=20):
+    ref, ours = make_ref(params_ref), make_ours(params_ours)
+    for t in range(steps):
+        for a, b, g in zip(params_ref, params_ours, grads(t)):
+            a.grad = g.clone() if g is not None else None
+            b.grad = g.clone() if g is not None else None
+        ref.step()
+        ours.step()
+    return ref, ours
+
+
+def layout_params(kind, device):
+    """(params built the same way twice, a grad function): non-dense, transposed, channels_last."""
+    g = torch.Generator().manual_seed(0)
+    if kind == "sliced":  # torch's test_forloop_goes_right_direction(contiguous=False): gaps in memory
+        base = [torch.randn(10, 5, 2, generator=g), torch.randn(10, 2, generator=g)]
+
+        def make():
+            return [torch.nn.Parameter(base[0].clone().to(device)[..., 0]), torch.nn.Parameter(
+                base[1].clone().to(device)[..., 0])]
+    elif kind == "transposed":
+        base = [torch.randn(5, 10, generator=g), torch.randn(7, 3, generator=g)]
+
+        def make():
+            return [torch.nn.Parameter(b.clone().to(device).t()) for b in base]
+    else:  # channels_last
+        base = [torch.randn(2, 3, 4, 5, generator=g)]
+
+        def make():
+            return [torch.nn.Parameter(base[0].clone().to(device).contiguous(memory_format=torch.channels_last))]
+    return make
+
+
+# ---- row 11: non-contiguous parameters ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["sliced", "transposed", "channels_last"])
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_noncontiguous_params_match_torch(family, kind, device):
+    """Autograd's gradients (same strides as a dense parameter, contiguous for a sliced one)."""
+    need_device(device)
+    ours_cls, name, kwargs = family
+    torch_cls(name, kwargs)  # skips where the local torch lacks an option
+    make = layout_params(kind, device)
+    a, b = make(), make()
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(p.shape, generator=gen) for _ in range(20) for p in a]
+
+    def backward(params, t):
+        loss = sum((p * inputs[t * len(params) + i].to(device)).sin().sum() for i, p in enumerate(params))
+        loss.backward()
+
+    ref, ours = torch_cls(name, kwargs)(a), ours_cls(b, **kwargs)
+    for t in range(20):
+        ref.zero_grad()
+        ours.zero_grad()
+        backward(a, t)
+        backward(b, t)
+        assert [x.grad.stride() for x in a] == [y.grad.stride() for y in b]
+        ref.step()
+        ours.step()
+    assert max_rel(b, a) <= TOL
+    assert [p.stride() for p in a] == [p.stride() for p in b]  # stepped in place, layout kept
+    if kind != "sliced":
+        assert ours._views == [], "dense parameters with same-strided gradients are stepped in place"
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_gradient_with_other_strides_than_param(family):
+    """A dense parameter whose .grad has other strides (set by hand): stepped as torch does."""
+    ours_cls, name, kwargs = family
+    make_ref = torch_cls(name, kwargs)
+    base = torch.randn(6, 4)
+    a, b = [torch.nn.Parameter(base.clone())], [torch.nn.Parameter(base.clone())]
+    gen = torch.Generator().manual_seed(2)
+    grads = [torch.randn(4, 6, generator=gen).t() for _ in range(10)]  # strides (1, 6) for a (6, 4) param
+    ref, ours = make_ref(a), ours_cls(b, **kwargs)
+    for t in range(10):
+        if t == 5:  # a contiguous gradient again: back to the direct route (still correct either way)
+            grads[t] = grads[t].contiguous()
+        a[0].grad, b[0].grad = grads[t].clone(), grads[t].clone()
+        ref.step()
+        ours.step()
+    assert max_rel(b, a) <= TOL
+
+
+def test_forloop_goes_right_direction_noncontiguous():
+    """PyTorch's test_forloop_goes_right_direction(contiguous=False), which segfaulted: every family."""
+    for ours_cls, _, kwargs in FAMILIES + [(ft.LAMB, None, dict(lr=1e-2)), (ft.Lion, None, dict(lr=1e-3))]:
+        weight = torch.nn.Parameter(torch.randn(10, 5, 2)[..., 0])
+        bias = torch.nn.Parameter(torch.randn(10, 2)[..., 0])
+        inp = torch.randn(5)
+        opt = ours_cls([weight, bias], **kwargs)
+
+        def closure():
+            opt.zero_grad()
+            loss = (weight.mv(inp) + bias).pow(2).sum()
+            loss.backward()
+            return loss
+
+        initial = closure().item()
+        for _ in range(20):
+            closure()
+            opt.step()
+        assert closure().item() < initial, ours_cls.__name__
+
+
+def test_engine_rejects_non_dense_and_undefined_tensors_cleanly():
+    """The cause of the segfault class: set_groups checks every tensor before keeping it."""
+    e = ft.extension().Engine(1)
+    with pytest.raises(RuntimeError, match="not dense"):
+        e.set_groups([([torch.randn(4, 2)[:, 0]], [None], [0])])
+    with pytest.raises(RuntimeError, match="must be dense with the parameter's strides"):
+        e.set_groups([([torch.randn(4, 2)], [[torch.randn(2, 4).t()]], [0])])
+    assert e.plans() == 0
+
+
+# ---- row 12: complex parameters ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_complex_params_step_their_real_view(family, device):
+    """torch's test_complex: a complex optimizer equals one over view_as_real copies, bit for bit,
+    with a real parameter mixed in; and torch's own result where torch runs it."""
+    need_device(device)
+    ours_cls, name, kwargs = family
+    gen = torch.Generator().manual_seed(3)
+    cplx = [torch.randn(10, 5, dtype=torch.complex64, generator=gen).to(device).requires_grad_(),
+            torch.randn(10, dtype=torch.complex64, generator=gen).to(device).requires_grad_(),
+            torch.randn(10, 5, generator=gen).to(device).requires_grad_()]
+    real = [(torch.view_as_real(p) if p.is_complex() else p).detach().clone().requires_grad_() for p in cplx]
+    ref_c = [p.detach().clone().requires_grad_() for p in cplx]
+    o_c, o_r = ours_cls(cplx, **kwargs), ours_cls(real, **kwargs)
+    for _ in range(3):
+        for pc, pr in zip(cplx, real):
+            g = torch.randn(pr.shape, generator=gen).to(device)
+            pr.grad = g
+            pc.grad = torch.view_as_complex(g.clone()) if pc.is_complex() else g.clone()
+        o_c.step()
+        o_r.step()
+    for pc, pr in zip(cplx, real):
+        assert torch.equal(torch.view_as_real(pc) if pc.is_complex() else pc, pr)
+    # torch's layout: complex states, complex Adagrad sum started at (v + vj).
+    for p in cplx[:2]:
+        for k, v in o_c.state[p].items():
+            if k not in ("step", "mu_product"):
+                assert v.is_complex() and v.shape == p.shape, k
+    cls = reference_class(name)
+    if accepts(cls, kwargs):
+        try:
+            ref = cls(ref_c, **kwargs)
+            for pc, pr in zip(cplx, ref_c):
+                pr.grad = None
+            ours2 = ours_cls([p.detach().clone().requires_grad_() for p in ref_c], **kwargs)
+            gen2 = torch.Generator().manual_seed(4)
+            for _ in range(3):
+                for pr, po in zip(ref_c, ours2.param_groups[0]["params"]):
+                    g = torch.randn(pr.shape, dtype=pr.dtype, generator=gen2).to(device)
+                    pr.grad, po.grad = g.clone(), g.clone()
+                ref.step()
+                ours2.step()
+        except (RuntimeError, TypeError) as e:  # older torch without complex support for this optimizer
+            pytest.skip(f"torch {torch.__version__} cannot step complex {name}: {e}")
+        got = [torch.view_as_real(p) if p.is_complex() else p for p in ours2.param_groups[0]["params"]]
+        want = [torch.view_as_real(p) if p.is_complex() else p for p in ref_c]
+        assert max_rel(got, want) <= TOL
+
+
+# ---- row 13: torch's constructor errors -------------------------------------------------------------
+
+# (class, kwargs, exception, message regex): torch 2.11's errors (test_optim.py test_errors /
+# common_optimizers.py error inputs).
+ERRORS = [
+    (ft.Adam, dict(foreach=True, fused=True), RuntimeError, "`fused` and `foreach` cannot be `True` together"),
+    (ft.AdamW, dict(foreach=True, fused=True), RuntimeError, "`fused` and `foreach` cannot be `True` together"),
+    (ft.SGD, dict(foreach=True, fused=True), RuntimeError, "`fused` and `foreach` cannot be `True` together"),
+    (ft.Adagrad, dict(foreach=True, fused=True), RuntimeError, "`fused` and `foreach` cannot be `True` together"),
+    (ft.Adam, dict(fused=True, differentiable=True), RuntimeError, "`fused` does not support `differentiable`"),
+    (ft.AdamW, dict(fused=True, differentiable=True), RuntimeError, "`fused` does not support `differentiable`"),
+    (ft.SGD, dict(fused=True, differentiable=True), RuntimeError, "`fused` does not support `differentiable`"),
+    (ft.Adagrad, dict(fused=True, differentiable=True), RuntimeError, "`fused` does not support `differentiable`"),
+    (ft.Adam, dict(lr=1e-2, betas=(1.0, 0.0)), ValueError, "Invalid beta parameter at index 0: 1.0"),
+    (ft.Adam, dict(lr=1e-2, weight_decay=-1), ValueError, "Invalid weight_decay value: -1"),
+    (ft.Adam, dict(lr=torch.tensor(0.001), foreach=True), ValueError,
+     "lr as a Tensor is not supported for capturable=False and foreach=True"),
+    (ft.Adam, dict(lr=1e-2, betas=(0.9, torch.tensor(0.99))), ValueError,
+     "betas must be either both floats or both Tensors"),
+    (ft.AdamW, dict(lr=1e-2, betas=(torch.tensor(0.9), 0.99)), ValueError,
+     "betas must be either both floats or both Tensors"),
+    (ft.Adam, dict(lr=1e-2, betas=(torch.tensor(0.9), torch.tensor(0.99)), foreach=True), ValueError,
+     r"betas\[0\] as a Tensor is not supported for capturable=False and foreach=True"),
+    (ft.Adam, dict(lr=torch.tensor([0.001, 0.001])), ValueError, "Tensor lr must be 1-element"),
+    (ft.SGD, dict(lr=torch.tensor([0.001, 0.001])), ValueError, "Tensor lr must be 1-element"),
+    (ft.NAdam, dict(lr=torch.tensor([0.001, 0.001])), ValueError, "Tensor lr must be 1-element"),
+    (ft.SGD, dict(lr=1e-2, momentum=-0.5), ValueError, "Invalid momentum value: -0.5"),
+    (ft.Adagrad, dict(lr=1e-2, lr_decay=-0.5), ValueError, "Invalid lr_decay value: -0.5"),
+    (ft.RMSprop, dict(lr=1e-2, momentum=-1.0), ValueError, "Invalid momentum value: -1.0"),
+    (ft.RAdam, dict(lr=1e-2, betas=(1.0, 0.0)), ValueError, "Invalid beta parameter at index 0: 1.0"),
+    (ft.RAdam, dict(lr=1e-2, weight_decay=-1), ValueError, "Invalid weight_decay value: -1"),
+    (ft.Adamax, dict(lr=1e-2, betas=(0.0, 1.0)), ValueError, "Invalid beta parameter at index 1: 1.0"),
+    (ft.Adadelta, dict(lr=1e-2, rho=1.1), ValueError, "Invalid rho value: 1.1"),
+    (ft.NAdam, dict(lr=1e-2, betas=(1.0, 0.0)), ValueError, "Invalid beta parameter at index 0: 1.0"),
+    (ft.NAdam, dict(lr=1e-2, momentum_decay=-0.2), ValueError, "Invalid momentum_decay value: -0.2"),
+]
+
+
+@pytest.mark.parametrize("case", ERRORS, ids=[f"{c.__name__}-{i}" for i, (c, *_rest) in enumerate(ERRORS)])
+def test_constructor_errors_are_torchs(case):
+    cls, kwargs, exc, regex = case
+    params = [torch.nn.Parameter(torch.randn(2, 2))]
+    with pytest.raises(exc, match=regex):
+        cls(params, **kwargs)
+    # Where the local torch knows the option, it raises the same (its messages may be older).
+    ref = getattr(torch.optim, cls.__name__)
+    if accepts(ref, kwargs) and torch.__version__ >= "2.5":
+        with pytest.raises(exc, match=regex):
+            ref(params, **kwargs)
+
+
+def test_fused_flag_alone_and_tensor_betas_without_foreach_are_accepted():
+    p = [torch.nn.Parameter(torch.randn(3))]
+    ft.Adam(p, fused=True)
+    ft.SGD(p, fused=True)
+    opt = ft.Adam(p, lr=torch.tensor(0.01), betas=(torch.tensor(0.9), torch.tensor(0.99)))
+    p[0].grad = torch.ones(3)
+    opt.step()
+
+
+# ---- row 14: the step dtype follows torch.get_default_dtype() ---------------------------------------
+
+
+@pytest.mark.parametrize("cls", [ft.Adam, ft.Adagrad, ft.NAdam, ft.RAdam])
+def test_step_dtype_follows_default_dtype(cls):
+    old = torch.get_default_dtype()
+    try:
+        for default, want in ((torch.float64, torch.float64), (torch.float32, torch.float32)):
+            torch.set_default_dtype(default)
+            p = torch.nn.Parameter(torch.randn(4, dtype=torch.float32))
+            opt = cls([p], lr=1e-2)
+            for _ in range(2):
+                p.grad = torch.randn(4, dtype=torch.float32)
+                opt.step()
+            sd = opt.state_dict()
+            assert sd["state"][0]["step"].dtype == want
+            assert float(sd["state"][0]["step"]) == 2.0
+            if cls is ft.NAdam:
+                assert sd["state"][0]["mu_product"].dtype == want
+    finally:
+        torch.set_default_dtype(old)
+
+
+# ---- row 15: SGD without momentum keeps no state ----------------------------------------------------
+
+
+def test_sgd_without_momentum_keeps_no_state():
+    params = [torch.nn.Parameter(torch.randn(5)) for _ in range(3)]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = ft.SGD(params, lr=0.1), torch.optim.SGD(ref_params, lr=0.1)
+    for _ in range(3):
+        for p, q in zip(params, ref_params):
+            p.grad = torch.ones(5)
+            q.grad = torch.ones(5)
+        opt.step()
+        ref.step()
+    assert len(opt.state) == 0
+    assert opt.state_dict()["state"] == {}
+    if int(torch.__version__.split(".")[0]) >= 2:  # torch 1.13 kept {'momentum_buffer': None} entries
+        assert ref.state_dict()["state"] == {}
+    assert max_rel(params, ref_params) == 0.0
+    # Turning momentum on later creates torch's buffers from the next gradient on.
+    opt.param_groups[0]["momentum"] = 0.9
+    ref.param_groups[0]["momentum"] = 0.9
+    for _ in range(3):
+        for p, q in zip(params, ref_params):
+            p.grad = torch.ones(5)
+            q.grad = torch.ones(5)
+        opt.step()
+        ref.step()
+    assert set(opt.state_dict()["state"][0]) == set(ref.state_dict()["state"][0]) == {"momentum_buffer"}
+    assert max_rel(params, ref_params) <= TOL
+
+
+# ---- issue 12 item 5: NAdam and Adam(decoupled_weight_decay) ----------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nadam_state_layout_and_mu_product(device):
+    need_device(device)
+    make_ref = torch_cls("NAdam", dict(lr=2e-3))
+    a = [torch.nn.Parameter(torch.randn(7, device=device)) for _ in range(3)]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    gen = torch.Generator().manual_seed(5)
+    grads = [[torch.randn(7, generator=gen).to(device) for _ in a] for _ in range(12)]
+    for t in range(12):  # parameter 1 skips steps 3-5: its step and mu_product fall behind
+        for i, g in enumerate(grads[t]):
+            if i == 1 and 3 <= t < 6:
+                grads[t][i] = None
+    ref, ours = run_both(make_ref, lambda p: ft.NAdam(p, lr=2e-3), a, b, lambda t: grads[t], steps=12)
+    assert max_rel(b, a) <= TOL
+    sr, so = ref.state_dict()["state"], ours.state_dict()["state"]
+    for i in range(3):
+        assert set(sr[i]) == set(so[i]) == {"step", "mu_product", "exp_avg", "exp_avg_sq"}
+        assert float(sr[i]["step"]) == float(so[i]["step"])
+        assert sr[i]["mu_product"].dtype == so[i]["mu_product"].dtype
+        assert abs(float(sr[i]["mu_product"]) - float(so[i]["mu_product"])) <= 1e-6 * abs(float(sr[i]["mu_product"]))
+    assert float(so[1]["step"]) == 9.0
+
+
+def test_nadam_changed_betas_split_buckets_by_mu_product():
+    """Two parameters at the same step with different mu_products (beta1 changed while one had no
+    gradient) must not share a bucket: each keeps its own product, as torch keeps it per parameter."""
+    make_ref = torch_cls("NAdam", dict(lr=2e-3))
+    a = [torch.nn.Parameter(torch.randn(5)) for _ in range(2)]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    ref, ours = make_ref(a), ft.NAdam(b, lr=2e-3)
+    gen = torch.Generator().manual_seed(6)
+    schedule = [(0,), (0,), (1,), (1,), (0, 1), (0, 1)]  # parameter 0 steps with beta1 0.9, 1 with 0.8
+    for t, who in enumerate(schedule):
+        beta1 = 0.9 if t < 2 else 0.8
+        for o in (ref, ours):
+            o.param_groups[0]["betas"] = (beta1, 0.999)
+        for i in range(2):
+            g = torch.randn(5, generator=gen) if i in who else None
+            a[i].grad = None if g is None else g.clone()
+            b[i].grad = None if g is None else g.clone()
+        ref.step()
+        ours.step()
+    assert max_rel(b, a) <= TOL
+    mus = [float(ours.state_dict()["state"][i]["mu_product"]) for i in range(2)]
+    assert mus[0] != mus[1]
+
+
+def test_adam_decoupled_weight_decay_is_adamw():
+    a = [torch.nn.Parameter(torch.randn(9)) for _ in range(2)]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    gen = torch.Generator().manual_seed(7)
+    grads = [[torch.randn(9, generator=gen) for _ in a] for _ in range(10)]
+    ref, ours = run_both(lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+                         lambda p: ft.Adam(p, lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True), a, b,
+                         lambda t: grads[t], steps=10)
+    assert max_rel(b, a) <= TOL
+    assert ours.param_groups[0]["decoupled_weight_decay"] is True
+    assert ft.AdamW(b).param_groups[0]["decoupled_weight_decay"] is True
+    # Loading an AdamW state into Adam switches the engine with the groups' option.
+    sd = copy.deepcopy(ours.state_dict())
+    other = ft.Adam([torch.nn.Parameter(p.detach().clone()) for p in b], lr=1e-2, weight_decay=0.1)
+    other.load_state_dict(sd)
+    for p, q in zip(other.param_groups[0]["params"], b):
+        p.grad = torch.ones(9)
+        q.grad = torch.ones(9)
+    other.step()
+    ours.step()
+    assert max_rel(other.param_groups[0]["params"], b) == 0.0
+
+
+# ---- issue 12 item 6: devices, sparse gradients, gradient dtypes ------------------------------------
+
+
+SPARSE = [(ft.Adam, "Adam does not support sparse gradients"), (ft.AdamW, "does not support sparse gradients"),
+          (ft.RMSprop, "RMSprop does not support sparse gradients"), (ft.RAdam, "RAdam does not support sparse"),
+          (ft.NAdam, "NAdam does not support sparse gradients"), (ft.Adamax, "Adamax does not support sparse"),
+          (ft.Adadelta, "Adadelta does not support sparse gradients")]
+
+
+@pytest.mark.parametrize("case", SPARSE, ids=[c.__name__ for c, _ in SPARSE])
+def test_sparse_gradients_raise_torchs_error_and_write_nothing(case):
+    cls, regex = case
+    p, q = torch.nn.Parameter(torch.ones(5)), torch.nn.Parameter(torch.ones(5))
+    opt = cls([p, q])
+    q.grad = torch.ones(5)
+    opt.step()  # plans built: the sparse gradient arrives later
+    before = q.detach().clone()
+    p.grad = torch.ones(5).to_sparse()
+    with pytest.raises(RuntimeError, match=regex):
+        opt.step()
+    assert torch.equal(p.detach(), torch.ones(5)) and torch.equal(q.detach(), before)
+
+
+@pytest.mark.parametrize("cls", [ft.SGD, ft.Adagrad])
+def test_sparse_gradients_of_sgd_adagrad_not_supported(cls):
+    """torch's SGD and Adagrad step sparse gradients; fusedopt says so instead of guessing."""
+    p = torch.nn.Parameter(torch.ones(5))
+    opt = cls([p], lr=0.1)
+    p.grad = torch.ones(5).to_sparse()
+    with pytest.raises(NotImplementedError, match="does not support sparse gradients"):
+        opt.step()
+    assert torch.equal(p.detach(), torch.ones(5))
+
+
+@pytest.mark.parametrize("family", FAMILIES[:4] + FAMILIES[7:8], ids=IDS[:4] + IDS[7:8])
+def test_gradient_of_another_dtype(family):
+    """param.data swapped to float64 after its float32 grad was set (the only way torch allows):
+    torch's behaviour where torch steps it, else torch's kind of error; never wrong memory."""
+    ours_cls, name, kwargs = family
+    make_ref = torch_cls(name, kwargs)
+    a, b = torch.nn.Parameter(torch.randn(6)), None
+    b = torch.nn.Parameter(a.detach().clone())
+    ref, ours = make_ref([a]), ours_cls([b], **kwargs)
+    g = torch.randn(6)
+    for x in (a, b):
+        x.grad = g.clone()
+        x.data = x.data.double()
+    try:
+        ref.step()
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            ours.step()
+        return
+    ours.step()
+    assert b.dtype == torch.float64
+    assert max_rel([b], [a]) <= TOL
+
+
+def test_params_of_one_group_on_cpu_and_cuda():
+    need_device("cuda")
+    base = [torch.randn(8), torch.randn(8)]
+    a = [torch.nn.Parameter(base[0].clone()), torch.nn.Parameter(base[1].clone().cuda())]
+    b = [torch.nn.Parameter(base[0].clone()), torch.nn.Parameter(base[1].clone().cuda())]
+    gen = torch.Generator().manual_seed(8)
+    grads = [[torch.randn(8, generator=gen).to(p.device) for p in a] for _ in range(10)]
+    ref, ours = run_both(lambda p: torch.optim.AdamW(p, lr=1e-2), lambda p: ft.AdamW(p, lr=1e-2), a, b,
+                         lambda t: grads[t], steps=10)
+    assert max_rel([b[0], b[1].cpu()], [a[0], a[1].cpu()]) <= TOL
+    assert ours._engine.plans() == 2  # one bucket per device
+
+
+def test_params_of_one_group_on_two_gpus():
+    need_device("cuda")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU")
+    a = [torch.nn.Parameter(torch.randn(8, device="cuda:0")), torch.nn.Parameter(torch.randn(8, device="cuda:1"))]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    gen = torch.Generator().manual_seed(9)
+    grads = [[torch.randn(8, generator=gen).to(p.device) for p in a] for _ in range(10)]
+    ref, ours = run_both(lambda p: torch.optim.Adam(p, lr=1e-2), lambda p: ft.Adam(p, lr=1e-2), a, b,
+                         lambda t: grads[t], steps=10)
+    assert max_rel([p.cpu() for p in b], [p.cpu() for p in a]) <= TOL
+    assert ours._engine.plans() == 2
+
+
+def test_no_warnings_from_proxies():
+    """Proxies hold gradients of their own: no 'non-leaf .grad' warnings in the user's log."""
+    p = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.complex64))
+    q = torch.nn.Parameter(torch.randn(6, 2)[:, 0])
+    opt = ft.Adam([p, q])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            p.grad, q.grad = torch.randn_like(p), torch.randn_like(q)
+            opt.step()
+    assert re.search("Adam", repr(opt))
