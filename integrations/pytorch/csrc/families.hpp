@@ -106,8 +106,12 @@ class plan_impl final : public plan {
   bool rebind(lists const& tensors, void* stream) override
   {
     auto bound = bind_(tensors);
-    if (!plan_.can_rebind(bound)) { return false; }
-    B::rebind(plan_, bound, stream);
+    try {
+      B::rebind(plan_, bound, stream);  // checks the geometry once on the usual path
+    } catch (fo::error const&) {
+      if (!plan_.can_rebind(bound)) { return false; }  // another geometry: the caller re-plans
+      throw;
+    }
     return true;
   }
 

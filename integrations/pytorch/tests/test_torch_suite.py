@@ -24,6 +24,11 @@ import sys
 import pytest
 import torch
 
+try:
+    import expecttest  # noqa: F401 - torch.testing._internal.common_utils imports it
+except ImportError:
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stubs"))
+
 co = pytest.importorskip("torch.testing._internal.common_optimizers",
                          reason="this torch has no torch.testing._internal.common_optimizers (torch < 2.2)")
 

@@ -476,18 +476,29 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
 {
   std::string const mismatch = geometry_mismatch(lists);
   FUSEDOPT_EXPECTS(mismatch.empty(), "cuda::plan::rebind: " + mismatch + "; make a new plan when the geometry changes");
+  // One pointer query per slot that moved (its first moved tensor) catches pageable memory
+  // as plan construction does, without a query per tensor.
+  static constexpr char const* names[] = {B::slot_type::name...};
   bool moved = false;
+  bool queried[num_slots] = {};
   for (auto const& e : tensors_) {
     auto const t = static_cast<std::size_t>(e.index);
     void* bases[num_slots];
     detail::tensor_bases(lists, t, bases);
-    for (std::size_t k = 0; k < num_slots; ++k) { moved = moved || bases[k] != e.bases[k]; }
+    for (std::size_t k = 0; k < num_slots; ++k) {
+      if (bases[k] == e.bases[k] || queried[k]) { continue; }
+      moved = queried[k] = true;
+      cudaPointerAttributes attributes{};
+      FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, bases[k]));
+      FUSEDOPT_EXPECTS(attributes.type != cudaMemoryTypeUnregistered,
+                       "cuda::plan::rebind: tensor " + std::to_string(t) + " of slot '" + names[k] +
+                         "' is pageable host memory; the CUDA backend needs device, managed or mapped memory");
+    }
   }
   if (!moved) {
     lists_ = lists;  // empty tensors may still have moved; equal lengths: no allocation
     return;
   }
-  detail::check_device_memory(lists);
   if (transport_ == transport::device_table) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
