@@ -25,9 +25,11 @@
 
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "plans.hpp"
@@ -36,6 +38,38 @@ namespace fusedopt_torch {
 namespace {
 
 namespace py = pybind11;
+
+// Error messages are built as std::string and thrown as std::runtime_error (pybind11 makes it a
+// RuntimeError), never through TORCH_CHECK: TORCH_CHECK streams its message parts through an
+// std::ostringstream (c10::str), and streaming an integer there from this extension crashed the
+// process on the GPU machine's torch 2.11 (SIGSEGV in std::ostream::_M_insert<unsigned long>,
+// the segmentation fault of issue 15 row 11).
+inline std::string text(char const* s) { return s; }
+inline std::string text(std::string const& s) { return s; }
+template <class I, std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int> = 0>
+std::string text(I value)
+{
+  return std::to_string(value);
+}
+inline std::string text(at::IntArrayRef values)
+{
+  std::string out = "[";
+  for (std::size_t k = 0; k < values.size(); ++k) { out += (k ? ", " : "") + std::to_string(values[k]); }
+  return out + "]";
+}
+inline std::string text(at::ScalarType t) { return c10::toString(t); }
+inline std::string text(c10::Device const& d) { return d.str(); }
+
+template <class... Parts>
+[[noreturn]] void fail(Parts const&... parts)
+{
+  throw std::runtime_error((std::string() + ... + text(parts)));
+}
+
+#define FUSEDOPT_TORCH_CHECK(condition, ...)               \
+  do {                                                     \
+    if (!(condition)) { ::fusedopt_torch::fail(__VA_ARGS__); } \
+  } while (0)
 
 // Order of the hyperparameter tuple Python passes for each group (fusedopt_torch/optimizers.py's _hyper).
 enum hyper_index : int {
@@ -68,7 +102,7 @@ enum flag_bits : int {
 
 hyper to_hyper(std::vector<double> const& v)
 {
-  TORCH_CHECK(v.size() == h_count, "fusedopt_torch: a group's hyperparameters have ", v.size(), " entries, expected ",
+  FUSEDOPT_TORCH_CHECK(v.size() == h_count, "fusedopt_torch: a group's hyperparameters have ", v.size(), " entries, expected ",
               static_cast<int>(h_count));
   hyper h;
   h.lr = v[h_lr];
@@ -114,7 +148,9 @@ dtype dtype_of(at::Tensor const& t)
     case at::kDouble: return dtype::f64;
     case at::kHalf: return dtype::f16;
     case at::kBFloat16: return dtype::bf16;
-    default: TORCH_CHECK_TYPE(false, "fusedopt_torch: parameters must be float32, float64, float16 or bfloat16, not ", t.scalar_type());
+    default:
+      throw py::type_error("fusedopt_torch: parameters must be float32, float64, float16 or bfloat16, not " +
+                           text(t.scalar_type()));
   }
   return dtype::f32;
 }
@@ -149,15 +185,15 @@ struct group_data {
 
 void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* what, std::size_t index)
 {
-  TORCH_CHECK(t.defined(), "fusedopt_torch: parameter ", index, ": ", what, " is undefined");
-  TORCH_CHECK(!t.is_sparse(), "fusedopt_torch does not support sparse gradients (parameter ", index, ")");
-  TORCH_CHECK(t.scalar_type() == p.scalar_type(), "fusedopt_torch: parameter ", index, " is ", p.scalar_type(),
+  FUSEDOPT_TORCH_CHECK(t.defined(), "fusedopt_torch: parameter ", index, ": ", what, " is undefined");
+  FUSEDOPT_TORCH_CHECK(!t.is_sparse(), "fusedopt_torch does not support sparse gradients (parameter ", index, ")");
+  FUSEDOPT_TORCH_CHECK(t.scalar_type() == p.scalar_type(), "fusedopt_torch: parameter ", index, " is ", p.scalar_type(),
               " but its ", what, " is ", t.scalar_type());
-  TORCH_CHECK(t.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(), " but its ", what,
+  FUSEDOPT_TORCH_CHECK(t.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(), " but its ", what,
               " is on ", t.device());
-  TORCH_CHECK(t.sizes() == p.sizes(), "fusedopt_torch: parameter ", index, " has shape ", p.sizes(), " but its ",
+  FUSEDOPT_TORCH_CHECK(t.sizes() == p.sizes(), "fusedopt_torch: parameter ", index, " has shape ", p.sizes(), " but its ",
               what, " has shape ", t.sizes());
-  TORCH_CHECK(t.is_non_overlapping_and_dense() && t.strides() == p.strides(), "fusedopt_torch: parameter ", index,
+  FUSEDOPT_TORCH_CHECK(t.is_non_overlapping_and_dense() && t.strides() == p.strides(), "fusedopt_torch: parameter ", index,
               ": its ", what,
               " must be dense with the parameter's strides (an elementwise step runs over the memory of each tensor)");
 }
@@ -173,7 +209,7 @@ class engine {
     std::vector<group_data> next(groups.size());
     for (std::size_t g = 0; g < groups.size(); ++g) {
       auto const& [params, states, steps] = groups[g];
-      TORCH_CHECK(params.size() == states.size() && params.size() == steps.size(),
+      FUSEDOPT_TORCH_CHECK(params.size() == states.size() && params.size() == steps.size(),
                   "fusedopt_torch: set_groups: lists of different lengths");
       auto& d = next[g];
       d.params = params;
@@ -181,10 +217,10 @@ class engine {
       d.states.resize(params.size());
       d.has_state.assign(params.size(), 0);
       for (std::size_t i = 0; i < params.size(); ++i) {
-        TORCH_CHECK(params[i].defined(), "fusedopt_torch: parameter ", i, " of group ", g, " is undefined");
-        TORCH_CHECK(params[i].layout() == at::kStrided, "fusedopt_torch: parameter ", i, " of group ", g,
-                    " is not a strided tensor (", params[i].layout(), ")");
-        TORCH_CHECK(params[i].is_non_overlapping_and_dense(), "fusedopt_torch: parameter ", i, " of group ", g,
+        FUSEDOPT_TORCH_CHECK(params[i].defined(), "fusedopt_torch: parameter ", i, " of group ", g, " is undefined");
+        FUSEDOPT_TORCH_CHECK(params[i].layout() == at::kStrided, "fusedopt_torch: parameter ", i, " of group ", g,
+                    " is not a strided tensor");
+        FUSEDOPT_TORCH_CHECK(params[i].is_non_overlapping_and_dense(), "fusedopt_torch: parameter ", i, " of group ", g,
                     " is not dense (fusedopt steps the memory of each tensor as one flat array)");
         dtype_of(params[i]);
         if (states[i]) {
@@ -201,7 +237,7 @@ class engine {
   /// create states (a parameter got its first gradient, or the layout changed).
   bool step(std::vector<std::vector<double>> const& hypers)
   {
-    TORCH_CHECK(hypers.size() == groups_.size(), "fusedopt_torch: ", hypers.size(), " groups of hyperparameters for ",
+    FUSEDOPT_TORCH_CHECK(hypers.size() == groups_.size(), "fusedopt_torch: ", hypers.size(), " groups of hyperparameters for ",
                 groups_.size(), " parameter groups");
     hyper_.resize(hypers.size());
     for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -264,10 +300,10 @@ class engine {
   /// (default dtype float32), so every product is rounded to float as torch's `mu_product *= mu` does.
   void set_mu_products(std::vector<std::vector<double>> const& values, bool single)
   {
-    TORCH_CHECK(values.size() == groups_.size(), "fusedopt_torch: set_mu_products: ", values.size(),
+    FUSEDOPT_TORCH_CHECK(values.size() == groups_.size(), "fusedopt_torch: set_mu_products: ", values.size(),
                 " groups for ", groups_.size());
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      TORCH_CHECK(values[g].size() == groups_[g].params.size(), "fusedopt_torch: set_mu_products: group ", g,
+      FUSEDOPT_TORCH_CHECK(values[g].size() == groups_[g].params.size(), "fusedopt_torch: set_mu_products: group ", g,
                   " has ", groups_[g].params.size(), " parameters, not ", values[g].size());
       groups_[g].mu_products = values[g];
       groups_[g].built = false;  // buckets are keyed by it
@@ -335,7 +371,7 @@ class engine {
       for (auto const& s : d.states[i]) { check_same_layout(p, s, "state", i); }
       d.grad_ptrs[i] = gr.data_ptr();
       int const device = p.is_cuda() ? p.get_device() : -1;
-      TORCH_CHECK(p.is_cuda() || p.is_cpu(), "fusedopt_torch: parameter ", i, " is on ", p.device(),
+      FUSEDOPT_TORCH_CHECK(p.is_cuda() || p.is_cpu(), "fusedopt_torch: parameter ", i, " is on ", p.device(),
                   "; CPU and CUDA tensors are supported");
       double const mu = d.mu_products.empty() ? 1.0 : d.mu_products[i];
       keys[{device, static_cast<int>(dtype_of(p)), d.steps[i], mu}].push_back(static_cast<int>(i));
@@ -352,7 +388,7 @@ class engine {
       for (int i : b.members) {
         auto const u = static_cast<std::size_t>(i);
         at::Tensor const& p = d.params[u];
-        TORCH_CHECK(d.states[u].size() == states, "fusedopt_torch: parameter ", i, " has ", d.states[u].size(),
+        FUSEDOPT_TORCH_CHECK(d.states[u].size() == states, "fusedopt_torch: parameter ", i, " has ", d.states[u].size(),
                     " state tensors, expected ", states);
         x.sizes.push_back(p.numel());
         x.param.push_back(p.data_ptr());
@@ -368,11 +404,11 @@ class engine {
           c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
           b.p = make_cuda_plan(family_, t, d.lay, x, at::cuda::getCurrentCUDAStream(b.device).stream());
 #else
-          TORCH_CHECK(false, "fusedopt_torch was built without CUDA; parameters are on cuda:", b.device);
+          fail("fusedopt_torch was built without CUDA; parameters are on cuda:", b.device);
 #endif
         }
       } catch (fusedopt::error const& e) {
-        TORCH_CHECK(false, e.what());
+        fail(e.what());
       }
       b.tensors = std::move(x);
       d.buckets.push_back(std::move(b));
@@ -426,7 +462,7 @@ class engine {
 #endif
         }
       } catch (fusedopt::error const& e) {
-        TORCH_CHECK(false, e.what());
+        fail(e.what());
       }
       if (!rebound) {
         rebuild(g);

@@ -243,7 +243,8 @@ class FusedOptimizer(Optimizer):
         if isinstance(old, torch.Tensor) and old.numel() == 1 and old.is_floating_point():
             old.fill_(value)
         else:
-            state[key] = torch.tensor(float(value), dtype=_scalar_dtype())
+            device = p.device if key == self._mu_key else None  # torch's places: see _rebuild
+            state[key] = torch.tensor(float(value), dtype=_scalar_dtype(), device=device)
 
     def _set_step(self, p, value):
         if self._step_key is not None:
@@ -381,7 +382,8 @@ class FusedOptimizer(Optimizer):
                     if self._step_key is not None and self._step_key not in state:
                         state[self._step_key] = torch.tensor(0.0, dtype=_scalar_dtype())
                     if self._mu_key is not None and self._mu_key not in state:
-                        state[self._mu_key] = torch.tensor(1.0, dtype=_scalar_dtype())
+                        # torch keeps mu_product on the parameter's device (step on the CPU)
+                        state[self._mu_key] = torch.tensor(1.0, dtype=_scalar_dtype(), device=p.device)
                     # A state tensor created now starts from the first step (SGD's buffer).
                     step = 0 if fresh and self._step_key is None else self._get_step(p, group, state)
                     if self._step_key is None:
