@@ -277,16 +277,16 @@ TEMPLATE_TEST_CASE("a global norm of float gradients whose squares overflow floa
   // in double, the others stay in float as before.
   double const expected = exact_norm(g);
   REQUIRE(std::isfinite(total));
-  CHECK(total == Approx(expected).epsilon(1e-6));
+  CHECK(total == fusedopt_test::Approx(expected).epsilon(1e-6));
   CHECK(nonfinite == 0);
-  CHECK(per_tensor[0] == Approx(exact_norm(std::vector<T>(g.begin(), g.begin() + 10))).epsilon(1e-6));
-  CHECK(per_tensor[1] == Approx(exact_norm(std::vector<T>(g.begin() + 10, g.end()))).epsilon(1e-6));
+  CHECK(per_tensor[0] == fusedopt_test::Approx(exact_norm(std::vector<T>(g.begin(), g.begin() + 10))).epsilon(1e-6));
+  CHECK(per_tensor[1] == fusedopt_test::Approx(exact_norm(std::vector<T>(g.begin() + 10, g.end()))).epsilon(1e-6));
   // Every gradient scaled by max_norm / (norm + 1e-6), not zeroed: param = -g * coefficient.
   double const coefficient = 1.0 / (expected + 1e-6);
   for (std::size_t i = 0; i < g.size(); ++i) {
     double const want = -static_cast<double>(static_cast<float>(g[i])) * coefficient;
     INFO("element " << i);
-    CHECK(p[i] == Approx(want).epsilon(1e-6).margin(1e-30));
+    CHECK(p[i] == fusedopt_test::Approx(want).epsilon(1e-6).margin(1e-30));
   }
   CHECK(p[3] < -0.9f);
 }
