@@ -163,6 +163,67 @@ TEST_CASE("AMP: a non-finite gradient among 3000 tensors skips the step, bit for
   CHECK(device_scaler.value().step == good_steps);
 }
 
+TEST_CASE("GradScaler's fused protocol: divide_gradients and skip_if_set equal the host bit for bit", "[cuda][amp]")
+{
+  // torch's fused optimizers under GradScaler: grad / grad_scale, the step skipped where
+  // found_inf is set when it starts (no pass over the gradients), the step count taken back.
+  struct fused_amp {
+    float grad_scale;
+    float found_inf;
+    std::int64_t step;
+  };
+  std::size_t const count = quick() ? 600 : 3000;
+  auto const sizes = many_sizes(count, 91);
+  adam_problem p(sizes, shift::same, 92);
+  fused_amp host_state{3000.f, 0.f, 0};  // a scale that is not a power of two: the quotient's rounding shows
+  device_array<fused_amp> device_state(1);
+  device_state.set(host_state);
+  auto const rule_over = [](fused_amp* s) {
+    fo::rules::adamw opt;
+    opt.lr = 1e-2;
+    opt.weight_decay = 0.1;
+    return fo::chain(fo::rules::divide_gradients{&s->grad_scale}, fo::rules::skip_if_set(opt, &s->found_inf));
+  };
+  auto const host_rule = rule_over(&host_state);
+  auto const device_rule = rule_over(device_state.get());
+  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(device_rule)>> == 0);
+  auto host_plan = fo::host::make_plan(p.lists(false));
+  auto const device_plan = fo::cuda::make_plan(p.lists(true));
+  fo::step_info host_step{fo::scalar<std::int64_t>::from_pointer(&host_state.step)};
+  host_step.advance = &host_state.step;
+  fo::step_info device_step{fo::scalar<std::int64_t>::from_pointer(&device_state.get()->step)};
+  device_step.advance = &device_state.get()->step;
+
+  std::int64_t good_steps = 0;
+  for (int s = 0; s < 6; ++s) {
+    bool const skip = s == 1 || s == 2 || s == 4;
+    INFO("step " << s << (skip ? " (found_inf set)" : ""));
+    p.refresh_inputs();
+    host_state.found_inf = skip ? 1.f : 0.f;
+    fused_amp now = device_state.value();
+    now.found_inf = host_state.found_inf;
+    device_state.set(now);
+    auto const before = device_bytes(p, std::make_index_sequence<4>{});
+    host_plan.run(host_rule, host_step);
+    device_plan.run(device_rule, device_step);
+    FO_TEST_CUDA(cudaDeviceSynchronize());
+    p.require_same_bits("fused amp step");
+    now = device_state.value();
+    if (skip) {
+      auto const after = device_bytes(p, std::make_index_sequence<4>{});
+      for (std::size_t k : {std::size_t{0}, std::size_t{2}, std::size_t{3}}) {
+        INFO("slot " << k);
+        REQUIRE(after[k] == before[k]);
+      }
+    } else {
+      ++good_steps;
+    }
+    CHECK(now.step == good_steps);
+    CHECK(host_state.step == good_steps);
+    CHECK(now.found_inf == host_state.found_inf);  // read, never written
+  }
+}
+
 TEST_CASE("grad_scaler_update alone (an after-step hook, no pass) runs through plans and apply", "[cuda][amp]")
 {
   std::vector<std::int64_t> sizes{10, 0, 33};

@@ -490,6 +490,58 @@ TEMPLATE_TEST_CASE("with finite gradients the AMP step equals unscaling then the
   }
 }
 
+TEMPLATE_TEST_CASE("GradScaler's fused protocol: divide_gradients and skip_if_set follow torch's fused Adam", "[amp]",
+                   float, double)
+{
+  // torch's fused Adam under GradScaler: grad / grad_scale (in double, rounded to the compute
+  // type), the whole step skipped when found_inf is set when the step starts (no pass over the
+  // gradients: the scaler checked them), and a skipped step does not count.
+  using P = TestType;
+  amp_model<P, P, P> a, b;
+  a.g.fill(a.rng, -1000, 1000);
+  b.g = a.g;
+  float const grad_scale = 3000.f;  // not a power of two: the quotient's rounding shows
+  for (auto& t : b.g.data) {
+    for (auto& x : t) {
+      x = static_cast<P>(static_cast<double>(x) / grad_scale);
+    }
+  }
+  float found_inf = 0.f;
+  std::int64_t counter = 0;
+  fo::step_info info;
+  info.step = fo::scalar<std::int64_t>::from_pointer(&counter);
+  info.advance = &counter;
+  auto const amp_step = fo::chain(fo::rules::divide_gradients{&grad_scale},
+                                  fo::rules::skip_if_set(amsgrad_adamw(), fo::flag_pointer(&found_inf)));
+  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(amp_step)>> == 0);
+  auto plan_a = fo::host::make_plan(a.lists());
+  auto plan_b = fo::host::make_plan(b.lists());
+  std::int64_t expected_step = 0;
+  for (int call = 1; call <= 5; ++call) {
+    bool const skip = call == 2 || call == 3;
+    found_inf = skip ? 1.f : 0.f;
+    auto const before = a.memory();
+    plan_a.run(amp_step, info);
+    if (skip) {
+      REQUIRE(same(a.memory(), before));
+    } else {
+      ++expected_step;
+      plan_b.run(amsgrad_adamw(), fo::step_info{expected_step});
+      REQUIRE(same(a.memory(), b.memory()));
+    }
+    REQUIRE(counter == expected_step);
+    REQUIRE(found_inf == (skip ? 1.f : 0.f));  // read, never written
+  }
+  // No scale and no flag: the plain rule's bits.
+  auto const plain = fo::chain(fo::rules::divide_gradients{}, fo::rules::skip_if_set(amsgrad_adamw(), nullptr));
+  amp_model<P, P, P> c;
+  c.g = a.g;
+  auto d = c;
+  fo::host::make_plan(c.lists()).run(plain, fo::step_info{3});
+  fo::host::make_plan(d.lists()).run(amsgrad_adamw(), fo::step_info{3});
+  REQUIRE(same(c.memory(), d.memory()));
+}
+
 TEST_CASE("skip_if_nonfinite around a reducing rule (lamb), with clipping in front and the scaler after", "[amp]")
 {
   auto const sizes = sizes_of(200, 8, 300);

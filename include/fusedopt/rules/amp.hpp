@@ -298,6 +298,96 @@ FUSEDOPT_HOST_DEVICE skip_step_if_nonfinite<Inner> skip_if_nonfinite(Inner const
   return s;
 }
 
+/// @brief grad /= *grad_scale, in registers, as torch's fused optimizers unscale under
+/// GradScaler's fused protocol (`optimizer.grad_scale`, the scaler's float scale tensor): the
+/// quotient is taken in double and rounded to the element's compute type, torch's bits. A null
+/// `grad_scale` leaves the gradients as they are (x / 1 is exact). The stored gradients are not
+/// changed (torch's fused kernels write the unscaled gradient back; bind nothing for that here).
+struct divide_gradients {
+  float const* grad_scale = nullptr;
+
+  using reads = slots<slot::grad_t>;
+  using writes = slots<>;
+
+  struct prepared {
+    double scale;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      using T = typename E::value_type;
+      e[slot::grad] = static_cast<T>(static_cast<double>(e[slot::grad]) / scale);
+    }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const
+  {
+    return {grad_scale != nullptr ? static_cast<double>(*grad_scale) : 1.0};
+  }
+};
+
+/// @brief The block behind skip_if_set: sets the register `slot::skip_step` from a flag that is
+/// already known when the step starts (torch's `found_inf` under GradScaler's fused protocol,
+/// written by the scaler's own non-finite check), so no reduction pass is needed. After a
+/// skipped step with `step_info::advance` set, it takes back the backend's increment of the
+/// step count, as torch's fused Adam subtracts found_inf from its step tensors.
+struct read_skip_flag {
+  flag_pointer flag{};
+
+  using reads = slots<>;
+  using writes = slots<>;
+  using registers = slots<slot::skip_step_t>;
+
+  struct prepared {
+    bool skip;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      e[slot::skip_step] = skip ? typename E::value_type(1) : typename E::value_type(0);
+    }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {flag.get()}; }
+
+  /// Runs once per step (a single thread on the GPU), after every element was updated.
+  FUSEDOPT_HOST_DEVICE void after_step(reduced const&, step_info const& step) const
+  {
+    if (flag.get() && step.advance != nullptr) { --*step.advance; }
+  }
+};
+
+/// @brief `inner`, skipped (every parameter and state unchanged, as skip_step_if_nonfinite
+/// describes) in a step where `*flag` is set when the step starts; unlike
+/// skip_step_if_nonfinite it reads no gradient to decide: the flag comes from elsewhere (torch's
+/// GradScaler computes `found_inf` before `optimizer.step`). Build it with skip_if_set(inner, flag).
+template <class Inner>
+struct skip_step_if_set : chained<skip_step_if_set<Inner>, chain_rule<read_skip_flag, detail::guard_t<Inner>>> {
+  using base = chained<skip_step_if_set<Inner>, chain_rule<read_skip_flag, detail::guard_t<Inner>>>;
+  using typename base::chain_type;
+  /// What the chain reads, and every slot it writes: a skipped step stores loaded values.
+  using reads = typename fusedopt::detail::merge_declared<typename chain_type::reads, typename chain_type::writes>::type;
+
+  Inner inner{};
+  flag_pointer flag{};
+
+  FUSEDOPT_HOST_DEVICE chain_type as_chain() const { return fusedopt::chain(read_skip_flag{flag}, detail::guard(inner)); }
+
+  /// @brief Checks `inner`'s options (with its own validate, if it has one).
+  template <class Bound>
+  void validate(Bound bound) const
+  {
+    fusedopt::detail::validate_rule(inner, bound);
+  }
+};
+
+/// @brief `inner`, skipped in any step that starts with `*flag` set (float* or int32*; a null
+/// flag never skips). The flag is only read: nothing clears it.
+template <class Inner>
+FUSEDOPT_HOST_DEVICE skip_step_if_set<Inner> skip_if_set(Inner const& inner, flag_pointer flag)
+{
+  skip_step_if_set<Inner> s{};
+  s.inner = inner;
+  s.flag = flag;
+  return s;
+}
+
 /// @brief torch.amp.GradScaler.update() on the device, once per step after the update:
 /// with `*found_inf` set, scale *= backoff_factor and growth_tracker = 0; otherwise
 /// growth_tracker + 1 consecutive good steps, and when that reaches growth_interval,

@@ -158,7 +158,10 @@ dtype dtype_of(at::Tensor const& t)
 struct bucket {
   std::vector<int> members;  // indices into the group's parameters
   int device = -1;           // -1: CPU (host backend), else the CUDA device index
-  std::int64_t step = 0;     // the members' step count before the next step
+  std::int64_t step = 0;     // the members' step count before the next step (see counter)
+  // When set (int64 scalar on the bucket's device): the count lives there instead of `step`,
+  // advanced by the run and taken back by a step GradScaler skips (found_inf) on the device.
+  at::Tensor counter;
   lists tensors;             // the addresses the plan is bound to (members in order)
   double mu_product = 1.0;   // NAdam: the members' state['mu_product'] before the next step
   std::unique_ptr<plan> p;
@@ -234,9 +237,19 @@ class engine {
   }
 
   /// One step of every group. Returns false, having changed nothing, when Python must first
-  /// create states (a parameter got its first gradient, or the layout changed).
-  bool step(std::vector<std::vector<double>> const& hypers)
+  /// create states (a parameter got its first gradient, or the layout changed). `grad_scale`
+  /// and `found_inf`: GradScaler's fused protocol (torch's optimizer.grad_scale / found_inf,
+  /// one-element float tensors), for families with supports_amp only.
+  bool step(std::vector<std::vector<double>> const& hypers, c10::optional<at::Tensor> const& grad_scale,
+            c10::optional<at::Tensor> const& found_inf)
   {
+    bool const amp = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
+    if (amp) {
+      FUSEDOPT_TORCH_CHECK(supports_amp(family_),
+                           "fusedopt_torch: this optimizer does not take GradScaler's grad_scale and found_inf");
+      check_amp_tensor(grad_scale, "grad_scale");
+      check_amp_tensor(found_inf, "found_inf");
+    }
     FUSEDOPT_TORCH_CHECK(hypers.size() == groups_.size(), "fusedopt_torch: ", hypers.size(), " groups of hyperparameters for ",
                 groups_.size(), " parameter groups");
     hyper_.resize(hypers.size());
@@ -277,7 +290,14 @@ class engine {
         rebind(g);
       }
     }
-    for (std::size_t g = 0; g < groups_.size(); ++g) { run(g); }
+    if (amp && !counted_on_device_) {
+      // From now on every bucket keeps its count in its own memory: a skipped step is only
+      // known there. Reading a count back (state_dict, a rebuild) synchronises.
+      counted_on_device_ = true;
+    }
+    amp_tensors_.clear();
+    for (std::size_t g = 0; g < groups_.size(); ++g) { run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr); }
+    amp_tensors_.clear();
     return true;
   }
 
@@ -342,7 +362,8 @@ class engine {
   // Bucket step counts back into the per-parameter counts.
   static void flush(group_data& d)
   {
-    for (auto const& b : d.buckets) {
+    for (auto& b : d.buckets) {
+      if (b.counter.defined()) { b.step = b.counter.item<std::int64_t>(); }  // synchronises
       for (int i : b.members) { d.steps[static_cast<std::size_t>(i)] = b.step; }
       if (!d.mu_products.empty()) {
         for (int i : b.members) { d.mu_products[static_cast<std::size_t>(i)] = b.mu_product; }
@@ -485,28 +506,54 @@ class engine {
   }
 #endif
 
-  void run(std::size_t g)
+  static void check_amp_tensor(c10::optional<at::Tensor> const& t, char const* name)
+  {
+    if (!t || !t->defined()) { return; }
+    FUSEDOPT_TORCH_CHECK(t->numel() == 1 && t->is_floating_point(), "fusedopt_torch: ", name,
+                         " must be a one-element floating-point tensor");
+  }
+
+  /// GradScaler's tensor `t` as a float32 scalar in the memory of bucket `b` (a copy when it
+  /// lives elsewhere or in another dtype, kept until the step ends); null when absent.
+  float const* amp_pointer(c10::optional<at::Tensor> const* t, bucket const& b)
+  {
+    if (t == nullptr || !*t || !(*t)->defined()) { return nullptr; }
+    at::Device const device = b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
+    at::Tensor const& x = **t;
+    if (x.device() == device && x.scalar_type() == at::kFloat) { return x.data_ptr<float>(); }
+    amp_tensors_.push_back(x.to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/false).contiguous());
+    return amp_tensors_.back().data_ptr<float>();
+  }
+
+  void run(std::size_t g, c10::optional<at::Tensor> const* grad_scale, c10::optional<at::Tensor> const* found_inf)
   {
     auto& d = groups_[g];
     for (auto& b : d.buckets) {
       std::int64_t const next = b.step + 1;
       try {
         hyper const& h = bucket_hyper(g, b);
+        amp_inputs amp;
+        amp.grad_scale = amp_pointer(grad_scale, b);
+        amp.found_inf = amp_pointer(found_inf, b);
+        step_count count;
+        count.value = next;
         if (b.device < 0) {
-          b.p->run(h, next, nullptr);
+          if (counted_on_device_) { count.counter = counter_of(b); }
+          b.p->run(h, count, amp, nullptr);
         } else {
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
           c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
           auto const stream = at::cuda::getCurrentCUDAStream(b.device);
           follow_stream(b, stream);
-          b.p->run(h, next, stream.stream());
+          if (counted_on_device_) { count.counter = counter_of(b); }
+          b.p->run(h, count, amp, stream.stream());
 #endif
         }
       } catch (fusedopt::error const& e) {
         // Options the rule rejects (checked before anything is written): torch raises ValueError.
         throw py::value_error(e.what());
       }
-      b.step = next;
+      b.step = next;  // not read while b.counter is set
       if (family_ == family::nadam) { b.mu_product = advance_mu_product(b.mu_product, hyper_[g], next); }
       // In-place writes bypass autograd's version counters: bump them as torch's ops would.
       for (int i : b.members) { d.params[static_cast<std::size_t>(i)].unsafeGetTensorImpl()->bump_version(); }
@@ -514,6 +561,17 @@ class engine {
   }
 
   enum change : char { unchanged, addresses_moved, members_changed };
+
+  /// The bucket's counter in its memory (made from its count the first time, on the current stream).
+  static std::int64_t* counter_of(bucket& b)
+  {
+    if (!b.counter.defined()) {
+      auto const device =
+        b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
+      b.counter = at::full({}, b.step, at::TensorOptions().dtype(at::kLong).device(device));
+    }
+    return b.counter.data_ptr<std::int64_t>();
+  }
 
   /// The hyperparameters of bucket `b` of group `g`: the group's, with NAdam's per-bucket mu_product.
   hyper const& bucket_hyper(std::size_t g, bucket const& b)
@@ -540,6 +598,8 @@ class engine {
   bool mu_single_ = true;
   std::vector<hyper> hyper_;
   std::vector<change> changed_;
+  bool counted_on_device_ = false;  // step counts in the buckets' memory (since GradScaler's first fused step)
+  std::vector<at::Tensor> amp_tensors_;  // this step's copies of GradScaler's tensors
   std::int64_t rebuilds_ = 0;
   std::int64_t rebinds_ = 0;
 };
@@ -555,7 +615,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   py::class_<engine>(m, "Engine")
     .def(py::init<int>(), py::arg("family"))
     .def("set_groups", &engine::set_groups, py::arg("groups"))
-    .def("step", &engine::step, py::arg("hypers"))
+    .def("step", &engine::step, py::arg("hypers"), py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none())
     .def("steps", &engine::steps)
     .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
     .def("mu_products", &engine::mu_products)

@@ -7,14 +7,14 @@
 /// `run(plan, rule, step_info, void* stream)` and `rebind(plan, bound_lists, void* stream)`.
 #pragma once
 
-// The headers used, not fusedopt.hpp: that one includes version.hpp, which CMake generates
-// and a torch.utils.cpp_extension build does not have.
+// The headers used, not the umbrella fusedopt.hpp: each .cu compiles only what it needs.
 #include <fusedopt/bind.hpp>
 #include <fusedopt/chain.hpp>
 #include <fusedopt/rules/adadelta.hpp>
 #include <fusedopt/rules/adagrad.hpp>
 #include <fusedopt/rules/adam.hpp>
 #include <fusedopt/rules/adamax.hpp>
+#include <fusedopt/rules/amp.hpp>
 #include <fusedopt/rules/lamb.hpp>
 #include <fusedopt/rules/lion.hpp>
 #include <fusedopt/rules/nadam.hpp>
@@ -97,10 +97,25 @@ template <class B, class Plan, class Bind, class Build>
 class plan_impl final : public plan {
  public:
   plan_impl(Plan p, Bind bind, Build build) : plan_(std::move(p)), bind_(bind), build_(build) {}
-  void run(hyper const& h, std::int64_t step, void* stream) const override
+  void run(hyper const& h, step_count step, amp_inputs amp, void* stream) const override
   {
     fo::step_info info;
-    info.step = step;
+    info.step = step.value;
+    if (step.counter != nullptr) {
+      info.step = fo::scalar<std::int64_t>::from_pointer(step.counter);
+      info.advance = step.counter;
+    }
+    if constexpr (Build::amp) {
+      if (amp.any()) {
+        // torch's fused kernels: grad / grad_scale, and nothing written when found_inf is set.
+        auto const flag = fo::flag_pointer(const_cast<float*>(amp.found_inf));  // only read
+        B::run(plan_, fo::chain(rules::divide_gradients{amp.grad_scale}, rules::skip_if_set(build_(h), flag)), info,
+               stream);
+        return;
+      }
+    } else {
+      FUSEDOPT_EXPECTS(!amp.any(), "fusedopt_torch: this optimizer does not take GradScaler's grad_scale and found_inf");
+    }
     B::run(plan_, build_(h), info, stream);
   }
   bool rebind(lists const& tensors, void* stream) override
@@ -258,41 +273,54 @@ inline rules::nadam nadam_rule(hyper const& h)
   return r;
 }
 
-// Captureless lambdas: trivially copyable, stored in the plan.
+// Captureless lambdas: trivially copyable, stored in the plan. `amp`: the family takes
+// GradScaler's fused protocol (supports_amp), so its plans also instantiate the AMP rule.
 struct build_sgd {
+  static constexpr bool amp = true;
   rules::sgd operator()(hyper const& h) const { return sgd_rule(h); }
 };
 struct build_adam {
+  static constexpr bool amp = true;
   rules::adam operator()(hyper const& h) const { return adam_rule<rules::adam>(h); }
 };
 struct build_adamw {
+  static constexpr bool amp = true;
   rules::adamw operator()(hyper const& h) const { return adam_rule<rules::adamw>(h); }
 };
 struct build_adagrad {
+  static constexpr bool amp = true;
   rules::adagrad operator()(hyper const& h) const { return adagrad_rule(h); }
 };
 struct build_rmsprop {
+  static constexpr bool amp = false;
   rules::rmsprop operator()(hyper const& h) const { return rmsprop_rule(h); }
 };
 struct build_lamb {
+  static constexpr bool amp = false;
   rules::lamb operator()(hyper const& h) const { return lamb_rule(h); }
 };
 struct build_clipped_lamb {
+  static constexpr bool amp = false;
   auto operator()(hyper const& h) const { return fo::chain(rules::clip_by_global_norm{h.max_grad_norm}, lamb_rule(h)); }
 };
 struct build_lion {
+  static constexpr bool amp = false;
   rules::lion operator()(hyper const& h) const { return lion_rule(h); }
 };
 struct build_radam {
+  static constexpr bool amp = false;
   rules::radam operator()(hyper const& h) const { return radam_rule(h); }
 };
 struct build_adamax {
+  static constexpr bool amp = false;
   rules::adamax operator()(hyper const& h) const { return adamax_rule(h); }
 };
 struct build_adadelta {
+  static constexpr bool amp = false;
   rules::adadelta operator()(hyper const& h) const { return adadelta_rule(h); }
 };
 struct build_nadam {
+  static constexpr bool amp = false;
   rules::nadam operator()(hyper const& h) const { return nadam_rule(h); }
 };
 

@@ -85,14 +85,39 @@ struct lists {
   std::vector<std::vector<void*>> states;
 };
 
+/// @brief The step count of a plan's run: a value the host keeps (torch's 1-based
+/// state['step'] after its increment), or, when `counter` is set, a counter in the plan's
+/// memory (device memory for CUDA plans) holding the count before the step, which the run
+/// advances itself and a skipped step takes back, with no host synchronisation.
+struct step_count {
+  std::int64_t value = 1;
+  std::int64_t* counter = nullptr;
+};
+
+/// @brief GradScaler's fused protocol (torch's `optimizer.grad_scale` and `optimizer.found_inf`):
+/// float scalars in the plan's memory, or null. The gradients are divided by `*grad_scale`, and
+/// a step that starts with `*found_inf` set changes nothing. Only families with
+/// `supports_amp(family)` take them.
+struct amp_inputs {
+  float const* grad_scale = nullptr;
+  float const* found_inf = nullptr;
+  [[nodiscard]] bool any() const { return grad_scale != nullptr || found_inf != nullptr; }
+};
+
+/// @brief The families torch gives `_step_supports_amp_scaling` (its fused optimizers).
+constexpr bool supports_amp(family f)
+{
+  return f == family::sgd || f == family::adam || f == family::adamw || f == family::adagrad;
+}
+
 /// @brief A plan over lists of fixed geometry (sizes, dtype, alignment): run it once per step,
 /// rebind it when the tensors move.
 class plan {
  public:
   virtual ~plan() = default;
-  /// @brief One step: `step` is torch's 1-based state['step'] after its increment; `stream` a
-  /// cudaStream_t (ignored by host plans).
-  virtual void run(hyper const& h, std::int64_t step, void* stream) const = 0;
+  /// @brief One step; `stream` a cudaStream_t (ignored by host plans).
+  /// @throws fusedopt::error for amp inputs given to a family without supports_amp.
+  virtual void run(hyper const& h, step_count step, amp_inputs amp, void* stream) const = 0;
   /// @brief Points the plan at `tensors`, the lists it was made from at new addresses (new
   /// gradients every step under `zero_grad(set_to_none=True)`): no allocation on the device,
   /// no synchronisation, at most one asynchronous upload on `stream`. Returns false, changing

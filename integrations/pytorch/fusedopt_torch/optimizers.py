@@ -11,6 +11,8 @@ CPU tensors, as torch's non-capturable optimizers keep them) and ``load_state_di
 back. Read ``state[p]['step']`` after ``state_dict()``: between two calls it is not refreshed.
 """
 
+import sys
+
 import torch
 from torch.optim import Optimizer
 
@@ -48,6 +50,31 @@ def _is_dense(t):
             return False
         expected *= size
     return True
+
+
+def _is_dtensor(t):
+    """Whether t is a DTensor (FSDP2's parameters), without importing torch.distributed.tensor:
+    while that module is not loaded, no tensor can be one."""
+    module = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(module, "DTensor", None) if module is not None else None
+    return cls is not None and isinstance(t, cls)
+
+
+def _engine_view(t):
+    """The plain real tensor the engine steps for t: a DTensor's local shard, a complex tensor's
+    real view (as torch steps both)."""
+    if _is_dtensor(t):
+        t = t._local_tensor
+    return torch.view_as_real(t.detach()) if t.is_complex() else t
+
+
+def _graph_break(fn):
+    """torch.compile runs fn eagerly (a clean graph break in a compiled training step; a compiled
+    opt.step runs): the step mutates the optimizer and calls the extension, which dynamo cannot
+    trace. torch.optim marks its own untraceable methods the same way (torch._disable_dynamo,
+    which imports dynamo at the first call only); older torch has no dynamo."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    return disable(fn) if disable is not None else fn
 
 
 def _check_common(lr=None, eps=None, weight_decay=None, betas=None):
@@ -108,6 +135,11 @@ class FusedOptimizer(Optimizer):
     _step_key = "step"
     _mu_key = None  # NAdam: 'mu_product', a per-parameter scalar state the engine keeps per bucket
     _sparse_error = None  # torch's message for sparse gradients; None: torch supports them, fusedopt does not
+    # GradScaler's fused protocol (SGD, Adam, AdamW, Adagrad, as torch's fused optimizers): the
+    # scaler sets self.grad_scale and self.found_inf and calls step(); the kernel divides the
+    # gradients by grad_scale and skips the step where found_inf is set, on the device.
+    _step_supports_amp_scaling = False
+    _elementwise = True  # False: the rule needs whole tensors (LAMB's trust ratios), so no DTensor shards
 
     def __init__(self, params, defaults):
         self._engine = None
@@ -151,6 +183,7 @@ class FusedOptimizer(Optimizer):
         super().add_param_group(param_group)
         self._dirty = True
 
+    @_graph_break
     def step(self, closure=None):
         """One step of every parameter that has a gradient; returns closure's loss."""
         loss = None
@@ -161,11 +194,15 @@ class FusedOptimizer(Optimizer):
         family = self._wanted_family()
         if family != self._engine_family:
             self._make_engine(family)
+        grad_scale = found_inf = None
+        if self._step_supports_amp_scaling:
+            grad_scale = getattr(self, "grad_scale", None)
+            found_inf = getattr(self, "found_inf", None)
         with torch.no_grad():
             done = False
             if not self._dirty and (not self._views or self._sync_in()):
                 try:
-                    done = self._engine.step(hypers)
+                    done = self._engine.step(hypers, grad_scale, found_inf)
                 except RuntimeError:
                     # A gradient of another layout than its parameter's, or a sparse one: nothing
                     # was written (the engine checks every tensor before it runs a plan).
@@ -175,7 +212,7 @@ class FusedOptimizer(Optimizer):
                 self._rebuild()
                 if self._views and not self._sync_in():
                     raise RuntimeError("fusedopt_torch: internal error: a rebuilt proxy refused its gradient")
-                if not self._engine.step(hypers):
+                if not self._engine.step(hypers, grad_scale, found_inf):
                     raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
             if self._views:
                 self._sync_out()
@@ -302,8 +339,8 @@ class FusedOptimizer(Optimizer):
                     v.proxy.grad = None
                 continue
             self._check_sparse(g)
-            if g.is_complex():
-                g = torch.view_as_real(g)
+            self._check_placements(v.param, g)
+            g = _engine_view(g)
             if v.grad_buffer is None:
                 if g.dtype != v.proxy.dtype or g.stride() != v.proxy.stride() or g.device != v.proxy.device:
                     self._dirty = True
@@ -317,6 +354,19 @@ class FusedOptimizer(Optimizer):
                 v.proxy.copy_(v.real)
         return True
 
+    def _check_placements(self, p, g):
+        """A DTensor parameter (FSDP2) is stepped shard by shard: its gradient must be sharded
+        the same way, and the rule must be elementwise (no norm over the whole tensor)."""
+        if not _is_dtensor(p):
+            return
+        if not self._elementwise:
+            raise NotImplementedError(f"fusedopt_torch.{type(self).__name__} does not support DTensor (FSDP2) "
+                                      "parameters: its trust ratios need norms over whole tensors, not shards")
+        if g is not None and (not _is_dtensor(g) or g.placements != p.placements or g.device_mesh != p.device_mesh):
+            raise NotImplementedError("fusedopt_torch: a DTensor parameter's gradient must be a DTensor with the "
+                                      f"parameter's mesh and placements ({p.placements}), not "
+                                      f"{getattr(g, 'placements', 'a plain tensor')}")
+
     def _sync_out(self):
         for v in self._views:
             if v.copy_param and v.param.grad is not None:
@@ -327,20 +377,19 @@ class FusedOptimizer(Optimizer):
         real views for complex parameters). Normalises the layout of state tensors that differ
         from the tensor stepped (torch does not care about a state's strides)."""
         g = p.grad
-        complex_ = p.is_complex()
-        real = torch.view_as_real(p.detach()) if complex_ else p
-        gr = None if g is None else (torch.view_as_real(g) if g.is_complex() else g)
+        self._check_placements(p, g)
+        real = _engine_view(p)
+        gr = None if g is None else _engine_view(g)
         dense = _is_dense(real)
         grad_ok = gr is None or (gr.dtype == real.dtype and gr.stride() == real.stride() and gr.device == real.device)
         if dense:
-            proxy, copy_param = (p if not complex_ and grad_ok else real.detach()), False
+            proxy, copy_param = (p if real is p and grad_ok else real.detach()), False
         else:
             proxy, copy_param = torch.empty(real.shape, dtype=real.dtype, device=real.device), True
         if state is not None:
             for k in keys:
                 s = state[k]
-                sv = torch.view_as_real(s) if s.is_complex() else s
-                if sv.stride() != proxy.stride():
+                if _engine_view(s).stride() != proxy.stride():
                     fresh = torch.empty_like(p) if dense else torch.empty(p.shape, dtype=p.dtype, device=p.device)
                     state[k] = fresh.copy_(s)
         if proxy is not p:
@@ -349,7 +398,7 @@ class FusedOptimizer(Optimizer):
             self._param_of[proxy] = p
         states = None
         if state is not None:
-            states = [torch.view_as_real(state[k]) if state[k].is_complex() else state[k] for k in keys]
+            states = [_engine_view(state[k]) for k in keys]
         return proxy, states
 
     def _rebuild(self):
@@ -423,6 +472,7 @@ class SGD(FusedOptimizer):
 
     _family = SGD_F
     _step_key = None
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
                  foreach=None, differentiable=False, fused=None):
@@ -464,6 +514,7 @@ class Adam(FusedOptimizer):
 
     _family = ADAM_F
     _name = "Adam"
+    _step_supports_amp_scaling = True
     _sparse_error = "Adam does not support sparse gradients, please consider SparseAdam instead"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *, foreach=None,
@@ -533,6 +584,7 @@ class Adagrad(FusedOptimizer):
     """
 
     _family = ADAGRAD_F
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  foreach=None, *, maximize=False, differentiable=False, fused=None):
@@ -724,6 +776,7 @@ class LAMB(FusedOptimizer):
 
     _family = LAMB_F
     _sparse_error = "LAMB does not support sparse gradients"
+    _elementwise = False
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
                  amsgrad=False, adam_w_mode=True, grad_averaging=True, set_grad_none=True, max_grad_norm=1.0,

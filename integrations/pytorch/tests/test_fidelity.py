@@ -498,3 +498,107 @@ def test_no_warnings_from_proxies():
             p.grad, q.grad = torch.randn_like(p), torch.randn_like(q)
             opt.step()
     assert re.search("Adam", repr(opt))
+
+
+# ---- issue 12 item 3: torch.compile -----------------------------------------------------------
+
+def _small_model(device, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_of_step_and_of_a_training_step(device):
+    """torch.compile(opt.step) runs, and a compiled training step that calls opt.step() breaks its
+    graph cleanly there: the same parameters as the eager loop."""
+    need_device(device)
+    if not hasattr(torch, "compile") or not hasattr(torch, "_disable_dynamo"):
+        pytest.skip(f"torch {torch.__version__} has no torch.compile")
+    from torch import _dynamo
+    _dynamo.reset()
+    eager_model, model_a, model_b = _small_model(device), _small_model(device), _small_model(device)
+    eager, opt_a, opt_b = (ft.AdamW(m.parameters(), lr=1e-2) for m in (eager_model, model_a, model_b))
+    x, y = torch.randn(4, 16, device=device), torch.randn(4, 8, device=device)
+
+    compiled_step = torch.compile(opt_a.step)
+
+    @torch.compile(backend="aot_eager")
+    def train_step(model, opt):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(4):
+        for model, opt in ((eager_model, eager), (model_a, None)):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        compiled_step()
+        opt_a.zero_grad(set_to_none=True)
+        train_step(model_b, opt_b)
+    for e, a, b in zip(eager_model.parameters(), model_a.parameters(), model_b.parameters()):
+        assert torch.equal(a, e)
+        torch.testing.assert_close(b, e, rtol=1e-5, atol=1e-6)
+    assert opt_b.state_dict()["state"][0]["step"].item() == 4
+
+
+# ---- issue 12 item 4: FSDP2 (DTensor parameters) ------------------------------------------------
+
+def _one_rank_process_group():
+    import socket
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return False
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    return True
+
+
+def test_fsdp2_dtensor_parameters_step_their_shards():
+    """fully_shard(model) then fusedopt_torch.AdamW(model.parameters()): DTensor parameters,
+    gradients and states are stepped through their local shards, as torch steps them; LAMB,
+    whose trust ratios need whole tensors, refuses them clearly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        pytest.skip(f"torch {torch.__version__} has no FSDP2")
+    import torch.distributed as dist
+    owned = _one_rank_process_group()
+    try:
+        plain, sharded = _small_model("cuda"), _small_model("cuda")
+        for layer in sharded:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(sharded)
+        assert all(isinstance(p, DTensor) for p in sharded.parameters())
+        opt_plain = torch.optim.AdamW(plain.parameters(), lr=1e-2, foreach=False)
+        opt_sharded = ft.AdamW(sharded.parameters(), lr=1e-2)
+        x, y = torch.randn(4, 16, device="cuda"), torch.randn(4, 8, device="cuda")
+        for _ in range(5):
+            for model, opt in ((plain, opt_plain), (sharded, opt_sharded)):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+        for a, b in zip(plain.parameters(), sharded.parameters()):
+            torch.testing.assert_close(b.full_tensor(), a, rtol=1e-5, atol=1e-6)
+        state = opt_sharded.state[next(iter(sharded.parameters()))]
+        assert isinstance(state["exp_avg"], DTensor) and float(state["step"]) == 5
+        lamb = ft.LAMB(sharded.parameters(), lr=1e-2)
+        torch.nn.functional.mse_loss(sharded(x), y).backward()
+        with pytest.raises(NotImplementedError, match="DTensor"):
+            lamb.step()
+    finally:
+        if owned:
+            dist.destroy_process_group()
