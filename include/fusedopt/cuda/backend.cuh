@@ -137,11 +137,14 @@ class plan {
   /// only when it runs four rebinds ahead of `stream`); by-value tables are updated on the
   /// host. Runs enqueued on `stream` afterwards update the new tensors; runs enqueued before
   /// it still update the old ones. Lists at the addresses already bound cost a comparison and
-  /// enqueue nothing.
+  /// enqueue nothing. While `stream` is being captured (torch's CUDA-graph recipe captures a
+  /// step whose gradients were just allocated), a device table is written by launches that
+  /// carry the addresses in their parameters instead, so each replay writes the captured
+  /// addresses before the step reads them; the next `run` outside a capture writes the table
+  /// again before it launches.
   /// @throws fusedopt::error, leaving the plan unchanged, if the geometry differs (the message
   /// names the first tensor and what differs: make a new plan), a slot's memory is pageable
-  /// host memory, an upload would be needed while `stream` is being captured, or a CUDA call
-  /// fails.
+  /// host memory, or a CUDA call fails.
   void rebind(lists_type const& lists, cudaStream_t stream = nullptr);
 
   /// @brief Kernel launches per `run` of a rule without reduction passes or after-step hooks
@@ -173,6 +176,10 @@ class plan {
   void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                 cudaStream_t stream) const;
 
+  // Writes tensors_ to the device table in stream order: an upload, or under stream capture
+  // launches that carry the entries (and a note that the next run writes them again).
+  void write_device_table(cudaStream_t stream) const;
+
   // Empty when `lists` fit, else why not (the first difference found).
   [[nodiscard]] std::string geometry_mismatch(lists_type const& lists) const;
 
@@ -180,7 +187,11 @@ class plan {
   // The tensor entries of every non-empty tensor, as the host last uploaded or packed them.
   std::vector<detail::tensor_entry<num_slots>> tensors_;
   detail::tensor_entry<num_slots>* device_tensors_ = nullptr;  // device tables: where tensors_ live on the device
-  detail::upload_ring uploads_;
+  // Mutable: run() re-uploads the table after a rebind under stream capture (see below).
+  mutable detail::upload_ring uploads_;
+  // The device table was last written by a rebind under stream capture: it holds those
+  // addresses only once the graph replays, so the next run writes it again first.
+  mutable bool table_from_capture_ = false;
   // Reduction workspace: pass results (capacity x (rows + 1) doubles), chunk partials
   // (capacity x chunks doubles), the chunk range of each row, the finalize counter.
   std::unique_ptr<void, device_free> workspace_;

@@ -162,6 +162,7 @@ struct bucket {
   // When set (int64 scalar on the bucket's device): the count lives there instead of `step`,
   // advanced by the run and taken back by a step GradScaler skips (found_inf) on the device.
   at::Tensor counter;
+  at::Tensor lr;  // a tensor lr's value as a double scalar in the bucket's memory, refreshed every step
   lists tensors;             // the addresses the plan is bound to (members in order)
   double mu_product = 1.0;   // NAdam: the members' state['mu_product'] before the next step
   std::unique_ptr<plan> p;
@@ -239,10 +240,21 @@ class engine {
   /// One step of every group. Returns false, having changed nothing, when Python must first
   /// create states (a parameter got its first gradient, or the layout changed). `grad_scale`
   /// and `found_inf`: GradScaler's fused protocol (torch's optimizer.grad_scale / found_inf,
-  /// one-element float tensors), for families with supports_amp only.
+  /// one-element float tensors), for families with supports_amp only. `lrs`: per group, the lr
+  /// when it is a tensor (read on the device at every step, without synchronising), else None.
+  /// `on_device`: keep the step counts in the buckets' memory from now on (capturable=True).
   bool step(std::vector<std::vector<double>> const& hypers, c10::optional<at::Tensor> const& grad_scale,
-            c10::optional<at::Tensor> const& found_inf)
+            c10::optional<at::Tensor> const& found_inf, std::vector<c10::optional<at::Tensor>> const& lrs,
+            bool on_device)
   {
+    FUSEDOPT_TORCH_CHECK(lrs.empty() || lrs.size() == hypers.size(), "fusedopt_torch: ", lrs.size(), " lrs for ",
+                         hypers.size(), " groups");
+    for (auto const& lr : lrs) {
+      FUSEDOPT_TORCH_CHECK(!lr || (lr->numel() == 1 && lr->is_floating_point()),
+                           "fusedopt_torch: a tensor lr must be a one-element floating-point tensor");
+    }
+    FUSEDOPT_TORCH_CHECK(!on_device || family_ != family::nadam,
+                         "fusedopt_torch: NAdam keeps mu_product on the host: capturable=True is not supported");
     bool const amp = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
     if (amp) {
       FUSEDOPT_TORCH_CHECK(supports_amp(family_),
@@ -290,13 +302,17 @@ class engine {
         rebind(g);
       }
     }
-    if (amp && !counted_on_device_) {
+    if (amp || on_device) {
       // From now on every bucket keeps its count in its own memory: a skipped step is only
-      // known there. Reading a count back (state_dict, a rebuild) synchronises.
+      // known there, and a captured step must advance its own count. Reading a count back
+      // (state_dict, a rebuild) synchronises.
       counted_on_device_ = true;
     }
     amp_tensors_.clear();
-    for (std::size_t g = 0; g < groups_.size(); ++g) { run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr); }
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      c10::optional<at::Tensor> const* lr = lrs.empty() || !lrs[g] ? nullptr : &lrs[g];
+      run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr, lr);
+    }
     amp_tensors_.clear();
     return true;
   }
@@ -497,7 +513,11 @@ class engine {
   /// Orders work on `stream` after the bucket's last run on another stream.
   static void follow_stream(bucket& b, c10::cuda::CUDAStream const& stream)
   {
-    if (b.stream && *b.stream != stream) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capturing));
+    // A capture (torch.cuda.graph synchronises the device before it begins) must not wait on
+    // an event recorded outside it.
+    if (b.stream && *b.stream != stream && capturing == cudaStreamCaptureStatusNone) {
       at::cuda::CUDAEvent done;
       done.record(*b.stream);
       done.block(stream);
@@ -525,30 +545,31 @@ class engine {
     return amp_tensors_.back().data_ptr<float>();
   }
 
-  void run(std::size_t g, c10::optional<at::Tensor> const* grad_scale, c10::optional<at::Tensor> const* found_inf)
+  void run(std::size_t g, c10::optional<at::Tensor> const* grad_scale, c10::optional<at::Tensor> const* found_inf,
+           c10::optional<at::Tensor> const* lr)
   {
     auto& d = groups_[g];
     for (auto& b : d.buckets) {
       std::int64_t const next = b.step + 1;
       try {
-        hyper const& h = bucket_hyper(g, b);
+        void* stream = nullptr;  // host plans take none
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+        c10::optional<c10::cuda::CUDAGuard> guard;
+        if (b.device >= 0) {
+          guard.emplace(static_cast<c10::DeviceIndex>(b.device));
+          auto const current = at::cuda::getCurrentCUDAStream(b.device);
+          follow_stream(b, current);  // before anything of this step is enqueued
+          stream = current.stream();
+        }
+#endif
+        hyper const& h = bucket_hyper(g, b, lr);
         amp_inputs amp;
         amp.grad_scale = amp_pointer(grad_scale, b);
         amp.found_inf = amp_pointer(found_inf, b);
         step_count count;
         count.value = next;
-        if (b.device < 0) {
-          if (counted_on_device_) { count.counter = counter_of(b); }
-          b.p->run(h, count, amp, nullptr);
-        } else {
-#if defined(FUSEDOPT_TORCH_WITH_CUDA)
-          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
-          auto const stream = at::cuda::getCurrentCUDAStream(b.device);
-          follow_stream(b, stream);
-          if (counted_on_device_) { count.counter = counter_of(b); }
-          b.p->run(h, count, amp, stream.stream());
-#endif
-        }
+        if (counted_on_device_) { count.counter = counter_of(b); }
+        b.p->run(h, count, amp, stream);
       } catch (fusedopt::error const& e) {
         // Options the rule rejects (checked before anything is written): torch raises ValueError.
         throw py::value_error(e.what());
@@ -573,12 +594,22 @@ class engine {
     return b.counter.data_ptr<std::int64_t>();
   }
 
-  /// The hyperparameters of bucket `b` of group `g`: the group's, with NAdam's per-bucket mu_product.
-  hyper const& bucket_hyper(std::size_t g, bucket const& b)
+  /// The hyperparameters of bucket `b` of group `g`: the group's, with NAdam's per-bucket
+  /// mu_product, and a tensor lr copied (in stream order, no synchronisation) to the bucket's memory.
+  hyper const& bucket_hyper(std::size_t g, bucket& b, c10::optional<at::Tensor> const* lr)
   {
-    if (family_ != family::nadam) { return hyper_[g]; }
+    if (family_ != family::nadam && lr == nullptr) { return hyper_[g]; }
     bucket_hyper_ = hyper_[g];
     bucket_hyper_.mu_product = b.mu_product;
+    if (lr != nullptr) {
+      if (!b.lr.defined()) {
+        auto const device =
+          b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
+        b.lr = at::empty({}, at::TensorOptions().dtype(at::kDouble).device(device));
+      }
+      b.lr.copy_(**lr);
+      bucket_hyper_.lr_pointer = b.lr.data_ptr<double>();
+    }
     return bucket_hyper_;
   }
 
@@ -615,7 +646,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   py::class_<engine>(m, "Engine")
     .def(py::init<int>(), py::arg("family"))
     .def("set_groups", &engine::set_groups, py::arg("groups"))
-    .def("step", &engine::step, py::arg("hypers"), py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none())
+    .def("step", &engine::step, py::arg("hypers"), py::arg("grad_scale") = py::none(),
+         py::arg("found_inf") = py::none(), py::arg("lrs") = std::vector<c10::optional<at::Tensor>>{},
+         py::arg("on_device") = false)
     .def("steps", &engine::steps)
     .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
     .def("mu_products", &engine::mu_products)

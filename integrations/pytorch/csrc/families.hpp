@@ -146,10 +146,15 @@ std::unique_ptr<plan> wrap(Bind bind, lists const& x, Build build, void* stream,
 
 // ---- rules from hyperparameters -----------------------------------------------------------
 
+inline fo::scalar<double> lr_of(hyper const& h)
+{
+  return h.lr_pointer != nullptr ? fo::scalar<double>::from_pointer(h.lr_pointer) : fo::scalar<double>(h.lr);
+}
+
 inline rules::sgd sgd_rule(hyper const& h)
 {
   rules::sgd r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.momentum = h.momentum;
   r.dampening = h.dampening;
   r.weight_decay = h.weight_decay;
@@ -162,7 +167,7 @@ template <class R>
 R adam_rule(hyper const& h)
 {
   R r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.beta1 = h.beta1;
   r.beta2 = h.beta2;
   r.eps = h.eps;
@@ -175,7 +180,7 @@ R adam_rule(hyper const& h)
 inline rules::adagrad adagrad_rule(hyper const& h)
 {
   rules::adagrad r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.lr_decay = h.lr_decay;
   r.weight_decay = h.weight_decay;
   r.eps = h.eps;
@@ -186,7 +191,7 @@ inline rules::adagrad adagrad_rule(hyper const& h)
 inline rules::rmsprop rmsprop_rule(hyper const& h)
 {
   rules::rmsprop r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.alpha = h.alpha;
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
@@ -199,7 +204,7 @@ inline rules::rmsprop rmsprop_rule(hyper const& h)
 inline rules::lamb lamb_rule(hyper const& h)
 {
   rules::lamb r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.beta1 = h.beta1;
   r.beta2 = h.beta2;
   r.eps = h.eps;
@@ -214,7 +219,7 @@ inline rules::lamb lamb_rule(hyper const& h)
 inline rules::lion lion_rule(hyper const& h)
 {
   rules::lion r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.beta1 = h.beta1;
   r.beta2 = h.beta2;
   r.weight_decay = h.weight_decay;
@@ -225,7 +230,7 @@ inline rules::lion lion_rule(hyper const& h)
 inline rules::radam radam_rule(hyper const& h)
 {
   rules::radam r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.beta1 = h.beta1;
   r.beta2 = h.beta2;
   r.eps = h.eps;
@@ -238,7 +243,7 @@ inline rules::radam radam_rule(hyper const& h)
 inline rules::adamax adamax_rule(hyper const& h)
 {
   rules::adamax r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.beta1 = h.beta1;
   r.beta2 = h.beta2;
   r.eps = h.eps;
@@ -250,7 +255,7 @@ inline rules::adamax adamax_rule(hyper const& h)
 inline rules::adadelta adadelta_rule(hyper const& h)
 {
   rules::adadelta r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.rho = h.rho;
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
@@ -261,7 +266,7 @@ inline rules::adadelta adadelta_rule(hyper const& h)
 inline rules::nadam nadam_rule(hyper const& h)
 {
   rules::nadam r;
-  r.lr = h.lr;
+  r.lr = lr_of(h);
   r.beta1 = h.beta1;
   r.beta2 = h.beta2;
   r.eps = h.eps;

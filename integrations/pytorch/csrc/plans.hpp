@@ -36,6 +36,10 @@ enum class family : int {
 /// Read from the parameter group at every step (a scheduler may change lr every step).
 struct hyper {
   double lr = 1e-3;
+  /// When set, lr is read from here at every step instead (a tensor lr: a double in the plan's
+  /// memory that the engine refreshes from the tensor in stream order, so a captured CUDA graph
+  /// sees a scheduler's new lr at every replay).
+  double const* lr_pointer = nullptr;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;

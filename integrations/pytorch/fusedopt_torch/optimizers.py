@@ -28,8 +28,10 @@ AMSGRAD, MAXIMIZE, NESTEROV, CENTERED, DECOUPLED, BIAS_CORRECTION, GRAD_AVERAGIN
 
 def _hyper(group, lr=None, beta1=0.0, beta2=0.0, eps=0.0, weight_decay=0.0, momentum=0.0, dampening=0.0, alpha=0.0,
            lr_decay=0.0, rho=0.0, max_grad_norm=0.0, momentum_decay=0.0, flags=0):
-    """The tuple binding.cpp reads (order: its hyper_index)."""
-    return [float(group["lr"] if lr is None else lr), float(beta1), float(beta2), float(eps), float(weight_decay),
+    """The tuple binding.cpp reads (order: its hyper_index). A tensor lr is passed to the engine
+    apart (FusedOptimizer.step's lrs) and read on the device: no synchronisation, capturable."""
+    lr = group["lr"] if lr is None else lr
+    return [0.0 if isinstance(lr, torch.Tensor) else float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
             float(momentum), float(dampening), float(alpha), float(lr_decay), float(rho), float(max_grad_norm),
             float(momentum_decay), float(flags)]
 
@@ -103,12 +105,13 @@ def _check_fused_flags(fused, foreach, differentiable):
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
-def _reject_unsupported(name, capturable=False, differentiable=False):
+def _reject_unsupported(name, capturable=False, differentiable=False, betas=None):
     if differentiable:
         raise NotImplementedError(f"fusedopt_torch.{name}: differentiable=True is not supported")
-    if capturable:
-        # A captured step would freeze lr and the step count (they are passed by value).
-        raise NotImplementedError(f"fusedopt_torch.{name}: capturable=True is not supported")
+    if capturable and betas is not None and any(isinstance(b, torch.Tensor) for b in betas):
+        # Only lr is read from the device at every step; a beta tensor would be read on the host.
+        raise NotImplementedError(f"fusedopt_torch.{name}: betas as Tensors with capturable=True are not supported "
+                                  "(pass floats; lr may be a Tensor)")
 
 
 class _View:
@@ -195,6 +198,8 @@ class FusedOptimizer(Optimizer):
         if family != self._engine_family:
             self._make_engine(family)
         grad_scale = found_inf = None
+        lrs = [g["lr"] if isinstance(g["lr"], torch.Tensor) else None for g in self.param_groups]
+        on_device = any(g.get("capturable", False) for g in self.param_groups)
         if self._step_supports_amp_scaling:
             grad_scale = getattr(self, "grad_scale", None)
             found_inf = getattr(self, "found_inf", None)
@@ -202,7 +207,7 @@ class FusedOptimizer(Optimizer):
             done = False
             if not self._dirty and (not self._views or self._sync_in()):
                 try:
-                    done = self._engine.step(hypers, grad_scale, found_inf)
+                    done = self._engine.step(hypers, grad_scale, found_inf, lrs, on_device)
                 except RuntimeError:
                     # A gradient of another layout than its parameter's, or a sparse one: nothing
                     # was written (the engine checks every tensor before it runs a plan).
@@ -212,7 +217,7 @@ class FusedOptimizer(Optimizer):
                 self._rebuild()
                 if self._views and not self._sync_in():
                     raise RuntimeError("fusedopt_torch: internal error: a rebuilt proxy refused its gradient")
-                if not self._engine.step(hypers, grad_scale, found_inf):
+                if not self._engine.step(hypers, grad_scale, found_inf, lrs, on_device):
                     raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
             if self._views:
                 self._sync_out()
@@ -429,7 +434,9 @@ class FusedOptimizer(Optimizer):
                             state[k] = self._new_state(p, group, k)
                             fresh = True
                     if self._step_key is not None and self._step_key not in state:
-                        state[self._step_key] = torch.tensor(0.0, dtype=_scalar_dtype())
+                        # torch keeps it on the parameter's device when capturable
+                        device = p.device if group.get("capturable", False) else None
+                        state[self._step_key] = torch.tensor(0.0, dtype=_scalar_dtype(), device=device)
                     if self._mu_key is not None and self._mu_key not in state:
                         # torch keeps mu_product on the parameter's device (step on the CPU)
                         state[self._mu_key] = torch.tensor(1.0, dtype=_scalar_dtype(), device=p.device)
@@ -537,7 +544,7 @@ class Adam(FusedOptimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
-        _reject_unsupported(self._name, capturable, differentiable)
+        _reject_unsupported(self._name, capturable, differentiable, betas)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -745,6 +752,10 @@ class NAdam(FusedOptimizer):
         if not 0.0 <= momentum_decay:
             raise ValueError(f"Invalid momentum_decay value: {momentum_decay}")
         _reject_unsupported("NAdam", capturable, differentiable)
+        if capturable:
+            # Each step multiplies mu_product on the host: a captured graph would replay one value.
+            raise NotImplementedError("fusedopt_torch.NAdam: capturable=True is not supported (mu_product is kept "
+                                      "on the host)")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum_decay=momentum_decay,
                         decoupled_weight_decay=decoupled_weight_decay, maximize=maximize, foreach=foreach,
                         capturable=capturable, differentiable=differentiable)

@@ -602,3 +602,113 @@ def test_fsdp2_dtensor_parameters_step_their_shards():
     finally:
         if owned:
             dist.destroy_process_group()
+
+
+# ---- issue 12 item 1: capturable=True, a tensor lr, CUDA graphs -----------------------------------
+
+CAPTURABLE = [
+    (ft.Adam, dict(amsgrad=True, weight_decay=0.1)),
+    (ft.AdamW, dict()),
+    (ft.RMSprop, dict(momentum=0.5, centered=True)),
+    (ft.RAdam, dict()),
+    (ft.Adamax, dict()),
+    (ft.Adadelta, dict()),
+]
+CAPTURABLE_IDS = [c.__name__ for c, _ in CAPTURABLE]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CAPTURABLE, ids=CAPTURABLE_IDS)
+def test_capturable_with_a_tensor_lr_equals_a_float_lr(case, device):
+    """Eagerly, capturable=True with lr as a tensor (read on the device, step counts on the device)
+    gives the bits of a float lr; a scheduler's change of the tensor takes effect; state['step']
+    lives on the parameter's device as torch keeps it."""
+    need_device(device)
+    cls, kw = case
+    params_t, params_f = make_params(device), make_params(device)
+    lr = torch.tensor(1e-2, device=device)
+    opt_t = cls(params_t, lr=lr, capturable=True, **kw)
+    opt_f = cls(params_f, lr=1e-2, **kw)
+    for t in range(5):
+        if t == 3:
+            lr.fill_(5e-3)
+            opt_f.param_groups[0]["lr"] = float(torch.tensor(5e-3, device=device))
+        for a, b, g in zip(params_t, params_f, grads_of(t, params_t)):
+            a.grad, b.grad = g.clone(), g.clone()
+        opt_t.step()
+        opt_f.step()
+        for a, b in zip(params_t, params_f):
+            assert torch.equal(a, b), (t, cls.__name__)
+    state = opt_t.state_dict()["state"][0]
+    assert float(state["step"]) == 5
+    assert opt_t.state[params_t[0]]["step"].device == params_t[0].device
+
+
+def make_params(device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).to(device).requires_grad_() for s in [(33, 17), (1000,), (7,)]]
+
+
+def grads_of(t, params, seed=1):
+    g = torch.Generator().manual_seed(seed + t)
+    return [torch.randn(p.shape, generator=g).to(p.device) for p in params]
+
+
+def test_capturable_rejections_are_clear():
+    p = [torch.zeros(3, requires_grad=True)]
+    with pytest.raises(NotImplementedError, match="mu_product"):
+        ft.NAdam(p, capturable=True)
+    with pytest.raises(NotImplementedError, match="betas as Tensors with capturable=True"):
+        ft.Adam(p, betas=(torch.tensor(0.9), torch.tensor(0.999)), capturable=True)
+
+
+@pytest.mark.parametrize("case", CAPTURABLE, ids=CAPTURABLE_IDS)
+def test_whole_training_step_captured_in_a_cuda_graph(case):
+    """torch's whole-network recipe (warm-up on a side stream, zero_grad(set_to_none=True),
+    torch.cuda.graph around forward, backward and opt.step(), static inputs): each replay equals
+    an eager step, an ExponentialLR scheduler changing the lr tensor takes effect in the replays,
+    and the step counts advance on the device."""
+    if not torch.cuda.is_available() or not ft.with_cuda():
+        pytest.skip("needs CUDA")
+    cls, kw = case
+    torch.manual_seed(0)
+    model_g = _small_model("cuda")
+    model_e = copy.deepcopy(model_g)
+    lr = torch.tensor(1e-2, device="cuda")
+    opt_g = cls(model_g.parameters(), lr=lr, capturable=True, **kw)
+    opt_e = cls(model_e.parameters(), lr=1e-2, **kw)
+    sched_g = torch.optim.lr_scheduler.ExponentialLR(opt_g, gamma=0.7)
+    sched_e = torch.optim.lr_scheduler.ExponentialLR(opt_e, gamma=0.7)
+    static_x, static_y = torch.randn(8, 16, device="cuda"), torch.randn(8, 8, device="cuda")
+
+    def train_step(model, opt):
+        loss = torch.nn.functional.mse_loss(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for model, opt in ((model_g, opt_g), (model_e, opt_e)):
+                opt.zero_grad(set_to_none=True)
+                train_step(model, opt)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt_g.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        train_step(model_g, opt_g)
+    gen = torch.Generator().manual_seed(5)
+    for r in range(6):
+        x, y = torch.randn(8, 16, generator=gen).cuda(), torch.randn(8, 8, generator=gen).cuda()
+        static_x.copy_(x)
+        static_y.copy_(y)
+        graph.replay()
+        opt_e.zero_grad(set_to_none=True)
+        train_step(model_e, opt_e)
+        sched_g.step()
+        sched_e.step()
+        torch.cuda.synchronize()
+        for a, b in zip(model_g.parameters(), model_e.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=lambda m: f"replay {r}: {m}")
+    assert float(opt_g.state_dict()["state"][0]["step"]) == 3 + 6

@@ -12,8 +12,8 @@ core of test_optim.py's TestOptimRenewed around them (same names, same semantics
   test_complex, test_set_default_dtype (the step dtype), and a parity check against torch's own
   class on the same inputs (the forloop implementation).
 
-Inputs that use options fusedopt_torch does not support (capturable=True, differentiable=True) are
-skipped per input and counted; see docs/pytorch.md. Skips cleanly where the installed torch has no
+Inputs that use options fusedopt_torch does not support (differentiable=True; capturable=True for
+NAdam) are skipped per input and counted; see docs/pytorch.md. Skips cleanly where the installed torch has no
 common_optimizers (torch < 2.2).
 """
 
@@ -40,7 +40,8 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau  # noqa: E402
 
 OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad, "RMSprop": ft.RMSprop,
         "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta}
-UNSUPPORTED = ("capturable", "differentiable")  # options fusedopt_torch rejects (NotImplementedError)
+UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
+UNSUPPORTED_BY = {"NAdam": ("capturable",)}  # and per class
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and ft.with_cuda() else [])
 INFOS = [i for i in co.optim_db if i.optim_cls.__name__ in OURS]
@@ -57,7 +58,8 @@ def supported_inputs(info, device, dtype=torch.float32):
     """optim_inputs_func's inputs without the options fusedopt_torch does not support."""
     out = []
     for oi in info.optim_inputs_func(device=device, dtype=dtype):
-        if any(oi.kwargs.get(k, False) for k in UNSUPPORTED):
+        rejected = UNSUPPORTED + UNSUPPORTED_BY.get(info.optim_cls.__name__, ())
+        if any(oi.kwargs.get(k, False) for k in rejected):
             UNSUPPORTED_SEEN.append(f"{info.optim_cls.__name__} {device}: {oi.desc}")
             continue
         out.append(oi)

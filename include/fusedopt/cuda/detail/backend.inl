@@ -395,6 +395,7 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
                    "rule of " + std::to_string(sizeof(Rule)) +
                      " bytes is too large to travel next to a by-value launch table; use transport::device_table");
   // Every check is done: from here on work is enqueued.
+  if (table_from_capture_) { write_device_table(stream); }
   detail::advance_step(step, stream);
   using policy = detail::tuning;
   auto const results = detail::make_pass_results<Rule>(results_, rows_, std::make_integer_sequence<int, passes>{});
@@ -499,13 +500,6 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
     lists_ = lists;  // empty tensors may still have moved; equal lengths: no allocation
     return;
   }
-  if (transport_ == transport::device_table) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-    FUSEDOPT_EXPECTS(capture == cudaStreamCaptureStatusNone,
-                     "cuda::plan::rebind: the stream is being captured; a graph cannot replay an upload of "
-                     "addresses that change (rebind before capturing, or capture per address set)");
-  }
   // Checks done: from here the plan changes.
   lists_ = lists;
   for (auto& e : tensors_) {
@@ -515,10 +509,23 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
   switch (transport_) {
     case transport::param_4k: detail::rebase_tables(tables_4k_, tensors_); break;
     case transport::param_32k: detail::rebase_tables(tables_32k_, tensors_); break;
-    default:
-      uploads_.upload(device_tensors_, tensors_.data(), tensors_.size() * sizeof(detail::tensor_entry<num_slots>),
-                      stream);
-      break;
+    default: write_device_table(stream); break;
+  }
+}
+
+template <class... B>
+void plan<B...>::write_device_table(cudaStream_t stream) const
+{
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) {
+    uploads_.upload(device_tensors_, tensors_.data(), tensors_.size() * sizeof(detail::tensor_entry<num_slots>), stream);
+    table_from_capture_ = false;
+  } else {
+    // A graph replays a copy from a host buffer with whatever the buffer holds then: the
+    // addresses travel in kernel parameters instead, kept by the graph.
+    detail::write_table_by_value(device_tensors_, tensors_, stream);
+    table_from_capture_ = true;
   }
 }
 

@@ -5,10 +5,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "../../chain.hpp"
 #include "../../config.hpp"
@@ -16,6 +18,7 @@
 #include "../../numeric/dtypes.hpp"
 #include "../../rule.hpp"
 #include "../../scalar.hpp"
+#include "../error.cuh"
 #include "tables.cuh"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -258,6 +261,43 @@ template <class Counter>
 FUSEDOPT_KERNEL void advance_counter(Counter* counter)
 {
   *counter += 1;
+}
+
+/// Entries [first, first + count) of a device table, carried by value in kernel parameters
+/// (under 4 KB with the table pointer).
+template <class Entry>
+struct table_piece {
+  static constexpr int capacity = static_cast<int>((4000 - 2 * sizeof(std::int32_t) - sizeof(void*)) / sizeof(Entry));
+  Entry entries[capacity];
+  std::int32_t first;
+  std::int32_t count;
+};
+
+/// Writes a table piece into the device table. A plan rebound while its stream is captured
+/// writes its table this way: the graph keeps the parameters, so every replay writes the
+/// captured addresses before the step's kernels read them (a copy from a host buffer would
+/// replay whatever the buffer holds then).
+template <class Entry>
+FUSEDOPT_KERNEL void write_table_piece(Entry* table, table_piece<Entry> const piece)
+{
+  for (int i = static_cast<int>(threadIdx.x); i < piece.count; i += static_cast<int>(blockDim.x)) {
+    table[piece.first + i] = piece.entries[i];
+  }
+}
+
+/// Enqueues the writes of `entries` into `table` on `stream`, one launch per table_piece.
+template <class Entry>
+void write_table_by_value(Entry* table, std::vector<Entry> const& entries, cudaStream_t stream)
+{
+  table_piece<Entry> piece{};
+  auto const n = static_cast<std::int32_t>(entries.size());
+  for (std::int32_t first = 0; first < n; first += table_piece<Entry>::capacity) {
+    piece.first = first;
+    piece.count = std::min<std::int32_t>(table_piece<Entry>::capacity, n - first);
+    for (std::int32_t i = 0; i < piece.count; ++i) { piece.entries[i] = entries[static_cast<std::size_t>(first + i)]; }
+    write_table_piece<Entry><<<1, 128, 0, stream>>>(table, piece);
+    FUSEDOPT_CUDA_TRY(cudaGetLastError());
+  }
 }
 
 }  // namespace detail
