@@ -15,6 +15,11 @@ call; on the CPU the wall time of the call. Printed per configuration: median an
 host call median, plan rebuilds and rebinds (fusedopt), and the loss after the run (the same
 model, data and hyperparameters for every optimizer: the losses should agree closely).
 
+CUDA also runs the loop a mixed-precision user writes: fp16 autocast with torch.amp.GradScaler,
+set_to_none=True, where the timed call is scaler.step(opt) (the scaler's non-finite check and the
+step: torch fused and fusedopt both take GradScaler's fused protocol, grad_scale and found_inf
+read on the device, no host synchronisation).
+
 Targets (issue 11): with set_to_none=True, fusedopt within 5% of its own set_to_none=False time,
 >= 1.5x faster than torch fused, no step over 2x the median, host call <= 1/5 of torch fused's.
 
@@ -100,7 +105,7 @@ def make_optimizer(name, params, device):
     raise ValueError(name)
 
 
-def run(device, optimizer, set_to_none, args, initial, shape):
+def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False):
     vocab, d, layers, heads, context, batch, seq = shape
     torch.manual_seed(0)
     model = GPT(vocab, d, layers, heads, context).to(device)
@@ -110,18 +115,23 @@ def run(device, optimizer, set_to_none, args, initial, shape):
     cuda = device.type == "cuda"
     step_s, host_s = [], []
     loss = None
+    scaler = torch.amp.GradScaler("cuda") if grad_scaler else None
+    amp_dtype = torch.float16 if grad_scaler else torch.bfloat16
     for i in range(args.warmup + args.steps):
         idx = torch.randint(0, vocab, (batch, seq + 1), generator=gen).to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=cuda):
             logits = model(idx[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, vocab), idx[:, 1:].reshape(-1))
-        loss.backward()
+        (scaler.scale(loss) if scaler else loss).backward()
         if cuda:
             torch.cuda.synchronize()
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
-        opt.step()
+        if scaler:
+            scaler.step(opt)
+        else:
+            opt.step()
         host = time.perf_counter() - t0
         if cuda:
             stop.record()
@@ -129,11 +139,13 @@ def run(device, optimizer, set_to_none, args, initial, shape):
             elapsed = start.elapsed_time(stop) * 1e-3
         else:
             elapsed = host
+        if scaler:
+            scaler.update()
         opt.zero_grad(set_to_none=set_to_none)
         if i >= args.warmup:
             step_s.append(elapsed)
             host_s.append(host)
-    row = dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none,
+    row = dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none, grad_scaler=grad_scaler,
                step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
                host_us_median=statistics.median(host_s) * 1e6, final_loss=float(loss))
     if optimizer == "fusedopt":
@@ -151,28 +163,31 @@ def section(device, args, shape):
     n = sum(v.numel() for k, v in initial.items())
     print(f"\n{device.type}: GPT vocab {vocab}, d {d}, {layers} layers, batch {batch} x {seq}; {n / 1e6:.1f}M parameters; "
           f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
+    configurations = [(o, stn, False) for stn in (True, False) for o in ("torch_fused", "torch_foreach", "fusedopt")]
+    if device.type == "cuda" and hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        configurations += [(o, True, True) for o in ("torch_fused", "fusedopt")]
     rows = []
-    for set_to_none in (True, False):
-        for optimizer in ("torch_fused", "torch_foreach", "fusedopt"):
-            try:
-                rows.append(run(device, optimizer, set_to_none, args, initial, shape))
-            except Exception as e:  # noqa: BLE001 - reported, never fatal
-                rows.append(dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none,
-                                 error=f"{type(e).__name__}: {e}"[:300]))
-            r = rows[-1]
-            if "error" in r:
-                print(f"  {optimizer:14s} set_to_none={set_to_none!s:5s} FAILED {r['error']}", flush=True)
-            else:
-                extra = f"  rebuilds {r['plan_rebuilds']} rebinds {r['plan_rebinds']}" if "plan_rebuilds" in r else ""
-                print(f"  {optimizer:14s} set_to_none={set_to_none!s:5s} step {r['step_us_median']:9.1f} us "
-                      f"(max {r['step_us_max']:9.1f})  host {r['host_us_median']:8.1f} us  loss {r['final_loss']:.5f}"
-                      f"{extra}", flush=True)
+    for optimizer, set_to_none, grad_scaler in configurations:
+        label = f"{optimizer:14s} set_to_none={set_to_none!s:5s}{' fp16+GradScaler' if grad_scaler else ''}"
+        try:
+            rows.append(run(device, optimizer, set_to_none, args, initial, shape, grad_scaler))
+        except Exception as e:  # noqa: BLE001 - reported, never fatal
+            rows.append(dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none, grad_scaler=grad_scaler,
+                             error=f"{type(e).__name__}: {e}"[:300]))
+        r = rows[-1]
+        if "error" in r:
+            print(f"  {label} FAILED {r['error']}", flush=True)
+        else:
+            extra = f"  rebuilds {r['plan_rebuilds']} rebinds {r['plan_rebinds']}" if "plan_rebuilds" in r else ""
+            print(f"  {label} step {r['step_us_median']:9.1f} us (max {r['step_us_max']:9.1f})  host "
+                  f"{r['host_us_median']:8.1f} us  loss {r['final_loss']:.5f}{extra}", flush=True)
     return rows
 
 
 def verdict(rows):
     """Issue 11's targets, read off the rows of one device."""
-    get = {(r["optimizer"], r["set_to_none"]): r for r in rows if "error" not in r}
+    get = {(r["optimizer"], r["set_to_none"]): r for r in rows if "error" not in r and not r.get("grad_scaler")}
+    scaled = {r["optimizer"]: r for r in rows if "error" not in r and r.get("grad_scaler")}
     ours_t, ours_f, fused_t = get.get(("fusedopt", True)), get.get(("fusedopt", False)), get.get(("torch_fused", True))
     if not (ours_t and ours_f and fused_t):
         return ["incomplete"]
@@ -185,7 +200,12 @@ def verdict(rows):
         f"plan rebuilds {ours_t.get('plan_rebuilds')} rebinds {ours_t.get('plan_rebinds')} over "
         f"{ours_t.get('plan_rebuilds', 0) + ours_t.get('plan_rebinds', 0)} address changes",
     ]
-    loss = [r["final_loss"] for r in rows if "final_loss" in r]
+    if "fusedopt" in scaled and "torch_fused" in scaled:
+        a, b = scaled["fusedopt"], scaled["torch_fused"]
+        out.append(f"fp16 + GradScaler, scaler.step(opt): {a['step_us_median']:.1f} us vs torch fused "
+                   f"{b['step_us_median']:.1f} us ({b['step_us_median'] / a['step_us_median']:.2f}x faster), host "
+                   f"{a['host_us_median']:.1f} vs {b['host_us_median']:.1f} us")
+    loss = [r["final_loss"] for r in rows if "final_loss" in r and not r.get("grad_scaler")]
     out.append(f"final losses {min(loss):.5f} .. {max(loss):.5f}")
     return out
 

@@ -482,6 +482,9 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
   static constexpr char const* names[] = {B::slot_type::name...};
   bool moved = false;
   bool queried[num_slots] = {};
+  // Pointer queries are host-side lookups, but under a global or thread-local stream capture the
+  // runtime may refuse them as potentially unsafe calls: this thread queries in relaxed mode.
+  detail::relaxed_capture_mode const relaxed;
   for (auto const& e : tensors_) {
     auto const t = static_cast<std::size_t>(e.index);
     void* bases[num_slots];

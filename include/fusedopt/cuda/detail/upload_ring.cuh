@@ -16,6 +16,19 @@ FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
 
+/// Puts the calling thread in cudaStreamCaptureModeRelaxed for its lifetime (restoring the mode
+/// it had), so that a query the runtime counts as unsafe does not invalidate a capture in progress.
+class relaxed_capture_mode {
+ public:
+  relaxed_capture_mode() { FUSEDOPT_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&previous_)); }
+  ~relaxed_capture_mode() { (void)cudaThreadExchangeStreamCaptureMode(&previous_); }
+  relaxed_capture_mode(relaxed_capture_mode const&) = delete;
+  relaxed_capture_mode& operator=(relaxed_capture_mode const&) = delete;
+
+ private:
+  cudaStreamCaptureMode previous_ = cudaStreamCaptureModeRelaxed;
+};
+
 /// A ring of `slots` pinned host buffers of `bytes` each, with an event per slot. An upload
 /// copies host data into the next slot and enqueues one cudaMemcpyAsync from it, so the call
 /// returns at once; the slot is written again only after its event says the copy consumed
