@@ -260,8 +260,10 @@ __global__ void count_wrong(fo::bfloat16 const* data, std::int64_t n, unsigned l
 }
 }  // namespace
 
-TEST_CASE("one tensor of more than 2^31 elements", "[cuda][layout][big]")
+TEST_CASE("one tensor of more than 2^31 elements between small ones, every transport", "[cuda][layout][big]")
 {
+  // Issue 15's red-team item: 64-bit element indices next to tensors whose chunks are short,
+  // in one launch table.
   std::int64_t const offset = GENERATE(0, 1);  // 1: misaligned by one element (head path)
   std::int64_t const n = (std::int64_t{1} << 31) + 4099;
   std::size_t const bytes = static_cast<std::size_t>(n + offset) * sizeof(fo::bfloat16);
@@ -278,12 +280,40 @@ TEST_CASE("one tensor of more than 2^31 elements", "[cuda][layout][big]")
   fill_big<<<1024, 256>>>(data, n);
   FO_TEST_CUDA(cudaGetLastError());
 
-  fo::tensor_list<fo::bfloat16> list;
-  list.push_back(data, n);
-  auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k);
+  auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
+                            fo::cuda::transport::param_32k);
+  if (!transport_available(how)) {
+    FO_TEST_CUDA(cudaFree(base));
+    return;
+  }
+  // Small tensors before and after the big one (their own allocation).
+  std::int64_t const small_sizes[] = {1, 3, 4097, 100};
+  std::int64_t small_total = 0;
+  for (auto k : small_sizes) { small_total += k; }
+  std::vector<fo::bfloat16> small_host(static_cast<std::size_t>(small_total));
+  for (std::size_t i = 0; i < small_host.size(); ++i) { small_host[i] = fo::bfloat16::from_bits(initial_bits(static_cast<std::int64_t>(i) * 7)); }
+  fo::bfloat16* small = nullptr;
+  FO_TEST_CUDA(cudaMalloc(&small, small_host.size() * sizeof(fo::bfloat16)));
+  FO_TEST_CUDA(cudaMemcpy(small, small_host.data(), small_host.size() * sizeof(fo::bfloat16), cudaMemcpyHostToDevice));
+  fo::tensor_list<fo::bfloat16> list, host_small_list;
+  std::int64_t at = 0;
+  for (std::size_t k = 0; k < 4; ++k) {
+    if (k == 2) { list.push_back(data, n); }
+    list.push_back(small + at, small_sizes[k]);
+    host_small_list.push_back(small_host.data() + at, small_sizes[k]);
+    at += small_sizes[k];
+  }
   fo::cuda::options opts;
   opts.metadata = how;
   fo::cuda::make_plan(fo::bind(slot::param = list), opts).run(halve_plus_one{});
+  fo::host::apply(halve_plus_one{}, fo::bind(slot::param = host_small_list));
+  std::vector<fo::bfloat16> small_device(small_host.size());
+  FO_TEST_CUDA(cudaMemcpy(small_device.data(), small, small_device.size() * sizeof(fo::bfloat16), cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < small_host.size(); ++i) {
+    INFO("small tensors, element " << i);
+    REQUIRE(small_device[i].bits == small_host[i].bits);
+  }
+  FO_TEST_CUDA(cudaFree(small));
 
   unsigned long long* wrong = nullptr;
   FO_TEST_CUDA(cudaMalloc(&wrong, sizeof *wrong));

@@ -538,10 +538,9 @@ class engine {
   float const* amp_pointer(c10::optional<at::Tensor> const* t, bucket const& b)
   {
     if (t == nullptr || !*t || !(*t)->defined()) { return nullptr; }
-    at::Device const device = b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
     at::Tensor const& x = **t;
-    if (x.device() == device && x.scalar_type() == at::kFloat) { return x.data_ptr<float>(); }
-    amp_tensors_.push_back(x.to(device, at::kFloat, /*non_blocking=*/false, /*copy=*/false).contiguous());
+    if (x.device() == device_of(b) && x.scalar_type() == at::kFloat) { return x.data_ptr<float>(); }
+    amp_tensors_.push_back(x.to(device_of(b), at::kFloat, /*non_blocking=*/false, /*copy=*/false).contiguous());
     return amp_tensors_.back().data_ptr<float>();
   }
 
@@ -583,14 +582,15 @@ class engine {
 
   enum change : char { unchanged, addresses_moved, members_changed };
 
+  static at::Device device_of(bucket const& b)
+  {
+    return b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
+  }
+
   /// The bucket's counter in its memory (made from its count the first time, on the current stream).
   static std::int64_t* counter_of(bucket& b)
   {
-    if (!b.counter.defined()) {
-      auto const device =
-        b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
-      b.counter = at::full({}, b.step, at::TensorOptions().dtype(at::kLong).device(device));
-    }
+    if (!b.counter.defined()) { b.counter = at::full({}, b.step, at::TensorOptions().dtype(at::kLong).device(device_of(b))); }
     return b.counter.data_ptr<std::int64_t>();
   }
 
@@ -602,11 +602,7 @@ class engine {
     bucket_hyper_ = hyper_[g];
     bucket_hyper_.mu_product = b.mu_product;
     if (lr != nullptr) {
-      if (!b.lr.defined()) {
-        auto const device =
-          b.device < 0 ? at::Device(at::kCPU) : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(b.device));
-        b.lr = at::empty({}, at::TensorOptions().dtype(at::kDouble).device(device));
-      }
+      if (!b.lr.defined()) { b.lr = at::empty({}, at::TensorOptions().dtype(at::kDouble).device(device_of(b))); }
       b.lr.copy_(**lr);
       bucket_hyper_.lr_pointer = b.lr.data_ptr<double>();
     }
@@ -629,7 +625,9 @@ class engine {
   bool mu_single_ = true;
   std::vector<hyper> hyper_;
   std::vector<change> changed_;
-  bool counted_on_device_ = false;  // step counts in the buckets' memory (since GradScaler's first fused step)
+  // Step counts in the buckets' memory, since the first step with GradScaler's fused protocol
+  // or capturable=True.
+  bool counted_on_device_ = false;
   std::vector<at::Tensor> amp_tensors_;  // this step's copies of GradScaler's tensors
   std::int64_t rebuilds_ = 0;
   std::int64_t rebinds_ = 0;
