@@ -81,7 +81,13 @@ def test_fused_protocol_equals_unscaled_gradients_and_skips(family, device):
                 p.grad = ((g * scale).double() / scale.double()).float()
             b.step()
             for x, y in zip(params_a, params_b):
-                assert same_bits(x, y), t
+                if device == "cpu":
+                    assert same_bits(x, y), t
+                else:
+                    # The two CUDA kernels (with and without the AMP blocks) are compiled apart, and
+                    # nvcc may contract their arithmetic into FMAs differently: seen on the H100 for
+                    # SGD without momentum (Adam, AdamW, Adagrad, SGD with momentum gave the same bits).
+                    torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7, msg=lambda m: f"step {t}: {m}")
         assert found.item() == (1.0 if t in skipped else 0.0)  # only read
     sa, sb = a.state_dict()["state"], b.state_dict()["state"]
     for i in sb:
@@ -141,6 +147,8 @@ def test_fused_protocol_matches_torch_fused(family):
     cls, name, kw = family
     ref_cls = getattr(torch.optim, name)
     params_ref, params_ours = make_params("cuda"), make_params("cuda")
+    if name == "Adagrad":
+        pytest.skip("torch's fused Adagrad runs on the CPU only (torch 2.11)")
     try:
         ref = ref_cls(params_ref, fused=True, **kw)
     except (RuntimeError, TypeError, ValueError) as e:
@@ -171,22 +179,30 @@ def test_fused_protocol_matches_torch_fused(family):
 @pytest.mark.parametrize("name", ["AdamW", "SGD"])
 def test_gradscaler_fp16_training_loop_matches_torch_fused(name):
     """An fp16-autocast loop with GradScaler, where some steps overflow: the same scale history,
-    skipped steps and step counts as torch's fused optimizer, parameters within rounding, and no
-    host synchronisation in fusedopt's step after the first one."""
+    skipped steps and step counts as torch's fused optimizer, no host synchronisation in
+    fusedopt's step after the first one, and parameters as close to torch fused's as torch's own
+    for-loop optimizer (with GradScaler's unscale path) is. fp16 autocast turns the optimizers'
+    last-bit differences into different fp16 roundings of the weights in the next forward, so
+    the trajectories part by more than rounding (seen on the H100: up to 1.6e-4 for SGD with
+    momentum after 14 steps); torch's own spread is the yardstick."""
     cuda_only()
     torch.manual_seed(0)
-    model_ref = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
-    model_ours = copy.deepcopy(model_ref)
+    model_fused = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
+    model_ours, model_loop = copy.deepcopy(model_fused), copy.deepcopy(model_fused)
+    start = [p.detach().clone() for p in model_fused.parameters()]
     kw = dict(lr=1e-3) if name == "AdamW" else dict(lr=1e-2, momentum=0.9)
-    ref = getattr(torch.optim, name)(model_ref.parameters(), fused=True, **kw)
-    ours = getattr(ft, name)(model_ours.parameters(), **kw)
-    scalers = [torch.amp.GradScaler("cuda", init_scale=2.0 ** 16, growth_interval=3) for _ in range(2)]
+    runs = [
+        (model_fused, getattr(torch.optim, name)(model_fused.parameters(), fused=True, **kw)),
+        (model_ours, getattr(ft, name)(model_ours.parameters(), **kw)),
+        (model_loop, getattr(torch.optim, name)(model_loop.parameters(), foreach=False, **kw)),
+    ]
+    scalers = [torch.amp.GradScaler("cuda", init_scale=2.0 ** 16, growth_interval=3) for _ in runs]
     x = torch.randn(32, 64, device="cuda")
     y = torch.randn(32, 64, device="cuda")
     overflow = {0, 5, 9}
-    history = [[], []]
+    history = [[] for _ in runs]
     for t in range(14):
-        for k, (model, opt, scaler) in enumerate(((model_ref, ref, scalers[0]), (model_ours, ours, scalers[1]))):
+        for k, ((model, opt), scaler) in enumerate(zip(runs, scalers)):
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=torch.float16):
                 loss = torch.nn.functional.mse_loss(model(x), y)
@@ -201,10 +217,19 @@ def test_gradscaler_fp16_training_loop_matches_torch_fused(name):
                 torch.cuda.set_sync_debug_mode("default")
             scaler.update()
             history[k].append(scaler.get_scale())
-    assert history[0] == history[1]
-    for a, b in zip(model_ref.parameters(), model_ours.parameters()):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    sr, so = ref.state_dict()["state"], ours.state_dict()["state"]
-    for i in sr:
-        if "step" in sr[i]:
-            assert float(sr[i]["step"]) == float(so[i]["step"]) <= 14 - len(overflow)
+    assert history[0] == history[1] == history[2]
+
+    def distance(m1, m2):
+        return max((a - b).abs().max().item() for a, b in zip(m1.parameters(), m2.parameters()))
+
+    moved = max((p - s).abs().max().item() for p, s in zip(model_fused.parameters(), start))
+    ours_vs_fused, loop_vs_fused = distance(model_ours, model_fused), distance(model_loop, model_fused)
+    print(f"GRADSCALER {name}: moved {moved:.3e}, fusedopt - fused {ours_vs_fused:.3e}, "
+          f"torch for-loop - fused {loop_vs_fused:.3e}")
+    assert ours_vs_fused <= 3 * loop_vs_fused + 1e-3 * moved
+    so = runs[1][1].state_dict()["state"]
+    for k in (0, 2):
+        sr = runs[k][1].state_dict()["state"]
+        for i in sr:
+            if "step" in sr[i]:
+                assert float(sr[i]["step"]) == float(so[i]["step"]) <= 14 - len(overflow)

@@ -13,7 +13,7 @@ core of test_optim.py's TestOptimRenewed around them (same names, same semantics
   class on the same inputs (the forloop implementation).
 
 Inputs that use options fusedopt_torch does not support (differentiable=True; capturable=True for
-NAdam) are skipped per input and counted; see docs/pytorch.md. Skips cleanly where the installed torch has no
+NAdam, and with Tensor betas) are skipped per input and counted; see docs/pytorch.md. Skips cleanly where the installed torch has no
 common_optimizers (torch < 2.2).
 """
 
@@ -43,6 +43,14 @@ OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad
 UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
 UNSUPPORTED_BY = {"NAdam": ("capturable",)}  # and per class
 
+
+def rejected(kwargs, name):
+    """Whether fusedopt_torch raises NotImplementedError for these options (docs/pytorch.md)."""
+    if any(kwargs.get(k, False) for k in UNSUPPORTED + UNSUPPORTED_BY.get(name, ())):
+        return True
+    # capturable=True reads only lr from the device: Tensor betas are refused
+    return bool(kwargs.get("capturable", False)) and any(isinstance(b, torch.Tensor) for b in kwargs.get("betas", ()))
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and ft.with_cuda() else [])
 INFOS = [i for i in co.optim_db if i.optim_cls.__name__ in OURS]
 CASES = [(i, d) for i in INFOS for d in DEVICES]
@@ -58,8 +66,7 @@ def supported_inputs(info, device, dtype=torch.float32):
     """optim_inputs_func's inputs without the options fusedopt_torch does not support."""
     out = []
     for oi in info.optim_inputs_func(device=device, dtype=dtype):
-        rejected = UNSUPPORTED + UNSUPPORTED_BY.get(info.optim_cls.__name__, ())
-        if any(oi.kwargs.get(k, False) for k in rejected):
+        if rejected(oi.kwargs, info.optim_cls.__name__):
             UNSUPPORTED_SEEN.append(f"{info.optim_cls.__name__} {device}: {oi.desc}")
             continue
         out.append(oi)
