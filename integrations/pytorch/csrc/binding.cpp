@@ -71,65 +71,6 @@ template <class... Parts>
     if (!(condition)) { ::fusedopt_torch::fail(__VA_ARGS__); } \
   } while (0)
 
-// Order of the hyperparameter tuple Python passes for each group (fusedopt_torch/optimizers.py's _hyper).
-enum hyper_index : int {
-  h_lr,
-  h_beta1,
-  h_beta2,
-  h_eps,
-  h_weight_decay,
-  h_momentum,
-  h_dampening,
-  h_alpha,
-  h_lr_decay,
-  h_rho,
-  h_max_grad_norm,
-  h_momentum_decay,
-  h_flags,
-  h_count
-};
-enum flag_bits : int {
-  f_amsgrad = 1,
-  f_maximize = 2,
-  f_nesterov = 4,
-  f_centered = 8,
-  f_decoupled = 16,
-  f_bias_correction = 32,
-  f_grad_averaging = 64,
-  f_adam_w_mode = 128,
-  f_use_nvlamb = 256,
-};
-
-hyper to_hyper(std::vector<double> const& v)
-{
-  FUSEDOPT_TORCH_CHECK(v.size() == h_count, "fusedopt_torch: a group's hyperparameters have ", v.size(), " entries, expected ",
-              static_cast<int>(h_count));
-  hyper h;
-  h.lr = v[h_lr];
-  h.beta1 = v[h_beta1];
-  h.beta2 = v[h_beta2];
-  h.eps = v[h_eps];
-  h.weight_decay = v[h_weight_decay];
-  h.momentum = v[h_momentum];
-  h.dampening = v[h_dampening];
-  h.alpha = v[h_alpha];
-  h.lr_decay = v[h_lr_decay];
-  h.rho = v[h_rho];
-  h.max_grad_norm = v[h_max_grad_norm];
-  h.momentum_decay = v[h_momentum_decay];
-  auto const flags = static_cast<int>(v[h_flags]);
-  h.amsgrad = (flags & f_amsgrad) != 0;
-  h.maximize = (flags & f_maximize) != 0;
-  h.nesterov = (flags & f_nesterov) != 0;
-  h.centered = (flags & f_centered) != 0;
-  h.decoupled_weight_decay = (flags & f_decoupled) != 0;
-  h.bias_correction = (flags & f_bias_correction) != 0;
-  h.grad_averaging = (flags & f_grad_averaging) != 0;
-  h.adam_w_mode = (flags & f_adam_w_mode) != 0;
-  h.use_nvlamb = (flags & f_use_nvlamb) != 0;
-  return h;
-}
-
 /// The structural options of a family's hyperparameters (must agree with the classes' _state_keys).
 layout layout_of(family f, hyper const& h)
 {
@@ -204,7 +145,7 @@ void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* wha
 
 class engine {
  public:
-  explicit engine(int f) : family_(static_cast<family>(f)) {}
+  explicit engine(family f) : family_(f) {}
 
   /// Replaces every group: parameters, state tensors (None: no state yet) and step counts.
   void set_groups(std::vector<std::tuple<std::vector<at::Tensor>, std::vector<c10::optional<std::vector<at::Tensor>>>,
@@ -243,7 +184,7 @@ class engine {
   /// one-element float tensors), for families with supports_amp only. `lrs`: per group, the lr
   /// when it is a tensor (read on the device at every step, without synchronising), else None.
   /// `on_device`: keep the step counts in the buckets' memory from now on (capturable=True).
-  bool step(std::vector<std::vector<double>> const& hypers, c10::optional<at::Tensor> const& grad_scale,
+  bool step(std::vector<hyper> const& hypers, c10::optional<at::Tensor> const& grad_scale,
             c10::optional<at::Tensor> const& found_inf, std::vector<c10::optional<at::Tensor>> const& lrs,
             bool on_device)
   {
@@ -266,7 +207,9 @@ class engine {
                 groups_.size(), " parameter groups");
     hyper_.resize(hypers.size());
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      hyper_[g] = to_hyper(hypers[g]);
+      hyper_[g] = hypers[g];
+      hyper_[g].lr_pointer = nullptr;  // set per bucket from a tensor lr
+      hyper_[g].mu_product = 1.0;      // set per bucket (NAdam)
       layout const l = layout_of(family_, hyper_[g]);
       auto& d = groups_[g];
       if (!d.layout_known || l != d.lay) {
@@ -641,8 +584,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   namespace py = pybind11;
   using fusedopt_torch::engine;
   m.doc() = "fusedopt_torch._C: fused optimizer steps on fusedopt plans";
+  using fusedopt_torch::family;
+  using fusedopt_torch::hyper;
+  py::enum_<family> families(m, "Family");
+#define FUSEDOPT_TORCH_VALUE(name, plans) families.value(#name, family::name);
+  FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_VALUE)
+#undef FUSEDOPT_TORCH_VALUE
+  // The hyperparameters by name (plans.hpp's hyper); lr_pointer and mu_product are the engine's.
+  py::class_<hyper>(m, "Hyper")
+    .def(py::init<>())
+    .def_readwrite("lr", &hyper::lr)
+    .def_readwrite("beta1", &hyper::beta1)
+    .def_readwrite("beta2", &hyper::beta2)
+    .def_readwrite("eps", &hyper::eps)
+    .def_readwrite("weight_decay", &hyper::weight_decay)
+    .def_readwrite("momentum", &hyper::momentum)
+    .def_readwrite("dampening", &hyper::dampening)
+    .def_readwrite("alpha", &hyper::alpha)
+    .def_readwrite("lr_decay", &hyper::lr_decay)
+    .def_readwrite("rho", &hyper::rho)
+    .def_readwrite("max_grad_norm", &hyper::max_grad_norm)
+    .def_readwrite("momentum_decay", &hyper::momentum_decay)
+    .def_readwrite("amsgrad", &hyper::amsgrad)
+    .def_readwrite("maximize", &hyper::maximize)
+    .def_readwrite("nesterov", &hyper::nesterov)
+    .def_readwrite("centered", &hyper::centered)
+    .def_readwrite("decoupled_weight_decay", &hyper::decoupled_weight_decay)
+    .def_readwrite("bias_correction", &hyper::bias_correction)
+    .def_readwrite("grad_averaging", &hyper::grad_averaging)
+    .def_readwrite("adam_w_mode", &hyper::adam_w_mode)
+    .def_readwrite("use_nvlamb", &hyper::use_nvlamb);
   py::class_<engine>(m, "Engine")
-    .def(py::init<int>(), py::arg("family"))
+    .def(py::init<family>(), py::arg("family"))
     .def("set_groups", &engine::set_groups, py::arg("groups"))
     .def("step", &engine::step, py::arg("hypers"), py::arg("grad_scale") = py::none(),
          py::arg("found_inf") = py::none(), py::arg("lrs") = std::vector<c10::optional<at::Tensor>>{},

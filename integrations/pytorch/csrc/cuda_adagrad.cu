@@ -1,15 +1,5 @@
 /// @file cuda_adagrad.cu
 /// @brief CUDA plans of the adagrad family (every dtype and layout): fusedopt headers only.
 #include "cuda_backend.cuh"
-#include "cuda_families.hpp"
 
-namespace fusedopt_torch {
-namespace detail {
-
-std::unique_ptr<plan> cuda_adagrad(family, dtype t, layout const& l, lists const& x, void* stream)
-{
-  return adagrad_plan<cuda_backend>(t, l, x, stream);
-}
-
-}  // namespace detail
-}  // namespace fusedopt_torch
+FUSEDOPT_TORCH_CUDA_PLANS(adagrad)

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_families.hpp"
 #include "families.hpp"
 
 namespace fusedopt_torch {
@@ -34,3 +35,12 @@ struct cuda_backend {
 
 }  // namespace detail
 }  // namespace fusedopt_torch
+
+/// Defines cuda_<plans> (cuda_families.hpp) with the CUDA backend: the whole of cuda_<plans>.cu.
+#define FUSEDOPT_TORCH_CUDA_PLANS(plans)                                                                  \
+  namespace fusedopt_torch::detail {                                                                      \
+  std::unique_ptr<plan> cuda_##plans(family f, dtype t, layout const& l, lists const& x, void* stream)    \
+  {                                                                                                       \
+    return plans##_plan<cuda_backend>(f, t, l, x, stream);                                                \
+  }                                                                                                       \
+  }

@@ -1,6 +1,7 @@
 /// @file cuda_families.hpp
-/// @brief One CUDA entry point per family, each defined in its own .cu (cuda_<family>.cu) so
-/// that nvcc compiles them in parallel. No CUDA or torch types.
+/// @brief One CUDA entry point per plan function of families.hpp, each defined in its own .cu
+/// (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>)) so that nvcc compiles them
+/// in parallel. No CUDA or torch types.
 #pragma once
 
 #include "plans.hpp"
@@ -8,18 +9,11 @@
 namespace fusedopt_torch {
 namespace detail {
 
-using cuda_entry = std::unique_ptr<plan> (*)(family, dtype, layout const&, lists const&, void*);
-
-std::unique_ptr<plan> cuda_sgd(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_adam(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_adagrad(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_rmsprop(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_lamb(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_lion(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_radam(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_adamax(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_adadelta(family, dtype, layout const&, lists const&, void*);
-std::unique_ptr<plan> cuda_nadam(family, dtype, layout const&, lists const&, void*);
+// Adam and AdamW share cuda_adam: declaring it twice is allowed.
+#define FUSEDOPT_TORCH_DECLARE(name, plans) \
+  std::unique_ptr<plan> cuda_##plans(family, dtype, layout const&, lists const&, void*);
+FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_DECLARE)
+#undef FUSEDOPT_TORCH_DECLARE
 
 }  // namespace detail
 }  // namespace fusedopt_torch

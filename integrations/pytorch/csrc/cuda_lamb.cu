@@ -1,15 +1,5 @@
 /// @file cuda_lamb.cu
 /// @brief CUDA plans of the lamb family (every dtype and layout): fusedopt headers only.
 #include "cuda_backend.cuh"
-#include "cuda_families.hpp"
 
-namespace fusedopt_torch {
-namespace detail {
-
-std::unique_ptr<plan> cuda_lamb(family, dtype t, layout const& l, lists const& x, void* stream)
-{
-  return lamb_plan<cuda_backend>(t, l, x, stream);
-}
-
-}  // namespace detail
-}  // namespace fusedopt_torch
+FUSEDOPT_TORCH_CUDA_PLANS(lamb)

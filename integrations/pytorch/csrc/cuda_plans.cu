@@ -8,19 +8,11 @@ namespace fusedopt_torch {
 
 std::unique_ptr<plan> make_cuda_plan(family f, dtype t, layout const& l, lists const& x, void* stream)
 {
-  using namespace detail;
   switch (f) {
-    case family::sgd: return cuda_sgd(f, t, l, x, stream);
-    case family::adam:
-    case family::adamw: return cuda_adam(f, t, l, x, stream);
-    case family::adagrad: return cuda_adagrad(f, t, l, x, stream);
-    case family::rmsprop: return cuda_rmsprop(f, t, l, x, stream);
-    case family::lamb: return cuda_lamb(f, t, l, x, stream);
-    case family::lion: return cuda_lion(f, t, l, x, stream);
-    case family::radam: return cuda_radam(f, t, l, x, stream);
-    case family::adamax: return cuda_adamax(f, t, l, x, stream);
-    case family::adadelta: return cuda_adadelta(f, t, l, x, stream);
-    case family::nadam: return cuda_nadam(f, t, l, x, stream);
+#define FUSEDOPT_TORCH_CASE(name, plans) \
+  case family::name: return detail::cuda_##plans(f, t, l, x, stream);
+    FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_CASE)
+#undef FUSEDOPT_TORCH_CASE
   }
   throw fusedopt::error("fusedopt_torch: unknown optimizer family");
 }

@@ -335,7 +335,7 @@ struct build_nadam {
 // kept by the plan to rebind it when the tensors move.
 
 template <class B>
-std::unique_ptr<plan> sgd_plan(dtype t, layout const& l, lists const& x, void* s)
+std::unique_ptr<plan> sgd_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
@@ -375,7 +375,7 @@ std::unique_ptr<plan> adam_plan(family f, dtype t, layout const& l, lists const&
 }
 
 template <class B>
-std::unique_ptr<plan> adagrad_plan(dtype t, layout const&, lists const& x, void* s)
+std::unique_ptr<plan> adagrad_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
@@ -385,7 +385,7 @@ std::unique_ptr<plan> adagrad_plan(dtype t, layout const&, lists const& x, void*
 }
 
 template <class B>
-std::unique_ptr<plan> rmsprop_plan(dtype t, layout const& l, lists const& x, void* s)
+std::unique_ptr<plan> rmsprop_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
   // State order: square_avg, then momentum_buffer (with momentum), then grad_avg (centered).
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
@@ -419,7 +419,7 @@ std::unique_ptr<plan> rmsprop_plan(dtype t, layout const& l, lists const& x, voi
 }
 
 template <class B>
-std::unique_ptr<plan> lamb_plan(dtype t, layout const& l, lists const& x, void* s)
+std::unique_ptr<plan> lamb_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
   // The trust ratio needs two accumulators, the clip one more in its own pass.
   constexpr int capacity = 4;
@@ -434,7 +434,7 @@ std::unique_ptr<plan> lamb_plan(dtype t, layout const& l, lists const& x, void* 
 }
 
 template <class B>
-std::unique_ptr<plan> lion_plan(dtype t, layout const&, lists const& x, void* s)
+std::unique_ptr<plan> lion_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
@@ -444,7 +444,7 @@ std::unique_ptr<plan> lion_plan(dtype t, layout const&, lists const& x, void* s)
 }
 
 template <class B>
-std::unique_ptr<plan> radam_plan(dtype t, layout const&, lists const& x, void* s)
+std::unique_ptr<plan> radam_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
@@ -457,7 +457,7 @@ std::unique_ptr<plan> radam_plan(dtype t, layout const&, lists const& x, void* s
 }
 
 template <class B>
-std::unique_ptr<plan> adamax_plan(dtype t, layout const&, lists const& x, void* s)
+std::unique_ptr<plan> adamax_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
@@ -470,7 +470,7 @@ std::unique_ptr<plan> adamax_plan(dtype t, layout const&, lists const& x, void* 
 }
 
 template <class B>
-std::unique_ptr<plan> adadelta_plan(dtype t, layout const&, lists const& x, void* s)
+std::unique_ptr<plan> adadelta_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
@@ -483,7 +483,7 @@ std::unique_ptr<plan> adadelta_plan(dtype t, layout const&, lists const& x, void
 }
 
 template <class B>
-std::unique_ptr<plan> nadam_plan(dtype t, layout const&, lists const& x, void* s)
+std::unique_ptr<plan> nadam_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
   // State order: exp_avg, exp_avg_sq (torch's mu_product is a scalar per bucket: hyper::mu_product).
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {

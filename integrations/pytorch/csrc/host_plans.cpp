@@ -36,17 +36,10 @@ std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists c
   // The backends' `make` take a `void*` context: the stream on CUDA, the thread count here.
   void* const s = &threads;
   switch (f) {
-    case family::sgd: return detail::sgd_plan<B>(t, l, x, s);
-    case family::adam:
-    case family::adamw: return detail::adam_plan<B>(f, t, l, x, s);
-    case family::adagrad: return detail::adagrad_plan<B>(t, l, x, s);
-    case family::rmsprop: return detail::rmsprop_plan<B>(t, l, x, s);
-    case family::lamb: return detail::lamb_plan<B>(t, l, x, s);
-    case family::lion: return detail::lion_plan<B>(t, l, x, s);
-    case family::radam: return detail::radam_plan<B>(t, l, x, s);
-    case family::adamax: return detail::adamax_plan<B>(t, l, x, s);
-    case family::adadelta: return detail::adadelta_plan<B>(t, l, x, s);
-    case family::nadam: return detail::nadam_plan<B>(t, l, x, s);
+#define FUSEDOPT_TORCH_CASE(name, plans) \
+  case family::name: return detail::plans##_plan<B>(f, t, l, x, s);
+    FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_CASE)
+#undef FUSEDOPT_TORCH_CASE
   }
   throw fusedopt::error("fusedopt_torch: unknown optimizer family");
 }

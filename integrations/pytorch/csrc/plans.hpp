@@ -17,23 +17,32 @@ namespace fusedopt_torch {
 /// @brief Element type of every list of one plan (param, grad and states share it, as in torch).
 enum class dtype : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
 
-/// @brief Optimizer families; the numbers are part of the Python interface (fusedopt_torch/optimizers.py).
+/// @brief The optimizer families, once: X(name, plans) for each, where `plans` names the plan
+/// functions that serve it (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu;
+/// Adam and AdamW share Adam's). Python sees them as fusedopt_torch._C.Family.<name>.
+#define FUSEDOPT_TORCH_FAMILIES(X) \
+  X(sgd, sgd)                      \
+  X(adam, adam)                    \
+  X(adamw, adam)                   \
+  X(adagrad, adagrad)              \
+  X(rmsprop, rmsprop)              \
+  X(lamb, lamb)                    \
+  X(lion, lion)                    \
+  X(radam, radam)                  \
+  X(adamax, adamax)                \
+  X(adadelta, adadelta)            \
+  X(nadam, nadam)
+
 enum class family : int {
-  sgd = 0,
-  adam = 1,
-  adamw = 2,
-  adagrad = 3,
-  rmsprop = 4,
-  lamb = 5,
-  lion = 6,
-  radam = 7,
-  adamax = 8,
-  adadelta = 9,
-  nadam = 10,
+#define FUSEDOPT_TORCH_ENUM(name, plans) name,
+  FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_ENUM)
+#undef FUSEDOPT_TORCH_ENUM
 };
 
 /// @brief Every hyperparameter any family reads, with torch's names; a family ignores the others.
-/// Read from the parameter group at every step (a scheduler may change lr every step).
+/// Read from the parameter group at every step (a scheduler may change lr every step). Python
+/// builds it by field name (fusedopt_torch._C.Hyper, binding.cpp exports every field but the
+/// two the engine sets).
 struct hyper {
   double lr = 1e-3;
   /// When set, lr is read from here at every step instead (a tensor lr: a double in the plan's

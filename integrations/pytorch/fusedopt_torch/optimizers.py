@@ -18,22 +18,17 @@ from torch.optim import Optimizer
 
 from . import _ext
 
-# Family numbers: csrc/plans.hpp's fusedopt_torch::family.
-SGD_F, ADAM_F, ADAMW_F, ADAGRAD_F, RMSPROP_F, LAMB_F, LION_F, RADAM_F, ADAMAX_F, ADADELTA_F, NADAM_F = range(11)
-
-# Flag bits of the hyperparameter tuple: csrc/binding.cpp's flag_bits.
-AMSGRAD, MAXIMIZE, NESTEROV, CENTERED, DECOUPLED, BIAS_CORRECTION, GRAD_AVERAGING, ADAM_W_MODE, USE_NVLAMB = (
-    1 << k for k in range(9))
-
-
-def _hyper(group, lr=None, beta1=0.0, beta2=0.0, eps=0.0, weight_decay=0.0, momentum=0.0, dampening=0.0, alpha=0.0,
-           lr_decay=0.0, rho=0.0, max_grad_norm=0.0, momentum_decay=0.0, flags=0):
-    """The tuple binding.cpp reads (order: its hyper_index). A tensor lr is passed to the engine
-    apart (FusedOptimizer.step's lrs) and read on the device: no synchronisation, capturable."""
-    lr = group["lr"] if lr is None else lr
-    return [0.0 if isinstance(lr, torch.Tensor) else float(lr), float(beta1), float(beta2), float(eps), float(weight_decay),
-            float(momentum), float(dampening), float(alpha), float(lr_decay), float(rho), float(max_grad_norm),
-            float(momentum_decay), float(flags)]
+def _hyper(group, **fields):
+    """The group's hyperparameters as the extension's Hyper (csrc/plans.hpp's `hyper`), by field
+    name: lr from the group, the others as given (floats, and booleans for the options). A tensor
+    lr is passed to the engine apart (FusedOptimizer.step's lrs) and read on the device: no
+    synchronisation, capturable."""
+    h = _ext.load().Hyper()
+    lr = group["lr"]
+    h.lr = 0.0 if isinstance(lr, torch.Tensor) else float(lr)
+    for name, value in fields.items():
+        setattr(h, name, value if isinstance(value, bool) else float(value))
+    return h
 
 
 def _scalar_dtype():
@@ -130,7 +125,7 @@ class _View:
 class FusedOptimizer(Optimizer):
     """Base class: the engine, the plan cache and torch-compatible state handling.
 
-    Subclasses set ``_family``, ``_step_key`` ('step' when torch keeps a step count, else None)
+    Subclasses set ``_family`` (a name of ``_C.Family``), ``_step_key`` ('step' when torch keeps a step count, else None)
     and implement ``_state_keys(group)``, ``_hyper(group)`` and optionally ``_new_state``.
     """
 
@@ -264,7 +259,7 @@ class FusedOptimizer(Optimizer):
     def _make_engine(self, family):
         if self._engine is not None:
             self._pull_steps()
-        self._engine = _ext.load().Engine(family)
+        self._engine = _ext.load().Engine(getattr(_ext.load().Family, family))
         self._engine_family = family
         self._engine_ahead = False
         self._dirty = True
@@ -477,7 +472,7 @@ class SGD(FusedOptimizer):
     with the first gradient, as torch does when it creates the buffer.
     """
 
-    _family = SGD_F
+    _family = "sgd"
     _step_key = None
     _step_supports_amp_scaling = True
 
@@ -507,9 +502,8 @@ class SGD(FusedOptimizer):
         return 1 if state.get("momentum_buffer") is not None else 0
 
     def _hyper(self, group):
-        flags = (NESTEROV if group["nesterov"] else 0) | (MAXIMIZE if group.get("maximize", False) else 0)
         return _hyper(group, momentum=group["momentum"], dampening=group["dampening"],
-                      weight_decay=group["weight_decay"], flags=flags)
+                      weight_decay=group["weight_decay"], nesterov=bool(group["nesterov"]), maximize=bool(group.get("maximize", False)))
 
 
 class Adam(FusedOptimizer):
@@ -519,7 +513,7 @@ class Adam(FusedOptimizer):
     the AdamW engine (every group must agree on the option).
     """
 
-    _family = ADAM_F
+    _family = "adam"
     _name = "Adam"
     _step_supports_amp_scaling = True
     _sparse_error = "Adam does not support sparse gradients, please consider SparseAdam instead"
@@ -560,21 +554,21 @@ class Adam(FusedOptimizer):
         if len(flags) > 1:
             raise NotImplementedError(f"fusedopt_torch.{self._name}: decoupled_weight_decay must be the same in "
                                       "every parameter group (one engine per optimizer)")
-        return ADAMW_F if flags == {True} else ADAM_F
+        return "adamw" if flags == {True} else "adam"
 
     def _state_keys(self, group):
         return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
-        flags = (AMSGRAD if group["amsgrad"] else 0) | (MAXIMIZE if group.get("maximize", False) else 0)
-        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"], flags=flags)
+        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
+                      amsgrad=bool(group["amsgrad"]), maximize=bool(group.get("maximize", False)))
 
 
 class AdamW(Adam):
     """torch.optim.AdamW (decoupled weight decay, default 1e-2): Adam(decoupled_weight_decay=True)."""
 
-    _family = ADAMW_F
+    _family = "adamw"
     _name = "AdamW"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
@@ -590,7 +584,7 @@ class Adagrad(FusedOptimizer):
     As torch, the state ('step', 'sum') is created for every parameter in the constructor.
     """
 
-    _family = ADAGRAD_F
+    _family = "adagrad"
     _step_supports_amp_scaling = True
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
@@ -622,15 +616,14 @@ class Adagrad(FusedOptimizer):
         return torch.full_like(p, value, memory_format=torch.preserve_format)
 
     def _hyper(self, group):
-        flags = MAXIMIZE if group.get("maximize", False) else 0
         return _hyper(group, eps=group["eps"], weight_decay=group["weight_decay"], lr_decay=group["lr_decay"],
-                      flags=flags)
+                      maximize=bool(group.get("maximize", False)))
 
 
 class RMSprop(FusedOptimizer):
     """torch.optim.RMSprop (alpha, centered, momentum, weight decay, maximize)."""
 
-    _family = RMSPROP_F
+    _family = "rmsprop"
     _sparse_error = "RMSprop does not support sparse gradients"
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
@@ -654,15 +647,14 @@ class RMSprop(FusedOptimizer):
         return tuple(keys)
 
     def _hyper(self, group):
-        flags = (CENTERED if group["centered"] else 0) | (MAXIMIZE if group.get("maximize", False) else 0)
         return _hyper(group, alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
-                      momentum=group["momentum"], flags=flags)
+                      momentum=group["momentum"], centered=bool(group["centered"]), maximize=bool(group.get("maximize", False)))
 
 
 class RAdam(FusedOptimizer):
     """torch.optim.RAdam (L2 or decoupled weight decay, maximize)."""
 
-    _family = RADAM_F
+    _family = "radam"
     _sparse_error = "RAdam does not support sparse gradients"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, decoupled_weight_decay=False, *,
@@ -679,15 +671,14 @@ class RAdam(FusedOptimizer):
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
-        flags = (DECOUPLED if group.get("decoupled_weight_decay", False) else 0) | \
-            (MAXIMIZE if group.get("maximize", False) else 0)
-        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"], flags=flags)
+        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
+                      decoupled_weight_decay=bool(group.get("decoupled_weight_decay", False)), maximize=bool(group.get("maximize", False)))
 
 
 class Adamax(FusedOptimizer):
     """torch.optim.Adamax (weight decay, maximize)."""
 
-    _family = ADAMAX_F
+    _family = "adamax"
     _sparse_error = "Adamax does not support sparse gradients"
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *, maximize=False,
@@ -703,14 +694,13 @@ class Adamax(FusedOptimizer):
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
-        flags = MAXIMIZE if group.get("maximize", False) else 0
-        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"], flags=flags)
+        return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"], maximize=bool(group.get("maximize", False)))
 
 
 class Adadelta(FusedOptimizer):
     """torch.optim.Adadelta (rho, weight decay, maximize)."""
 
-    _family = ADADELTA_F
+    _family = "adadelta"
     _sparse_error = "Adadelta does not support sparse gradients"
 
     def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, capturable=False,
@@ -727,8 +717,7 @@ class Adadelta(FusedOptimizer):
         return ("square_avg", "acc_delta")
 
     def _hyper(self, group):
-        flags = MAXIMIZE if group.get("maximize", False) else 0
-        return _hyper(group, rho=group["rho"], eps=group["eps"], weight_decay=group["weight_decay"], flags=flags)
+        return _hyper(group, rho=group["rho"], eps=group["eps"], weight_decay=group["weight_decay"], maximize=bool(group.get("maximize", False)))
 
 
 class NAdam(FusedOptimizer):
@@ -739,7 +728,7 @@ class NAdam(FusedOptimizer):
     like 'step' it is written back into ``state`` by ``state_dict()``.
     """
 
-    _family = NADAM_F
+    _family = "nadam"
     _mu_key = "mu_product"
     _sparse_error = "NAdam does not support sparse gradients"
 
@@ -766,10 +755,9 @@ class NAdam(FusedOptimizer):
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
-        flags = (DECOUPLED if group.get("decoupled_weight_decay", False) else 0) | \
-            (MAXIMIZE if group.get("maximize", False) else 0)
         return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
-                      momentum_decay=group["momentum_decay"], flags=flags)
+                      momentum_decay=group["momentum_decay"],
+                      decoupled_weight_decay=bool(group.get("decoupled_weight_decay", False)), maximize=bool(group.get("maximize", False)))
 
 
 # ---- optimizers torch does not have ---------------------------------------------------------------
@@ -785,7 +773,7 @@ class LAMB(FusedOptimizer):
     'exp_avg', 'exp_avg_sq' per parameter (apex counts steps per group).
     """
 
-    _family = LAMB_F
+    _family = "lamb"
     _sparse_error = "LAMB does not support sparse gradients"
     _elementwise = False
 
@@ -812,18 +800,17 @@ class LAMB(FusedOptimizer):
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
-        flags = (BIAS_CORRECTION if group["bias_correction"] else 0) | \
-            (GRAD_AVERAGING if group["grad_averaging"] else 0) | (ADAM_W_MODE if self.adam_w_mode else 0) | \
-            (USE_NVLAMB if self.use_nvlamb else 0)
         return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
-                      max_grad_norm=group["max_grad_norm"] or 0.0, flags=flags)
+                      max_grad_norm=group["max_grad_norm"] or 0.0, bias_correction=bool(group["bias_correction"]),
+                      grad_averaging=bool(group["grad_averaging"]), adam_w_mode=bool(self.adam_w_mode),
+                      use_nvlamb=bool(self.use_nvlamb))
 
 
 class Lion(FusedOptimizer):
     """Lion (Chen et al. 2023) with lion-pytorch's arguments: lr 1e-4, betas (0.9, 0.99),
     decoupled weight_decay 0. State: 'exp_avg' (no step count, as lion-pytorch)."""
 
-    _family = LION_F
+    _family = "lion"
     _step_key = None
     _sparse_error = "Lion does not support sparse gradients"
 
@@ -842,8 +829,7 @@ class Lion(FusedOptimizer):
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
-        flags = MAXIMIZE if group.get("maximize", False) else 0
-        return _hyper(group, beta1=b1, beta2=b2, weight_decay=group["weight_decay"], flags=flags)
+        return _hyper(group, beta1=b1, beta2=b2, weight_decay=group["weight_decay"], maximize=bool(group.get("maximize", False)))
 
 
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta",

@@ -155,7 +155,7 @@ def test_forloop_goes_right_direction_noncontiguous():
 
 def test_engine_rejects_non_dense_and_undefined_tensors_cleanly():
     """The cause of the segfault class: set_groups checks every tensor before keeping it."""
-    e = ft.extension().Engine(1)
+    e = ft.extension().Engine(ft.extension().Family.adam)
     with pytest.raises(RuntimeError, match="not dense"):
         e.set_groups([([torch.randn(4, 2)[:, 0]], [None], [0])])
     with pytest.raises(RuntimeError, match="must be dense with the parameter's strides"):
@@ -724,3 +724,19 @@ def test_whole_training_step_captured_in_a_cuda_graph(case):
         for a, b in zip(model_g.parameters(), model_e.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=lambda m: f"replay {r}: {m}")
     assert float(opt_g.state_dict()["state"][0]["step"]) == 3 + 6
+
+
+def test_extension_registry_and_hyperparameters_by_name():
+    """The families and hyperparameters cross into C++ by name (csrc/plans.hpp's registry)."""
+    ext = ft.extension()
+    classes = {ft.SGD: "sgd", ft.Adam: "adam", ft.AdamW: "adamw", ft.Adagrad: "adagrad", ft.RMSprop: "rmsprop",
+               ft.LAMB: "lamb", ft.Lion: "lion", ft.RAdam: "radam", ft.Adamax: "adamax", ft.Adadelta: "adadelta",
+               ft.NAdam: "nadam"}
+    assert sorted(ext.Family.__members__) == sorted(classes.values())
+    for cls, name in classes.items():
+        assert cls._family == name
+    h = ext.Hyper()
+    h.beta1, h.amsgrad = 0.5, True
+    assert (h.beta1, h.amsgrad, h.lr) == (0.5, True, 1e-3)
+    with pytest.raises(AttributeError):
+        h.no_such_option = 1.0
