@@ -247,9 +247,12 @@ struct count_nonfinite_gradients {
 };
 
 
-/// @brief Runs `inner` only when every gradient is finite; otherwise leaves every parameter
-/// and state bit for bit unchanged and sets `found_inf` (see count_nonfinite_gradients for the
-/// flag and the step count). Build it with skip_if_nonfinite(inner, found_inf).
+/// @brief Runs `inner` unless `Decide`, the part in front (count_nonfinite_gradients or
+/// read_skip_flag, built from `found_inf`), sets the register `slot::skip_step`; a skipped step
+/// leaves every parameter and state bit for bit unchanged. Used as skip_step_if_nonfinite
+/// (skip_if_nonfinite: the step is skipped when a gradient is infinite or NaN, and `found_inf`
+/// says so; see count_nonfinite_gradients for the flag and the step count) and
+/// skip_step_if_set (skip_if_set: the step is skipped when `found_inf` is set as it starts).
 ///
 /// How nothing changes: in a skipped step no part of `inner` touches the element's registers,
 /// so each stored slot is written back with the value loaded from it (to make sure of that,
@@ -259,25 +262,21 @@ struct count_nonfinite_gradients {
 /// and in bfloat16 lists when quiet; a half NaN is stored back as 0x7fff. Gradients are
 /// checked, not parameters and states: those are finite in any run worth skipping a step for.
 ///
-/// The check costs one read of the gradients (one reduction pass). Parts of `inner` with
+/// skip_if_nonfinite's check costs one read of the gradients (one reduction pass). Parts of `inner` with
 /// reduction passes keep them (a skipped update ignores their results); after-step hooks of
 /// `inner` still run on skipped steps (e.g. clip_by_global_norm reports the infinite norm).
 /// Parts chained before the wrapper run on every step and must not write memory.
-template <class Inner>
-struct skip_step_if_nonfinite
-  : chained<skip_step_if_nonfinite<Inner>, chain_rule<count_nonfinite_gradients, detail::guard_t<Inner>>> {
-  using base = chained<skip_step_if_nonfinite<Inner>, chain_rule<count_nonfinite_gradients, detail::guard_t<Inner>>>;
+template <class Decide, class Inner>
+struct skip_step_when : chained<skip_step_when<Decide, Inner>, chain_rule<Decide, detail::guard_t<Inner>>> {
+  using base = chained<skip_step_when<Decide, Inner>, chain_rule<Decide, detail::guard_t<Inner>>>;
   using typename base::chain_type;
   /// What the chain reads, and every slot it writes: a skipped step stores loaded values.
   using reads = typename fusedopt::detail::merge_declared<typename chain_type::reads, typename chain_type::writes>::type;
 
   Inner inner{};
-  flag_pointer found_inf{};
+  flag_pointer found_inf{};  ///< written by count_nonfinite_gradients, read by read_skip_flag
 
-  FUSEDOPT_HOST_DEVICE chain_type as_chain() const
-  {
-    return fusedopt::chain(count_nonfinite_gradients{found_inf}, detail::guard(inner));
-  }
+  FUSEDOPT_HOST_DEVICE chain_type as_chain() const { return fusedopt::chain(Decide{found_inf}, detail::guard(inner)); }
 
   /// @brief Checks `inner`'s options (with its own validate, if it has one).
   template <class Bound>
@@ -286,6 +285,9 @@ struct skip_step_if_nonfinite
     fusedopt::detail::validate_rule(inner, bound);
   }
 };
+
+template <class Inner>
+using skip_step_if_nonfinite = skip_step_when<count_nonfinite_gradients, Inner>;
 
 /// @brief `inner`, skipped (every parameter and state unchanged) in any step where a gradient is
 /// infinite or NaN; `found_inf` (float* or int32*, or nullptr) receives 1 or 0 after each step.
@@ -358,24 +360,7 @@ struct read_skip_flag {
 /// skip_step_if_nonfinite it reads no gradient to decide: the flag comes from elsewhere (torch's
 /// GradScaler computes `found_inf` before `optimizer.step`). Build it with skip_if_set(inner, flag).
 template <class Inner>
-struct skip_step_if_set : chained<skip_step_if_set<Inner>, chain_rule<read_skip_flag, detail::guard_t<Inner>>> {
-  using base = chained<skip_step_if_set<Inner>, chain_rule<read_skip_flag, detail::guard_t<Inner>>>;
-  using typename base::chain_type;
-  /// What the chain reads, and every slot it writes: a skipped step stores loaded values.
-  using reads = typename fusedopt::detail::merge_declared<typename chain_type::reads, typename chain_type::writes>::type;
-
-  Inner inner{};
-  flag_pointer flag{};
-
-  FUSEDOPT_HOST_DEVICE chain_type as_chain() const { return fusedopt::chain(read_skip_flag{flag}, detail::guard(inner)); }
-
-  /// @brief Checks `inner`'s options (with its own validate, if it has one).
-  template <class Bound>
-  void validate(Bound bound) const
-  {
-    fusedopt::detail::validate_rule(inner, bound);
-  }
-};
+using skip_step_if_set = skip_step_when<read_skip_flag, Inner>;
 
 /// @brief `inner`, skipped in any step that starts with `*flag` set (float* or int32*; a null
 /// flag never skips). The flag is only read: nothing clears it.
@@ -384,7 +369,7 @@ FUSEDOPT_HOST_DEVICE skip_step_if_set<Inner> skip_if_set(Inner const& inner, fla
 {
   skip_step_if_set<Inner> s{};
   s.inner = inner;
-  s.flag = flag;
+  s.found_inf = flag;
   return s;
 }
 
