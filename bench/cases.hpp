@@ -211,33 +211,17 @@ auto rule_of([[maybe_unused]] step_scalars* scalars)
   }
 }
 
-namespace detail {
-template <class Reads, class... B>
-constexpr std::size_t read_bytes(fo::bound_lists<B...> const*)
-{
-  return (std::size_t{0} + ... +
-          (fo::detail::declares_v<Reads, typename B::slot_type> ? sizeof(std::remove_const_t<typename B::element_type>) : 0));
-}
-template <class Rule, class Lists, int... J>
-constexpr std::size_t pass_bytes(std::integer_sequence<int, J...>)
-{
-  return (std::size_t{0} + ... +
-          read_bytes<typename fo::detail::pass_traits<Rule, J>::reads>(static_cast<Lists const*>(nullptr)));
-}
-}  // namespace detail
-
 /// @brief Bytes one element moves in one step of `Rule` over `Lists`, every pass counted:
 /// each reduction pass reads its slots once; the update pass loads and stores once each.
 template <class Rule, class Lists>
 constexpr std::size_t bytes_per_element()
 {
-  return fo::detail::access<Rule, Lists>::bytes_per_element() +
-         detail::pass_bytes<Rule, Lists>(std::make_integer_sequence<int, fo::detail::pass_count_v<Rule>>{});
+  return fo::bytes_per_element_v<Rule, Lists>;
 }
 
 /// @brief Passes over memory in one step of `Rule`: its reduction passes and the update.
 template <class Rule>
-inline constexpr int passes_over_memory = fo::detail::pass_count_v<Rule> + 1;
+inline constexpr int passes_over_memory = fo::pass_count_v<Rule> + 1;
 
 /// @brief One slot's tensors in one allocation made by `Memory` (host or device), laid out
 /// by `pack`. `Memory<T>` provides `T* data()`, construction from an element count, and

@@ -101,8 +101,8 @@ void bm_step(benchmark::State& state, fb::workload const& w, int threads)
   opts.threads = threads;
   auto plan = fo::host::make_plan(memory.lists(), opts);
   auto const rule = Case::rule();
-  using access = fo::detail::access<decltype(rule), std::decay_t<decltype(plan.lists())>>;
-  double const bytes = static_cast<double>(access::bytes_per_element()) * static_cast<double>(w.elements());
+  constexpr std::size_t per_element = fo::memory_traffic<decltype(rule), std::decay_t<decltype(plan.lists())>>::update_bytes;
+  double const bytes = static_cast<double>(per_element) * static_cast<double>(w.elements());
 
   std::int64_t step = 1;
   plan.run(rule, fo::step_info{step++});  // warm-up: first touch, momentum buffers' step-1 path

@@ -33,4 +33,5 @@
 #include "scalar.hpp"
 #include "slots.hpp"
 #include "tensor_list.hpp"
+#include "traits.hpp"
 #include "version.hpp"

@@ -81,7 +81,7 @@ TEST_CASE("AMP: a non-finite gradient among 3000 tensors skips the step, bit for
   device_scaler.set(host_scaler);
   auto const host_rule = amp_step(&host_scaler, growth_interval);
   auto const device_rule = amp_step(device_scaler.get(), growth_interval);
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(device_rule)>> == 1);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(device_rule)>> == 1);
 
   auto host_plan = fo::host::make_plan(p.lists(false));
   auto const device_plan = fo::cuda::make_plan(p.lists(true));
@@ -186,7 +186,7 @@ TEST_CASE("GradScaler's fused protocol: divide_gradients and skip_if_set equal t
   };
   auto const host_rule = rule_over(&host_state);
   auto const device_rule = rule_over(device_state.get());
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(device_rule)>> == 0);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(device_rule)>> == 0);
   auto host_plan = fo::host::make_plan(p.lists(false));
   auto const device_plan = fo::cuda::make_plan(p.lists(true));
   fo::step_info host_step{fo::scalar<std::int64_t>::from_pointer(&host_state.step)};

@@ -58,7 +58,7 @@ TEST_CASE("a captured whole step (clip + unscale + AdamW + scaler) replays with 
   eager_state.set(initial);
   auto const replay_rule = whole_step(replay_state.get());
   auto const eager_rule = whole_step(eager_state.get());
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(replay_rule)>> == 2);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(replay_rule)>> == 2);
   fo::step_info replay_step{fo::scalar<std::int64_t>::from_pointer(&replay_state.get()->step)};
   replay_step.advance = &replay_state.get()->step;
   fo::step_info eager_step{fo::scalar<std::int64_t>::from_pointer(&eager_state.get()->step)};

@@ -87,7 +87,7 @@ TEST_CASE("clip_by_global_norm + lamb (two passes) on the GPU follows the host b
   fo::rules::clip_by_global_norm clip;
   clip.max_norm = max_norm;
   auto const rule = fo::chain(clip, make_lamb(lamb_case{0.01, true, true, true, DBL_MAX}));
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(rule)>> == 2);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(rule)>> == 2);
   std::uint64_t seed = 200;
   for (scenario const& how : plan_scenarios()) {
     lamb_problem<f32> p(edge_sizes(), how.placement, seed++);

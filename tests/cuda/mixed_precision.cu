@@ -43,7 +43,7 @@ TEST_CASE("with_master over clip + AdamW (a reduction pass) follows the host", "
   fo::rules::clip_by_global_norm clip;
   clip.max_norm = 0.5;
   auto const rule = fo::rules::with_master{fo::chain(clip, make_adamw())};
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(rule)>> == 1);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(rule)>> == 1);
   std::uint64_t seed = 10;
   for (scenario const& how : plan_scenarios()) {
     problem<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,

@@ -248,7 +248,7 @@ template <class P, class G, class S>
 class fuzz_case {
   // Slot order in `spans_`: param, grad, then the states the rule has.
   static constexpr int param_slot = 0, grad_slot = 1;
-  using O = fo::detail::common_opmath_t<P, G, S>;
+  using O = fo::common_opmath_t<P, G, S>;
 
  public:
   explicit fuzz_case(input& in) : in_(in), h_(draw_hyper(in)), values_(in.byte() | (in.byte() << 8) | (in.byte() << 16)) {}

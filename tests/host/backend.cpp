@@ -174,7 +174,7 @@ namespace {
 template <class P, class G, class M, class V>
 void check_mixed_types()
 {
-  using O = fo::detail::common_opmath_t<P, G, M, V>;
+  using O = fo::common_opmath_t<P, G, M, V>;
   auto const sizes = fusedopt_test::mixed_sizes();
   fusedopt_test::random r(5);
   fusedopt_test::slot_data<P> p(sizes, 0);
@@ -234,8 +234,8 @@ TEST_CASE("mixed element types across slots", "[backend][types]")
   {
     check_mixed_types<float, fo::half, fo::bfloat16, double>();
   }
-  STATIC_REQUIRE(std::is_same_v<fo::detail::common_opmath_t<fo::bfloat16, fo::half, float>, float>);
-  STATIC_REQUIRE(std::is_same_v<fo::detail::common_opmath_t<fo::bfloat16, double>, double>);
+  STATIC_REQUIRE(std::is_same_v<fo::common_opmath_t<fo::bfloat16, fo::half, float>, float>);
+  STATIC_REQUIRE(std::is_same_v<fo::common_opmath_t<fo::bfloat16, double>, double>);
 }
 
 // ---- determinism -----------------------------------------------------------------------------

@@ -57,10 +57,10 @@ struct tagged_by_tensor {
 TEST_CASE("chain derives reads and writes from its parts", "[core]")
 {
   using c = fo::chain_rule<fo::rules::add_weight_decay, fo::rules::apply_update>;
-  STATIC_REQUIRE(fo::detail::contains_v<c::reads, fo::slot::grad_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<c::reads, fo::slot::param_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<c::writes, fo::slot::param_t>);
-  STATIC_REQUIRE_FALSE(fo::detail::contains_v<c::writes, fo::slot::grad_t>);
+  STATIC_REQUIRE(fo::contains_v<c::reads, fo::slot::grad_t>);
+  STATIC_REQUIRE(fo::contains_v<c::reads, fo::slot::param_t>);
+  STATIC_REQUIRE(fo::contains_v<c::writes, fo::slot::param_t>);
+  STATIC_REQUIRE_FALSE(fo::contains_v<c::writes, fo::slot::grad_t>);
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::rules::adamw>);
 }
 

@@ -151,7 +151,7 @@ TEMPLATE_TEST_CASE("adamw in two groups equals two separate runs bit for bit", "
   fo::groups<fo::rules::adamw, 2> const grouped{{decay, no_decay}, group_of.data()};
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::groups<fo::rules::adamw, 2>>);
   STATIC_REQUIRE(std::is_same_v<decltype(fo::groups{{decay, no_decay}, group_of.data()}), fo::groups<fo::rules::adamw, 2>>);
-  STATIC_REQUIRE(fo::detail::pass_count_v<fo::groups<fo::rules::adamw, 2>> == 0);
+  STATIC_REQUIRE(fo::pass_count_v<fo::groups<fo::rules::adamw, 2>> == 0);
   check_groups_equal_separate_runs<TestType, true>(grouped, decay, no_decay);
 }
 
@@ -166,7 +166,7 @@ TEMPLATE_TEST_CASE("lamb (a reducing rule) in two groups equals two separate run
   no_decay.use_nvlamb = true;
   auto const group_of = alternating_groups(41);
   fo::groups<fo::rules::lamb, 2> const grouped{{decay, no_decay}, group_of.data()};
-  STATIC_REQUIRE(fo::detail::pass_count_v<fo::groups<fo::rules::lamb, 2>> == 1);
+  STATIC_REQUIRE(fo::pass_count_v<fo::groups<fo::rules::lamb, 2>> == 1);
   check_groups_equal_separate_runs<TestType, true>(grouped, decay, no_decay);
 }
 
@@ -368,7 +368,7 @@ TEMPLATE_TEST_CASE("a non-finite gradient skips the step: every param and state 
   auto const amp_step = fo::chain(fo::rules::unscale_gradients{fo::scalar<double>::from_pointer(&inv_scale)},
                                   fo::rules::skip_if_nonfinite(amsgrad_adamw(), found),
                                   fo::rules::grad_scaler_update{&scale, &tracker, found, 2.0, 0.5, 2000, &inv_scale});
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(amp_step)>> == 1);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(amp_step)>> == 1);
   auto const before = model.memory();
   fo::host::make_plan(model.lists()).run(amp_step, info);
 
@@ -450,8 +450,8 @@ TEST_CASE("a skipped step around master weights (param written, never read) leav
   g.data[victim].back() = fo::bfloat16(std::numeric_limits<float>::quiet_NaN());
   float found = 0;
   auto const rule = fo::rules::skip_if_nonfinite(fo::rules::with_master{fo::rules::adamw{}}, &found);
-  using reads = fo::detail::rule_reads_t<std::decay_t<decltype(rule)>>;
-  STATIC_REQUIRE(fo::detail::contains_v<reads, fo::slot::param_t>);
+  using reads = fo::reads_t<std::decay_t<decltype(rule)>>;
+  STATIC_REQUIRE(fo::contains_v<reads, fo::slot::param_t>);
   auto const before = p.bytes(), before_master = master.bytes();
   fo::host::apply(rule, fo::bind(param = p.list(), fo::slot::master = master.list(), grad = g.list<fo::bfloat16 const>(),
                                  exp_avg = m.list(), exp_avg_sq = v.list()));
@@ -513,7 +513,7 @@ TEMPLATE_TEST_CASE("GradScaler's fused protocol: divide_gradients and skip_if_se
   info.advance = &counter;
   auto const amp_step = fo::chain(fo::rules::divide_gradients{&grad_scale},
                                   fo::rules::skip_if_set(amsgrad_adamw(), fo::flag_pointer(&found_inf)));
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(amp_step)>> == 0);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(amp_step)>> == 0);
   auto plan_a = fo::host::make_plan(a.lists());
   auto plan_b = fo::host::make_plan(b.lists());
   std::int64_t expected_step = 0;

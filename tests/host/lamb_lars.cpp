@@ -289,7 +289,7 @@ TEMPLATE_TEST_CASE("lamb with clip_by_global_norm in front (apex's max_grad_norm
   fo::rules::clip_by_global_norm clip;
   clip.max_norm = o.max_grad_norm;
   auto const rule = fo::chain(clip, make_lamb(o));
-  STATIC_REQUIRE(fo::detail::pass_count_v<std::decay_t<decltype(rule)>> == 2);
+  STATIC_REQUIRE(fo::pass_count_v<std::decay_t<decltype(rule)>> == 2);
   check_lamb<P>(o, rule, "clip+lamb");
 }
 
@@ -297,17 +297,16 @@ TEST_CASE("lamb moves at most 1.6x the bytes of adam", "[lamb]")
 {
   using lists = decltype(fo::bind(param = fo::tensor_list<float>{}, grad = fo::tensor_list<float const>{},
                                   exp_avg = fo::tensor_list<float>{}, exp_avg_sq = fo::tensor_list<float>{}));
-  using lamb_access = fo::detail::access<fo::rules::lamb, lists>;
-  using adam_access = fo::detail::access<fo::rules::adam, lists>;
-  STATIC_REQUIRE(fo::detail::pass_count_v<fo::rules::lamb> == 1);
+  STATIC_REQUIRE(fo::pass_count_v<fo::rules::lamb> == 1);
   // The reduction pass reads what its parts read: param, grad, exp_avg, exp_avg_sq.
-  using pass_reads = fo::detail::pass_traits<fo::rules::lamb, 0>::reads;
+  using pass_reads = fo::pass_reads_t<fo::rules::lamb, 0>;
   STATIC_REQUIRE(pass_reads::size == 4);
-  std::size_t const pass_bytes = 4 * sizeof(float);
-  std::size_t const lamb_bytes = pass_bytes + lamb_access::bytes_per_element();
-  REQUIRE(adam_access::bytes_per_element() == 7 * sizeof(float));
+  std::size_t const lamb_bytes = fo::bytes_per_element_v<fo::rules::lamb, lists>;
+  std::size_t const adam_bytes = fo::bytes_per_element_v<fo::rules::adam, lists>;
+  REQUIRE(fo::memory_traffic<fo::rules::lamb, lists>::update_bytes == 7 * sizeof(float));
+  REQUIRE(adam_bytes == 7 * sizeof(float));
   REQUIRE(lamb_bytes == 11 * sizeof(float));
-  REQUIRE(static_cast<double>(lamb_bytes) <= 1.6 * static_cast<double>(adam_access::bytes_per_element()));
+  REQUIRE(static_cast<double>(lamb_bytes) <= 1.6 * static_cast<double>(adam_bytes));
 }
 
 TEST_CASE("lamb rejects bad options before writing anything", "[lamb][errors]")

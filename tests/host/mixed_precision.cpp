@@ -136,7 +136,7 @@ TEST_CASE("std::int16_t is an element type handled in float, converted exactly",
   STATIC_REQUIRE(fo::is_supported_element_v<std::int16_t>);
   STATIC_REQUIRE(std::is_same_v<fo::opmath_t<std::int16_t>, float>);
   STATIC_REQUIRE(std::is_same_v<fo::opmath_t<std::int16_t const>, float>);
-  STATIC_REQUIRE(std::is_same_v<fo::detail::common_opmath_t<fo::bfloat16, std::int16_t>, float>);
+  STATIC_REQUIRE(std::is_same_v<fo::common_opmath_t<fo::bfloat16, std::int16_t>, float>);
   REQUIRE(std::string(fo::dtype_name<std::int16_t>()) == "int16");
   std::size_t wrong = 0;
   for (std::int32_t i = -32768; i <= 32767; ++i) {
@@ -413,10 +413,10 @@ TEST_CASE("with_master loads master (not param) once and stores both once", "[ma
 {
   using rule = fo::rules::with_master<fo::rules::adamw>;
   STATIC_REQUIRE(std::is_trivially_copyable_v<rule>);
-  STATIC_REQUIRE(!fo::detail::contains_v<rule::reads, fo::slot::param_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<rule::reads, fo::slot::master_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<rule::writes, fo::slot::param_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<rule::writes, fo::slot::master_t>);
+  STATIC_REQUIRE(!fo::contains_v<rule::reads, fo::slot::param_t>);
+  STATIC_REQUIRE(fo::contains_v<rule::reads, fo::slot::master_t>);
+  STATIC_REQUIRE(fo::contains_v<rule::writes, fo::slot::param_t>);
+  STATIC_REQUIRE(fo::contains_v<rule::writes, fo::slot::master_t>);
 
   std::vector<fo::bfloat16> p(5, fo::bfloat16(1.0f)), g(5, fo::bfloat16(0.5f));
   std::vector<float> mst(5, 1.0f), m(5, 0.f), v(5, 0.f);
@@ -424,13 +424,13 @@ TEST_CASE("with_master loads master (not param) once and stores both once", "[ma
                               grad = fo::tensor_list<fo::bfloat16 const>{{g.data(), 5}},
                               master = fo::tensor_list<float>{{mst.data(), 5}}, exp_avg = fo::tensor_list<float>{{m.data(), 5}},
                               exp_avg_sq = fo::tensor_list<float>{{v.data(), 5}});
-  using access = fo::detail::access<rule, std::remove_const_t<decltype(lists)>>;
-  STATIC_REQUIRE(!access::loads[0]);  // param
-  STATIC_REQUIRE(access::stores[0]);
-  STATIC_REQUIRE(access::loads[2]);  // master
-  STATIC_REQUIRE(access::stores[2]);
+  using traffic = fo::memory_traffic<rule, std::remove_const_t<decltype(lists)>>;
+  STATIC_REQUIRE(!traffic::loads<0>);  // param
+  STATIC_REQUIRE(traffic::stores<0>);
+  STATIC_REQUIRE(traffic::loads<2>);  // master
+  STATIC_REQUIRE(traffic::stores<2>);
   // grad 2 in; param 2 out; master, exp_avg, exp_avg_sq 4 in and 4 out.
-  STATIC_REQUIRE(access::bytes_per_element() == 2 + 2 + 3 * 8);
+  STATIC_REQUIRE(traffic::update_bytes == 2 + 2 + 3 * 8);
 
   // The old param is never read: poisoning it changes nothing.
   for (auto& x : p) { x = fo::bfloat16::from_bits(0x7fc1u); }
@@ -538,10 +538,10 @@ TEST_CASE("with_remainder loads and stores param and remainder once, 4 bytes per
   auto const lists = fo::bind(param = fo::tensor_list<fo::bfloat16>{{p.data(), 3}},
                               fo::slot::remainder = fo::tensor_list<std::int16_t>{{r.data(), 3}},
                               grad = fo::tensor_list<float const>{{g.data(), 3}});
-  using access = fo::detail::access<rule, std::remove_const_t<decltype(lists)>>;
-  STATIC_REQUIRE(access::loads[0] && access::stores[0] && access::loads[1] && access::stores[1]);
-  STATIC_REQUIRE(!access::stores[2]);
-  STATIC_REQUIRE(access::bytes_per_element() == 2 * (2 + 2) + 4);
+  using traffic = fo::memory_traffic<rule, std::remove_const_t<decltype(lists)>>;
+  STATIC_REQUIRE(traffic::loads<0> && traffic::stores<0> && traffic::loads<1> && traffic::stores<1>);
+  STATIC_REQUIRE(!traffic::stores<2>);
+  STATIC_REQUIRE(traffic::update_bytes == 2 * (2 + 2) + 4);
 }
 
 // ---- low-precision optimizer states ----------------------------------------------------------

@@ -567,7 +567,7 @@ TEST_CASE("the named optimizers are trivially copyable chains", "[optimizers]")
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::rules::adadelta>);
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::rules::adamax>);
   // Only the states are stored; the gradient is read, never written.
-  STATIC_REQUIRE_FALSE(fo::detail::contains_v<fo::rules::rmsprop::writes, fo::slot::grad_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<fo::rules::rmsprop::writes, fo::slot::grad_avg_t>);
-  STATIC_REQUIRE(fo::detail::contains_v<fo::rules::adamax::reads, fo::slot::exp_inf_t>);
+  STATIC_REQUIRE_FALSE(fo::contains_v<fo::rules::rmsprop::writes, fo::slot::grad_t>);
+  STATIC_REQUIRE(fo::contains_v<fo::rules::rmsprop::writes, fo::slot::grad_avg_t>);
+  STATIC_REQUIRE(fo::contains_v<fo::rules::adamax::reads, fo::slot::exp_inf_t>);
 }

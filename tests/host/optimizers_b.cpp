@@ -97,14 +97,14 @@ TEST_CASE("nadam's momentum cache power matches pow to a few ulp", "[optimizers]
   for (int i = 0; i < 20000; ++i) {
     double const x = i < 10000 ? r.uniform(0, 2) : r.uniform(0, 400);
     double const want = std::pow(0.96, x);
-    double const got = fo::detail::momentum_cache_power(x);
+    double const got = fo::math::momentum_cache_power(x);
     worst = std::max(worst, std::fabs(got - want) / want);
   }
   CHECK(worst <= 16 * 0x1p-53);
-  CHECK(fo::detail::momentum_cache_power(0) == 1.0);
-  CHECK(fo::detail::momentum_cache_power(1) == 0.96);
-  CHECK(fo::detail::momentum_cache_power(40000) == 0.0);
-  CHECK(fo::detail::momentum_cache_power(std::numeric_limits<double>::infinity()) == 0.0);
+  CHECK(fo::math::momentum_cache_power(0) == 1.0);
+  CHECK(fo::math::momentum_cache_power(1) == 0.96);
+  CHECK(fo::math::momentum_cache_power(40000) == 0.0);
+  CHECK(fo::math::momentum_cache_power(std::numeric_limits<double>::infinity()) == 0.0);
 }
 
 // ---- RAdam ---------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ TEST_CASE("nadam, radam and lion have torch's defaults", "[optimizers]")
 
 TEST_CASE("nadam, radam and lion declare what their chains touch", "[optimizers]")
 {
-  using fo::detail::contains_v;
+  using fo::contains_v;
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::rules::nadam>);
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::rules::radam>);
   STATIC_REQUIRE(std::is_trivially_copyable_v<fo::rules::lion>);

@@ -132,7 +132,7 @@ TEST_CASE("a reduction pass sees the element as the parts before it left it", "[
   double update_norm = -1;
   fo::rules::norm_of<fo::slot::update_t> measure{fo::norm_kind::l2, nullptr, &update_norm};
   auto rule = fo::chain(clip, fo::rules::scale_by_adam{}, measure, fo::rules::scale_by_lr{0.01}, fo::rules::apply_update{});
-  STATIC_REQUIRE(fo::detail::pass_count_v<decltype(rule)> == 2);
+  STATIC_REQUIRE(fo::pass_count_v<decltype(rule)> == 2);
   auto const p0 = b.p;
   plan.run(rule);
 

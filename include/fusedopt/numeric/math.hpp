@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "../config.hpp"
 
@@ -28,6 +29,75 @@ template <class T>
 FUSEDOPT_HOST_DEVICE T sign(T x)
 {
   return static_cast<T>((x > T(0)) - (x < T(0)));
+}
+
+/// base^exponent by repeated squaring: the same bits on host and device (std::pow may differ).
+FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent)
+{
+  double result = 1.0;
+  while (exponent > 0) {
+    if (exponent & 1) { result *= base; }
+    base *= base;
+    exponent >>= 1;
+  }
+  return result;
+}
+
+
+/// @brief 0.96^x for x >= 0: NAdam's momentum cache 0.96^(t * momentum_decay); 1 for x < 0,
+/// 0 for NaN.
+///
+/// The exponent is real, so math::ipow cannot serve and std::pow / CUDA's pow may differ
+/// in the last bit. Instead x = n + f is split into its integer part, whose bits select
+/// factors 0.96^(2^j), and its fraction, whose bits select factors 0.96^(2^-k); the factors
+/// are constants (correctly rounded, computed offline with 400-bit arithmetic) and the
+/// result is a fixed sequence of at most 64 multiplications, which IEEE rounds the same way
+/// on host and device (a multiplication alone cannot be contracted into an FMA). Relative
+/// error: a few ulp of double, about 1e-15. Bits of f below 2^-49 are dropped: their factor
+/// rounds to 1.0 in double.
+FUSEDOPT_HOST_DEVICE double momentum_cache_power(double x)
+{
+  // 0.96^(2^j), j = 0..14; 0.96^(2^15) underflows to 0 in double.
+  constexpr double squares[15] = {
+    0x1.eb851eb851eb8p-1,  0x1.d7dbf487fcb92p-1,  0x1.b2dd8d6457178p-1,  0x1.7159f992d250ep-1,
+    0x1.0a72408c5ed93p-1,  0x1.1551a12142664p-2,  0x1.2c69c0b956283p-4,  0x1.608807620b0d6p-8,
+    0x1.e5765c9576c70p-16, 0x1.cc4cd8c3e7a9ap-31, 0x1.9dd22108ba333p-61, 0x1.4e77d5882faefp-121,
+    0x1.b4fce9479324bp-242, 0x1.74f73a3bf3590p-483, 0x1.0fafb7ffd414cp-965};
+  // 0.96^(2^-k), k = 1..49; from k = 50 on the factor rounds to 1.0.
+  constexpr double roots[49] = {
+    0x1.f5a7cecdb684ap-1, 0x1.facd25beb92c8p-1, 0x1.fd64e03fbea51p-1, 0x1.feb20330f43f5p-1,
+    0x1.ff58e653d9d47p-1, 0x1.ffac6c57a7d54p-1, 0x1.ffd634771f000p-1, 0x1.ffeb19ce5dd06p-1,
+    0x1.fff58ccbe1edap-1, 0x1.fffac65f1da66p-1, 0x1.fffd632dd9fcdp-1, 0x1.fffeb1967fc89p-1,
+    0x1.ffff58cb2496cp-1, 0x1.ffffac658b780p-1, 0x1.ffffd632c4073p-1, 0x1.ffffeb1961966p-1,
+    0x1.fffff58cb0afep-1, 0x1.fffffac658512p-1, 0x1.fffffd632c26ep-1, 0x1.fffffeb196130p-1,
+    0x1.ffffff58cb096p-1, 0x1.ffffffac6584bp-1, 0x1.ffffffd632c25p-1, 0x1.ffffffeb19613p-1,
+    0x1.fffffff58cb09p-1, 0x1.fffffffac6585p-1, 0x1.fffffffd632c2p-1, 0x1.fffffffeb1961p-1,
+    0x1.ffffffff58cb1p-1, 0x1.ffffffffac658p-1, 0x1.ffffffffd632cp-1, 0x1.ffffffffeb196p-1,
+    0x1.fffffffff58cbp-1, 0x1.fffffffffac66p-1, 0x1.fffffffffd633p-1, 0x1.fffffffffeb19p-1,
+    0x1.ffffffffff58dp-1, 0x1.ffffffffffac6p-1, 0x1.ffffffffffd63p-1, 0x1.ffffffffffeb2p-1,
+    0x1.fffffffffff59p-1, 0x1.fffffffffffacp-1, 0x1.fffffffffffd6p-1, 0x1.fffffffffffebp-1,
+    0x1.ffffffffffff6p-1, 0x1.ffffffffffffbp-1, 0x1.ffffffffffffdp-1, 0x1.fffffffffffffp-1,
+    0x1.fffffffffffffp-1};
+
+  if (!(x < 32768.0)) { return 0.0; }  // underflows (as pow does); also catches +inf and NaN
+  // Below 0 only for a step before the first (or a negative momentum_decay read from memory):
+  // outside NAdam's domain, clamped to 0.96^0 so the cast below stays defined (a double below
+  // -2^63 or -inf has no int64 value).
+  if (x < 0.0) { return 1.0; }
+  auto const whole = static_cast<std::int64_t>(x);  // x >= 0: truncation is floor
+  double fraction = x - static_cast<double>(whole);  // exact
+  double result = 1.0;
+  for (int j = 0; j < 15; ++j) {
+    if ((whole >> j) & 1) { result *= squares[j]; }
+  }
+  for (int k = 0; k < 49; ++k) {
+    fraction += fraction;  // exact: shifts the next bit of the fraction into the units place
+    if (fraction >= 1.0) {
+      result *= roots[k];
+      fraction -= 1.0;
+    }
+  }
+  return result;
 }
 
 }  // namespace math

@@ -55,7 +55,7 @@ struct scale_by_adam {
     double const b1 = beta1.get();
     double const b2 = beta2.get();
     std::int64_t const t = step.step.get();
-    return prepared{b1, b2, eps.get(), 1.0 - detail::ipow(b1, t), math::sqrt(1.0 - detail::ipow(b2, t)), amsgrad};
+    return prepared{b1, b2, eps.get(), 1.0 - math::ipow(b1, t), math::sqrt(1.0 - math::ipow(b2, t)), amsgrad};
   }
 
   template <class Bound>

@@ -54,7 +54,7 @@ struct scale_by_adamax {
 
 /// @brief update *= -lr / (1 - beta^step): the learning rate with a first-moment bias
 /// correction folded in (torch's `clr` in Adamax), computed once per step in double precision
-/// with detail::ipow so that host and device agree to the bit.
+/// with math::ipow so that host and device agree to the bit.
 struct scale_by_bias_corrected_lr {
   scalar<double> lr{2e-3};
   scalar<double> beta{0.9};
@@ -73,7 +73,7 @@ struct scale_by_bias_corrected_lr {
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const& s) const
   {
-    double const bias_correction = 1.0 - detail::ipow(beta.get(), s.step.get());
+    double const bias_correction = 1.0 - math::ipow(beta.get(), s.step.get());
     return {-(lr.get() / bias_correction)};
   }
 

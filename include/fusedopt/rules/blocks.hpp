@@ -15,23 +15,12 @@
 #include "../error.hpp"
 #include "../rule.hpp"
 #include "../scalar.hpp"
+#include "../numeric/math.hpp"
 #include "../slots.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 
 namespace detail {
-/// base^exponent by repeated squaring: the same bits on host and device (std::pow may differ).
-FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent)
-{
-  double result = 1.0;
-  while (exponent > 0) {
-    if (exponent & 1) { result *= base; }
-    base *= base;
-    exponent >>= 1;
-  }
-  return result;
-}
-
 template <class E>
 using value_t = typename E::value_type;
 }  // namespace detail

@@ -74,8 +74,8 @@ struct scale_by_lamb {
                     b2,
                     grad_averaging ? 1.0 - b1 : 1.0,
                     1.0 - b2,
-                    bias_correction ? 1.0 - detail::ipow(b1, t) : 1.0,
-                    bias_correction ? 1.0 - detail::ipow(b2, t) : 1.0,
+                    bias_correction ? 1.0 - math::ipow(b1, t) : 1.0,
+                    bias_correction ? 1.0 - math::ipow(b2, t) : 1.0,
                     eps.get(),
                     weight_decay.get()};
   }
