@@ -77,7 +77,7 @@ TEST_CASE("bad options are rejected", "[cuda][errors]")
   REQUIRE_THROWS_AS(fo::cuda::make_plan(lists, opts), fo::error);
   opts = {};
   opts.metadata = fo::cuda::transport::device_table;  // apply owns no device memory
-  REQUIRE_THROWS_AS(fo::cuda::apply(fo::rules::adam{}, lists, {}, nullptr, opts), fo::error);
+  REQUIRE_THROWS_AS(fo::cuda::apply(fo::rules::adam{}, lists, {}, opts), fo::error);
 }
 
 TEST_CASE("FUSEDOPT_CUDA_TRY names the failed call", "[cuda][errors][api-error]")

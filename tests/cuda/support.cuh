@@ -312,7 +312,7 @@ void check_trajectory(Problem& p, MakeRule&& make_rule, scenario const& how, int
     if (device_plan) {
       device_plan->run(rule, step);
     } else {
-      fo::cuda::apply(rule, device_lists, step, nullptr, opts);
+      fo::cuda::apply(rule, device_lists, step, opts);
     }
     FO_TEST_CUDA(cudaDeviceSynchronize());
     p.require_same_bits(label + " [" + how.name + "] step " + std::to_string(t));

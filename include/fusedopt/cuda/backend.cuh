@@ -222,8 +222,8 @@ template <class... B>
 /// or pageable pointers, `transport::device_table` (apply has no tables to own), a transport
 /// that is not available, or a failed launch.
 template <class Rule, class... B>
-void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& step = {}, cudaStream_t stream = nullptr,
-           options opts = {});
+void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& step = {}, options opts = {},
+           cudaStream_t stream = nullptr);
 
 }  // namespace cuda
 FUSEDOPT_NAMESPACE_END

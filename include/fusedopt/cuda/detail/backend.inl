@@ -560,7 +560,7 @@ plan<B...> make_plan(bound_lists<B...> lists, options opts, cudaStream_t stream)
 }
 
 template <class Rule, class... B>
-void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& step, cudaStream_t stream, options opts)
+void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& step, options opts, cudaStream_t stream)
 {
   using lists_type = bound_lists<B...>;
   constexpr std::size_t S = sizeof...(B);
