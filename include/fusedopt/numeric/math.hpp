@@ -43,7 +43,6 @@ FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent)
   return result;
 }
 
-
 /// @brief 0.96^x for x >= 0: NAdam's momentum cache 0.96^(t * momentum_decay); 1 for x < 0,
 /// 0 for NaN.
 ///

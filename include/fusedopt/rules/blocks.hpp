@@ -13,9 +13,9 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
+#include "../numeric/math.hpp"
 #include "../rule.hpp"
 #include "../scalar.hpp"
-#include "../numeric/math.hpp"
 #include "../slots.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
