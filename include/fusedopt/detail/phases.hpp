@@ -108,6 +108,16 @@ template <class R, int J>
 struct pass_traits<R, J, std::enable_if_t<!is_reducing<R>::value && has_chain_type<R>::value>>
   : pass_traits<typename R::chain_type, J> {};
 
+/// Accumulators the reduction passes of R need in all: what a plan's reduction capacity must
+/// hold (both backends check it before a step writes anything).
+template <class R, int... J>
+constexpr int accumulators_of(std::integer_sequence<int, J...>)
+{
+  return (0 + ... + pass_traits<R, J>::reduction::size);
+}
+template <class R>
+inline constexpr int accumulators_v = accumulators_of<R>(std::make_integer_sequence<int, pass_count_v<R>>{});
+
 // ---- bodies -------------------------------------------------------------------------------
 
 template <class R>

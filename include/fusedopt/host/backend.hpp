@@ -146,7 +146,7 @@ class plan {
     detail::validate_rule(rule, typename lists_type::memory_slots{});
     detail::validate_step(step, true);  // host pointers: readable here
     if constexpr (passes > 0) {
-      constexpr int needed = accumulators<Rule>(std::make_integer_sequence<int, passes>{});
+      constexpr int needed = ::fusedopt::detail::accumulators_v<Rule>;
       FUSEDOPT_EXPECTS(needed <= options_.reduction_capacity,
                        "the rule needs " + std::to_string(needed) +
                          " reduction accumulators but host::options::reduction_capacity is " +
@@ -204,12 +204,6 @@ class plan {
     std::array<void*, num_slots> const bases = bases_[static_cast<std::size_t>(c.tensor)];
     auto const& tensor_body = detail::body_for_tensor(body, c.tensor);
     for (std::int64_t i = c.begin; i < c.end; ++i) { Access::update(tensor_body, bases.data(), c.tensor, i); }
-  }
-
-  template <class Rule, int... J>
-  static constexpr int accumulators(std::integer_sequence<int, J...>)
-  {
-    return (0 + ... + detail::pass_traits<Rule, J>::reduction::size);
   }
 
   // Pass J's results go after those of the passes before it: for each pass, N values per

@@ -130,16 +130,6 @@ void check_rule(Rule const& rule, step_info const& step)
   ::fusedopt::detail::validate_step(step, false);
 }
 
-/// Accumulators a rule's passes need in all.
-template <class Rule, int... J>
-constexpr int accumulators(std::integer_sequence<int, J...>)
-{
-  return (0 + ... + ::fusedopt::detail::pass_traits<Rule, J>::reduction::size);
-}
-template <class Rule>
-inline constexpr int accumulators_v =
-  accumulators<Rule>(std::make_integer_sequence<int, ::fusedopt::detail::pass_count_v<Rule>>{});
-
 /// The results of a rule's passes in a workspace of `rows` rows: pass J's rows
 /// (`rows x N_J` doubles) then its totals (`N_J`), after those of the passes before it.
 template <class Rule, int... J>
@@ -380,7 +370,7 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   detail::check_rule<Rule, lists_type>(rule, step);
   if constexpr (passes > 0) {
-    constexpr int needed = detail::accumulators_v<Rule>;
+    constexpr int needed = ::fusedopt::detail::accumulators_v<Rule>;
     FUSEDOPT_EXPECTS(needed <= reduction_capacity_,
                      "the rule needs " + std::to_string(needed) +
                        " reduction accumulators but the plan was built with cuda::options::reduction_capacity " +
