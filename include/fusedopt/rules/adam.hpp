@@ -72,13 +72,13 @@ struct scale_by_adam {
 /// Slots: param, grad, exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad.
 /// The chain: negate_gradient_if(maximize) -> add_weight_decay -> scale_by_adam -> scale_by_lr -> apply_update.
 struct adam : chained<adam, chain_rule<negate_gradient_if, add_weight_decay, scale_by_adam, scale_by_lr, apply_update>> {
-  scalar<double> lr{1e-3};
-  scalar<double> beta1{0.9};
-  scalar<double> beta2{0.999};
-  scalar<double> eps{1e-8};
-  scalar<double> weight_decay{0.0};
-  bool amsgrad = false;
-  bool maximize = false;
+  scalar<double> lr{1e-3};           ///< learning rate
+  scalar<double> beta1{0.9};         ///< decay of the first moment (exp_avg)
+  scalar<double> beta2{0.999};       ///< decay of the second moment (exp_avg_sq)
+  scalar<double> eps{1e-8};          ///< added to the bias-corrected sqrt(exp_avg_sq)
+  scalar<double> weight_decay{0.0};  ///< L2: grad += weight_decay * param
+  bool amsgrad = false;              ///< use the running maximum of exp_avg_sq (slot max_exp_avg_sq)
+  bool maximize = false;             ///< ascend: the gradient is negated first
 
   FUSEDOPT_HOST_DEVICE chain_type as_chain() const
   {
@@ -91,13 +91,13 @@ struct adam : chained<adam, chain_rule<negate_gradient_if, add_weight_decay, sca
 /// The chain: negate_gradient_if(maximize) -> decoupled_weight_decay -> scale_by_adam -> scale_by_lr -> apply_update.
 struct adamw
   : chained<adamw, chain_rule<negate_gradient_if, decoupled_weight_decay, scale_by_adam, scale_by_lr, apply_update>> {
-  scalar<double> lr{1e-3};
-  scalar<double> beta1{0.9};
-  scalar<double> beta2{0.999};
-  scalar<double> eps{1e-8};
-  scalar<double> weight_decay{1e-2};
-  bool amsgrad = false;
-  bool maximize = false;
+  scalar<double> lr{1e-3};            ///< learning rate
+  scalar<double> beta1{0.9};          ///< decay of the first moment (exp_avg)
+  scalar<double> beta2{0.999};        ///< decay of the second moment (exp_avg_sq)
+  scalar<double> eps{1e-8};           ///< added to the bias-corrected sqrt(exp_avg_sq)
+  scalar<double> weight_decay{1e-2};  ///< decoupled: param *= 1 - lr * weight_decay
+  bool amsgrad = false;               ///< use the running maximum of exp_avg_sq (slot max_exp_avg_sq)
+  bool maximize = false;              ///< ascend: the gradient is negated first
 
   FUSEDOPT_HOST_DEVICE chain_type as_chain() const
   {
