@@ -130,9 +130,9 @@ class bound_lists {
     for (auto const& s : spans) {
       span const* other = s.writable ? furthest_any : furthest_writable;
       if (other != nullptr && s.begin < other->end) {
-        FUSEDOPT_EXPECTS(false, "memory of tensor " + std::to_string(s.tensor) + " of slot '" + slot_names[s.slot] +
-                                  "' overlaps tensor " + std::to_string(other->tensor) + " of slot '" +
-                                  slot_names[other->slot] + "', and at least one of them is written");
+        FUSEDOPT_FAIL("memory of tensor " + std::to_string(s.tensor) + " of slot '" + slot_names[s.slot] +
+                      "' overlaps tensor " + std::to_string(other->tensor) + " of slot '" + slot_names[other->slot] +
+                      "', and at least one of them is written");
       }
       if (furthest_any == nullptr || s.end > furthest_any->end) { furthest_any = &s; }
       if (s.writable && (furthest_writable == nullptr || s.end > furthest_writable->end)) { furthest_writable = &s; }

@@ -26,6 +26,9 @@ namespace detail {
 
 FUSEDOPT_NAMESPACE_END
 
+/// Throws fusedopt::error with `message` (anything convertible to std::string).
+#define FUSEDOPT_FAIL(message) ::fusedopt::detail::throw_error(__FILE__, __LINE__, (message))
+
 /// Throws fusedopt::error with `message` (anything convertible to std::string) when
 /// `condition` is false.
 #define FUSEDOPT_EXPECTS(condition, message)                                 \

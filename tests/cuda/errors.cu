@@ -86,6 +86,15 @@ TEST_CASE("FUSEDOPT_CUDA_TRY names the failed call", "[cuda][errors][api-error]"
   CHECK(what.find("cudaSetDevice") != std::string::npos);
   CHECK(what.find("errors.cu") != std::string::npos);
   (void)cudaGetLastError();
+  // The runtime's status travels with it: a cuda_error is a fusedopt::error.
+  try {
+    FUSEDOPT_CUDA_TRY(cudaSetDevice(1 << 20));
+    FAIL("no exception");
+  } catch (fo::cuda::cuda_error const& e) {
+    CHECK(e.status() == cudaErrorInvalidDevice);
+    CHECK(dynamic_cast<fo::error const*>(&e) != nullptr);
+  }
+  (void)cudaGetLastError();
 }
 
 TEST_CASE("a moved plan keeps working and a moved-from plan is destroyed safely", "[cuda][errors]")

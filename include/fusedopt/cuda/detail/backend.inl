@@ -104,9 +104,9 @@ void launch(Rule const& rule, step_info const& step, Table const& table, std::in
                                        stream));
   } else {
     (void)step, (void)max_blocks, (void)stream;
-    FUSEDOPT_EXPECTS(false, "rule of " + std::to_string(sizeof(Rule)) +
-                              " bytes is too large to travel next to a by-value launch table; use "
-                              "transport::device_table (a plan)");
+    FUSEDOPT_FAIL("rule of " + std::to_string(sizeof(Rule)) +
+                    " bytes is too large to travel next to a by-value launch table; use "
+                    "transport::device_table (a plan)");
   }
 }
 
@@ -176,9 +176,9 @@ void launch_pass(Rule const& rule, step_info const& step, Table const& table, pa
                   dim3(Policy::block_threads), stream, rule, step, table, results, partials, chunk_base);
   } else {
     (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream;
-    FUSEDOPT_EXPECTS(false, "rule of " + std::to_string(sizeof(Rule)) +
-                              " bytes is too large to travel next to a by-value launch table and its "
-                              "reduction results; use transport::device_table");
+    FUSEDOPT_FAIL("rule of " + std::to_string(sizeof(Rule)) +
+                    " bytes is too large to travel next to a by-value launch table and its "
+                    "reduction results; use transport::device_table");
   }
 }
 
@@ -198,9 +198,9 @@ void launch_reduced_update(Rule const& rule, step_info const& step, Table const&
                   dim3(Policy::block_threads), stream, rule, step, table, results);
   } else {
     (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream;
-    FUSEDOPT_EXPECTS(false, "rule of " + std::to_string(sizeof(Rule)) +
-                              " bytes is too large to travel next to a by-value launch table and its "
-                              "reduction results; use transport::device_table");
+    FUSEDOPT_FAIL("rule of " + std::to_string(sizeof(Rule)) +
+                    " bytes is too large to travel next to a by-value launch table and its "
+                    "reduction results; use transport::device_table");
   }
 }
 
