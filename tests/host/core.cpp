@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "catch.hpp"
@@ -169,4 +170,65 @@ TEST_CASE("backends run a body's per-tensor form, through every wrapper", "[core
   plan.run(fo::chain(tagged{}, fo::rules::norm_of<fo::slot::param_t>{fo::norm_kind::inf, norms.data(), nullptr}));
   for (std::size_t t = 0; t < sizes.size(); ++t) { CHECK(norms[t] == (sizes[t] > 0 ? 10.0 + static_cast<double>(t) : 0.0)); }
   require_tagged("a chain with a reduction pass");
+}
+
+namespace {
+// The half conversions as first written, with a branch per case: the specification the
+// branch-free host conversions in numeric/dtypes.hpp must meet bit for bit.
+std::uint32_t bits_of(float f)
+{
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+float float_of(std::uint32_t u)
+{
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+std::uint16_t reference_float_to_half(float f)
+{
+  std::uint32_t x = bits_of(f);
+  std::uint32_t const sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x > 0x7f800000u) { return 0x7fffu; }
+  if (x >= 0x477ff000u) { return static_cast<std::uint16_t>(sign | 0x7c00u); }
+  if (x < 0x38800000u) { return static_cast<std::uint16_t>(sign | (bits_of(float_of(x) + 0.5f) - 0x3f000000u)); }
+  x += 0xc8000fffu + ((x >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (x >> 13));
+}
+float reference_half_to_float(std::uint16_t h)
+{
+  std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::uint32_t const magnitude = h & 0x7fffu;
+  if (magnitude >= 0x7c00u) { return float_of(sign | 0x7f800000u | ((magnitude & 0x3ffu) << 13)); }
+  if (magnitude >= 0x0400u) { return float_of(sign | ((magnitude << 13) + 0x38000000u)); }
+  return float_of(sign | bits_of(static_cast<float>(magnitude) * 5.9604644775390625e-8f));
+}
+}  // namespace
+
+TEST_CASE("half conversions: every half, and floats around every boundary and across the range", "[dtypes]")
+{
+  for (std::uint32_t h = 0; h <= 0xffffu; ++h) {
+    auto const value = static_cast<float>(fo::half::from_bits(static_cast<std::uint16_t>(h)));
+    if (bits_of(value) != bits_of(reference_half_to_float(static_cast<std::uint16_t>(h)))) { FAIL("half " << h); }
+  }
+  std::uint64_t checked = 0;
+  auto const check = [&](std::uint32_t u) {
+    ++checked;
+    if (fo::half(float_of(u)).bits != reference_float_to_half(float_of(u))) { FAIL("float bits " << u); }
+  };
+  // Every float near the cases' boundaries (subnormal, normal, overflow, inf and NaN), both signs.
+  for (std::uint32_t boundary : {0u, 0x33000000u, 0x38800000u, 0x477ff000u, 0x7f800000u, 0x7fc00000u}) {
+    for (std::uint32_t d = 0; d < (1u << 16); ++d) {
+      for (std::uint32_t sign : {0u, 0x80000000u}) {
+        check(sign | ((boundary + d) & 0x7fffffffu));
+        check(sign | ((boundary - d) & 0x7fffffffu));
+      }
+    }
+  }
+  // A stride through all 2^32 patterns (odd, so every low-bit pattern is reached).
+  for (std::uint64_t u = 0; u < (std::uint64_t{1} << 32); u += 4099) { check(static_cast<std::uint32_t>(u)); }
+  CHECK(checked > 1000000);
 }

@@ -55,20 +55,20 @@ FUSEDOPT_HOST_DEVICE std::uint16_t float_to_half_bits(float f)
 #if FUSEDOPT_DEVICE_PASS
   return __half_as_ushort(__float2half_rn(f));
 #else
+  // Every case is computed and the result selected, without branches, so that host loops
+  // over half tensors vectorise (a branch per element kept GCC from vectorising them).
   std::uint32_t x = float_bits(f);
   std::uint32_t const sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) { return static_cast<std::uint16_t>(0x7fffu); }  // what cvt.rn.f16.f32 gives
-  if (x >= 0x477ff000u) { return static_cast<std::uint16_t>(sign | 0x7c00u); }  // overflows to inf
-  if (x < 0x38800000u) {
-    // Below the smallest normal half: adding 0.5f (whose ulp is 2^-24, the half subnormal step)
-    // makes the FPU round to a multiple of 2^-24 to nearest even.
-    float const shifted = bits_float(x) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (float_bits(shifted) - 0x3f000000u));
-  }
-  std::uint32_t const odd = (x >> 13) & 1u;
-  x += 0xc8000fffu + odd;  // rebias the exponent by -112 and add the rounding bias
-  return static_cast<std::uint16_t>(sign | (x >> 13));
+  // Normal halves: rebias the exponent by -112 and add the rounding bias (ties to even).
+  std::uint32_t const normal = (x + 0xc8000fffu + ((x >> 13) & 1u)) >> 13;
+  // Below the smallest normal half: adding 0.5f (whose ulp is 2^-24, the half subnormal step)
+  // makes the FPU round to a multiple of 2^-24 to nearest even.
+  std::uint32_t const subnormal = float_bits(bits_float(x) + 0.5f) - 0x3f000000u;
+  std::uint32_t magnitude = x < 0x38800000u ? subnormal : normal;
+  magnitude = x >= 0x477ff000u ? 0x7c00u : magnitude;  // overflows to inf
+  std::uint32_t const result = x > 0x7f800000u ? 0x7fffu : (sign | magnitude);  // NaN: what cvt.rn.f16.f32 gives
+  return static_cast<std::uint16_t>(result);
 #endif
 }
 
@@ -77,12 +77,18 @@ FUSEDOPT_HOST_DEVICE float half_bits_to_float(std::uint16_t h)
 #if FUSEDOPT_DEVICE_PASS
   return __half2float(__ushort_as_half(h));
 #else
+  // Branch-free, as float_to_half_bits, and with integer masks rather than conditionals: a
+  // compiler may sink the float multiplication into a branch, and (trapping math being the
+  // default) then not if-convert it, leaving a branch that stops vectorisation.
   std::uint32_t const sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   std::uint32_t const magnitude = h & 0x7fffu;
-  if (magnitude >= 0x7c00u) { return bits_float(sign | 0x7f800000u | ((magnitude & 0x3ffu) << 13)); }
-  if (magnitude >= 0x0400u) { return bits_float(sign | ((magnitude << 13) + 0x38000000u)); }
-  float const value = static_cast<float>(magnitude) * 5.9604644775390625e-8f;  // * 2^-24
-  return bits_float(sign | float_bits(value));
+  std::uint32_t const special = 0x7f800000u | ((magnitude & 0x3ffu) << 13);  // inf and NaN
+  std::uint32_t const normal = (magnitude << 13) + 0x38000000u;
+  std::uint32_t const subnormal = float_bits(static_cast<float>(magnitude) * 5.9604644775390625e-8f);  // * 2^-24
+  std::uint32_t const is_special = 0u - static_cast<std::uint32_t>(magnitude >= 0x7c00u);
+  std::uint32_t const is_normal = ~is_special & (0u - static_cast<std::uint32_t>(magnitude >= 0x0400u));
+  std::uint32_t const is_subnormal = ~(is_special | is_normal);
+  return bits_float(sign | (special & is_special) | (normal & is_normal) | (subnormal & is_subnormal));
 #endif
 }
 
