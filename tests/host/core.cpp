@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bits.hpp"
 #include "catch.hpp"
 
 namespace fo = fusedopt;
@@ -175,18 +176,8 @@ TEST_CASE("backends run a body's per-tensor form, through every wrapper", "[core
 namespace {
 // The half conversions as first written, with a branch per case: the specification the
 // branch-free host conversions in numeric/dtypes.hpp must meet bit for bit.
-std::uint32_t bits_of(float f)
-{
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(std::uint32_t u)
-{
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using fusedopt_test::bits_of;
+using fusedopt_test::float_of;
 std::uint16_t reference_float_to_half(float f)
 {
   std::uint32_t x = bits_of(f);

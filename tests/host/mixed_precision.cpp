@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bits.hpp"
 #include "catch.hpp"
 
 namespace fo = fusedopt;
@@ -28,18 +29,8 @@ using fo::slot::param;
 
 namespace {
 
-std::uint32_t bits_of(float f)
-{
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(std::uint32_t u)
-{
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using fusedopt_test::bits_of;
+using fusedopt_test::float_of;
 template <class T>
 std::uint16_t bits16(T x)
 {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "bits.hpp"
 #include "catch.hpp"
 
 namespace fo = fusedopt;
@@ -21,18 +22,8 @@ using fo::slot::param;
 
 namespace {
 
-std::uint32_t bits_of(float f)
-{
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(std::uint32_t u)
-{
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using fusedopt_test::bits_of;
+using fusedopt_test::float_of;
 bool is_nan_bf16(std::uint16_t b) { return (b & 0x7fffu) > 0x7f80u; }
 
 template <class T>

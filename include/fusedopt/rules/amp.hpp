@@ -294,10 +294,7 @@ using skip_step_if_nonfinite = skip_step_when<count_nonfinite_gradients, Inner>;
 template <class Inner>
 FUSEDOPT_HOST_DEVICE skip_step_if_nonfinite<Inner> skip_if_nonfinite(Inner const& inner, flag_pointer found_inf)
 {
-  skip_step_if_nonfinite<Inner> s{};
-  s.inner = inner;
-  s.found_inf = found_inf;
-  return s;
+  return {{}, inner, found_inf};
 }
 
 /// @brief grad /= *grad_scale, in registers, as torch's fused optimizers unscale under
@@ -367,10 +364,7 @@ using skip_step_if_set = skip_step_when<read_skip_flag, Inner>;
 template <class Inner>
 FUSEDOPT_HOST_DEVICE skip_step_if_set<Inner> skip_if_set(Inner const& inner, flag_pointer flag)
 {
-  skip_step_if_set<Inner> s{};
-  s.inner = inner;
-  s.found_inf = flag;
-  return s;
+  return {{}, inner, flag};
 }
 
 /// @brief torch.amp.GradScaler.update() on the device, once per step after the update:
