@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "edge_sizes.hpp"
 
 namespace fusedopt_test {
 namespace fo = ::fusedopt;
@@ -269,14 +270,9 @@ inline std::vector<scenario> scenarios()
   return all;
 }
 
-/// Tensor sizes that hit every edge: empty, one element, shorter than a vector, around the
-/// vector width, the block's iteration and the default chunk.
-inline std::vector<std::int64_t> edge_sizes()
-{
-  if (quick()) { return {0, 1, 7, 9, 17, 129, 4097, 16391}; }
-  return {0, 1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 100, 127, 128, 129, 255, 1000, 2047, 2049, 4095,
-          4096, 4097, 16383, 16384, 16385, 16391, 40000, 65537};
-}
+/// Tensor sizes that hit every edge (tests/edge_sizes.hpp, shared with the host tests), all in
+/// one list: a few under a sanitizer.
+inline std::vector<std::int64_t> edge_sizes() { return quick() ? quick_edge_sizes() : all_edge_sizes(); }
 
 inline bool transport_available(fo::cuda::transport t)
 {

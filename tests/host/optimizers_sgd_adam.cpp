@@ -1,5 +1,5 @@
 // SGD, Adam and AdamW on the host backend against independent double-precision references
-// written from torch.optim's algorithms (reference_b.hpp), for every combination of their
+// written from torch.optim's algorithms (reference_harness.hpp), for every combination of their
 // options, over 12 steps of several tensors of different sizes, typed over float, double,
 // half and bfloat16. An independent check of rules/sgd.hpp and rules/adam.hpp.
 #include <fusedopt/fusedopt.hpp>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "reference_b.hpp"
+#include "reference_harness.hpp"
 
 namespace fo = fusedopt;
 using fusedopt_test::exact;

@@ -1,5 +1,5 @@
 // NAdam, RAdam and Lion on the host backend against independent double-precision references
-// (reference_b.hpp), for every combination of their options, over 12 steps of several
+// (reference_harness.hpp), for every combination of their options, over 12 steps of several
 // tensors of different sizes, typed over float, double, half and bfloat16.
 #include <fusedopt/fusedopt.hpp>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "reference_b.hpp"
+#include "reference_harness.hpp"
 
 namespace fo = fusedopt;
 using fusedopt_test::exact;

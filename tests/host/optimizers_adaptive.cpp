@@ -1,5 +1,5 @@
 // Adagrad, RMSprop, Adadelta and Adamax on the host backend against the double-precision
-// references of reference_a.hpp, over every combination of their options, typed over the four
+// references of reference_adaptive.hpp, over every combination of their options, typed over the four
 // element types; then their option checks.
 #include <fusedopt/fusedopt.hpp>
 
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "reference_a.hpp"
+#include "reference_adaptive.hpp"
 
 namespace fo = fusedopt;
 namespace ref = fusedopt_test::ref_a;
