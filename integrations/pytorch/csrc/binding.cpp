@@ -456,14 +456,16 @@ class engine {
   /// Orders work on `stream` after the bucket's last run on another stream.
   static void follow_stream(bucket& b, c10::cuda::CUDAStream const& stream)
   {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capturing));
-    // A capture (torch.cuda.graph synchronises the device before it begins) must not wait on
-    // an event recorded outside it.
-    if (b.stream && *b.stream != stream && capturing == cudaStreamCaptureStatusNone) {
-      at::cuda::CUDAEvent done;
-      done.record(*b.stream);
-      done.block(stream);
+    if (b.stream && *b.stream != stream) {
+      // A capture (torch.cuda.graph synchronises the device before it begins) must not wait on
+      // an event recorded outside it. Asked only on a change of stream: not every step.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capturing));
+      if (capturing == cudaStreamCaptureStatusNone) {
+        at::cuda::CUDAEvent done;
+        done.record(*b.stream);
+        done.block(stream);
+      }
     }
     b.stream = stream;
   }

@@ -17,6 +17,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fusedopt_torch as ft  # noqa: E402
+from test_amp import grads_of, make_params  # noqa: E402
 from test_parity import DEVICES, accepts, max_rel, need_device, reference_class  # noqa: E402
 
 TOL = 1e-5
@@ -654,16 +655,6 @@ def test_capturable_with_a_tensor_lr_equals_a_float_lr(case, device):
     state = opt_t.state_dict()["state"][0]
     assert float(state["step"]) == 5
     assert opt_t.state[params_t[0]]["step"].device == params_t[0].device
-
-
-def make_params(device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g).to(device).requires_grad_() for s in [(33, 17), (1000,), (7,)]]
-
-
-def grads_of(t, params, seed=1):
-    g = torch.Generator().manual_seed(seed + t)
-    return [torch.randn(p.shape, generator=g).to(p.device) for p in params]
 
 
 def test_capturable_rejections_are_clear():

@@ -472,9 +472,6 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
   static constexpr char const* names[] = {B::slot_type::name...};
   bool moved = false;
   bool queried[num_slots] = {};
-  // Pointer queries are host-side lookups, but under a global or thread-local stream capture the
-  // runtime may refuse them as potentially unsafe calls: this thread queries in relaxed mode.
-  detail::relaxed_capture_mode const relaxed;
   for (auto const& e : tensors_) {
     auto const t = static_cast<std::size_t>(e.index);
     void* bases[num_slots];
@@ -483,7 +480,12 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
       if (bases[k] == e.bases[k] || queried[k]) { continue; }
       moved = queried[k] = true;
       cudaPointerAttributes attributes{};
-      FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, bases[k]));
+      {
+        // A host-side lookup, but under a global or thread-local stream capture the runtime may
+        // refuse it as a potentially unsafe call: query in relaxed mode (only when a slot moved).
+        detail::relaxed_capture_mode const relaxed;
+        FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, bases[k]));
+      }
       FUSEDOPT_EXPECTS(attributes.type != cudaMemoryTypeUnregistered,
                        "cuda::plan::rebind: tensor " + std::to_string(t) + " of slot '" + names[k] +
                          "' is pageable host memory; the CUDA backend needs device, managed or mapped memory");
