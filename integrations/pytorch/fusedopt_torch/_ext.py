@@ -55,8 +55,11 @@ def flags(with_cuda):
 
     The host backend's loops need what fusedopt's CMake target gives its users: OpenMP threads
     (torch's own OpenMP runtime, libgomp, runs them; the thread count is torch.get_num_threads()),
-    -fno-math-errno (else GCC does not vectorise sqrt) and the machine's vector width."""
-    cflags = ["-O3", "-std=c++17", "-fno-math-errno", "-fopenmp"]
+    -fno-math-errno (else GCC does not vectorise sqrt) and the machine's vector width. And
+    -ffp-contract=off: with -march=native GCC fuses a * b + c into an FMA where it sees fit, and
+    two kernels of one rule (with and without GradScaler's blocks) then round differently; without
+    contraction a step's bits do not depend on the kernel, as the library's tests assume."""
+    cflags = ["-O3", "-std=c++17", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     if march() != "none":
         cflags.append(f"-march={march()}")
     cuda_cflags = ["-O3", "-std=c++17", "-Xcompiler=-fno-math-errno"]

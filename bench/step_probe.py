@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Where the host time of one optimizer step goes (issue 11's host-call target).
+
+GPT-2 small's 148 parameter tensors (fp32, CUDA) without the model: two gradient sets made once,
+so a "moved" step (the set alternates, as zero_grad(set_to_none=True) makes it) allocates
+nothing. Per configuration the host time of the call (perf_counter, after a synchronize) is
+measured over --steps calls, median; "cold" first streams through --cold-mb of host memory, as
+a forward and backward pass between two steps do to the caches.
+
+Rows: fusedopt_torch.AdamW's step(); the extension's engine.step alone (the C++ part, the same
+arguments step() passes); the Python part of step() without the call (the hyperparameter
+objects); torch's fused and foreach AdamW. Fixed and moved gradients, warm and cold.
+
+Usage: python3 bench/step_probe.py [--steps 400] [--cold-mb 64] [--only fusedopt_moved]
+(--only runs one configuration for a profiler: perf record -g python3 bench/step_probe.py --only ...).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
+
+
+def gpt2_shapes(vocab=50257, d=768, layers=12, context=1024):
+    shapes = [(vocab, d), (context, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,), (3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--cold-mb", type=int, default=64)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    params = [torch.zeros(s, device=dev, requires_grad=True) for s in gpt2_shapes()]
+    grads = [[torch.randn(s, device=dev) * 1e-3 for s in gpt2_shapes()] for _ in range(2)]
+    cold = torch.empty(args.cold_mb << 20, dtype=torch.uint8)
+
+    def timed(call, moved, flush):
+        times = []
+        for i in range(args.steps):
+            for p, g in zip(params, grads[i % 2 if moved else 0]):
+                p.grad = g
+            torch.cuda.synchronize()
+            if flush:
+                cold.add_(1)  # one pass over host memory, as a forward/backward pass does
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        return statistics.median(times) * 1e6
+
+    import fusedopt_torch
+
+    kwargs = dict(lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
+    opt = fusedopt_torch.AdamW(params, **kwargs)
+    for p, g in zip(params, grads[0]):
+        p.grad = g
+    opt.step()  # states and plans made
+    groups = opt.param_groups
+
+    def engine_step():
+        hypers = [opt._hyper(g) for g in groups]
+        opt._engine.step(hypers, None, None, [None] * len(groups), False)
+
+    def python_part():
+        [opt._hyper(g) for g in groups]
+
+    configs = {}
+    for moved in (False, True):
+        for flush in (False, True):
+            tag = ("moved" if moved else "fixed") + ("_cold" if flush else "")
+            configs[f"fusedopt_{tag}"] = (opt.step, moved, flush)
+            configs[f"engine_{tag}"] = (engine_step, moved, flush)
+    configs["hypers_only"] = (python_part, False, False)
+    fused = torch.optim.AdamW(params, fused=True, **kwargs)
+    foreach = torch.optim.AdamW(params, foreach=True, **kwargs)
+    for moved in (False, True):
+        for flush in (False, True):
+            tag = ("moved" if moved else "fixed") + ("_cold" if flush else "")
+            configs[f"torch_fused_{tag}"] = (fused.step, moved, flush)
+    configs["torch_foreach_fixed"] = (foreach.step, False, False)
+
+    rows = {}
+    for name, (call, moved, flush) in configs.items():
+        if args.only and name != args.only:
+            continue
+        rows[name] = timed(call, moved, flush)
+        print(f"{name:28s} {rows[name]:9.1f} us", flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "step_probe.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
