@@ -40,8 +40,10 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--cold-mb", type=int, default=64)
     ap.add_argument("--only", default="")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run (the figures are for CUDA)")
     args = ap.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     params = [torch.zeros(s, device=dev, requires_grad=True) for s in gpt2_shapes()]
     grads = [[torch.randn(s, device=dev) * 1e-3 for s in gpt2_shapes()] for _ in range(2)]
     cold = torch.empty(args.cold_mb << 20, dtype=torch.uint8)
@@ -51,13 +53,13 @@ def main():
         for i in range(args.steps):
             for p, g in zip(params, grads[i % 2 if moved else 0]):
                 p.grad = g
-            torch.cuda.synchronize()
+            sync()
             if flush:
                 cold.add_(1)  # one pass over host memory, as a forward/backward pass does
             t0 = time.perf_counter()
             call()
             times.append(time.perf_counter() - t0)
-        torch.cuda.synchronize()
+        sync()
         return statistics.median(times) * 1e6
 
     import fusedopt_torch
@@ -83,7 +85,16 @@ def main():
             configs[f"fusedopt_{tag}"] = (opt.step, moved, flush)
             configs[f"engine_{tag}"] = (engine_step, moved, flush)
     configs["hypers_only"] = (python_part, False, False)
-    fused = torch.optim.AdamW(params, fused=True, **kwargs)
+    # The layers around the step: torch.optim's hook wrapper (opt.step), dynamo's disable
+    # wrapper under it, the function itself.
+    import inspect
+
+    dynamo_layer = getattr(type(opt).step, "__wrapped__", None)
+    raw = inspect.unwrap(type(opt).step)
+    if dynamo_layer is not None and dynamo_layer is not raw:
+        configs["step_without_hooks_fixed"] = (lambda: dynamo_layer(opt), False, False)
+    configs["step_raw_fixed"] = (lambda: raw(opt), False, False)
+    fused = torch.optim.AdamW(params, **dict(kwargs, **({"fused": True} if dev.type == "cuda" else {})))
     foreach = torch.optim.AdamW(params, foreach=True, **kwargs)
     for moved in (False, True):
         for flush in (False, True):
@@ -97,6 +108,19 @@ def main():
             continue
         rows[name] = timed(call, moved, flush)
         print(f"{name:28s} {rows[name]:9.1f} us", flush=True)
+    if not args.only:
+        import cProfile
+        import io
+        import pstats
+
+        profile = cProfile.Profile()
+        profile.enable()
+        timed(opt.step, True, False)
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
+        print("cProfile of fusedopt_moved, by own time:")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-2500:])
     out = os.environ.get("OUT")
     if out:
         with open(os.path.join(out, "step_probe.json"), "w") as f:

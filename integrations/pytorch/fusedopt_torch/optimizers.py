@@ -11,7 +11,6 @@ CPU tensors, as torch's non-capturable optimizers keep them) and ``load_state_di
 back. Read ``state[p]['step']`` after ``state_dict()``: between two calls it is not refreshed.
 """
 
-import functools
 import sys
 
 import torch
@@ -69,23 +68,10 @@ def _engine_view(t):
 def _graph_break(fn):
     """torch.compile runs fn eagerly (a clean graph break in a compiled training step; a compiled
     opt.step runs): the step mutates the optimizer and calls the extension, which dynamo cannot
-    trace. torch.optim marks its own untraceable methods with torch._disable_dynamo, which enters
-    a dynamo context at every call; here that wrapper is taken only while dynamo traces (its
-    is_compiling() is a constant True then), so an eager step pays one flag read. Older torch
-    has no dynamo."""
+    trace. torch.optim marks its own untraceable methods the same way (torch._disable_dynamo,
+    which imports dynamo at the first call only); older torch has no dynamo."""
     disable = getattr(torch, "_disable_dynamo", None)
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if disable is None or is_compiling is None:
-        return fn
-    disabled = disable(fn)
-
-    @functools.wraps(fn)
-    def eager_unless_compiling(*args, **kwargs):
-        if is_compiling():
-            return disabled(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    return eager_unless_compiling
+    return disable(fn) if disable is not None else fn
 
 
 def _check_common(lr=None, eps=None, weight_decay=None, betas=None):
