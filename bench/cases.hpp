@@ -264,6 +264,13 @@ class case_state {
   /// @brief The bound lists of the case (validated by fusedopt::bind).
   [[nodiscard]] auto lists() const { return lists_impl(std::make_index_sequence<Case::num_states>{}); }
 
+  /// @brief lists() with the gradients of `other` (a case over the same sizes): what a plan
+  /// sees when only the gradients moved, as under zero_grad(set_to_none=True).
+  [[nodiscard]] auto lists_with_gradients_of(case_state const& other) const
+  {
+    return lists_impl(other.grad_, std::make_index_sequence<Case::num_states>{});
+  }
+
   /// @brief Bytes the slots occupy (with padding), to check memory before allocating.
   static std::size_t bytes_needed(std::vector<std::int64_t> const& sizes)
   {
@@ -287,10 +294,14 @@ class case_state {
     return {state_storage(sizes, 3 + K, Case::state_values[K])...};
   }
   template <std::size_t... K>
-  auto lists_impl(std::index_sequence<K...>) const
+  auto lists_impl(std::index_sequence<K...> k) const
   {
-    return Case::bind(param_.list(), grad_.template list<typename Case::grad_type const>(),
-                      {states_[K].list()...});
+    return lists_impl(grad_, k);
+  }
+  template <std::size_t... K>
+  auto lists_impl(grad_storage const& grad, std::index_sequence<K...>) const
+  {
+    return Case::bind(param_.list(), grad.template list<typename Case::grad_type const>(), {states_[K].list()...});
   }
 
   param_storage param_;

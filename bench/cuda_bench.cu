@@ -20,6 +20,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -325,6 +326,86 @@ void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::optio
   }
 }
 
+/// Host time of plan.rebind when the gradients move (zero_grad(set_to_none=True)): the plan
+/// alternates between two gradient sets. `with_bind`: the lists are bound in the timed call too
+/// (fusedopt::bind validates them: sizes, overlaps), as a caller with new tensors does.
+template <class Case>
+void bm_host_rebind(benchmark::State& state, fb::workload const& w, fo::cuda::options opts, bool with_bind)
+{
+  using memory_type = fb::case_state<Case, device_memory>;
+  try {
+    if (!enough_memory(2 * memory_type::bytes_needed(w.sizes))) {
+      state.SkipWithError("not enough free device memory for this workload");
+      return;
+    }
+    memory_type memory(w.sizes);
+    memory_type other(w.sizes);
+    stream_and_events timer;
+    auto plan = fo::cuda::make_plan(memory.lists(), opts, timer.stream);
+    auto const bound = std::array{memory.lists(), memory.lists_with_gradients_of(other)};
+    std::size_t k = 0;
+    time_host_calls(state, timer.stream, [&] {
+      k ^= 1;
+      if (with_bind) {
+        plan.rebind(k == 0 ? memory.lists() : memory.lists_with_gradients_of(other), timer.stream);
+      } else {
+        plan.rebind(bound[k], timer.stream);
+      }
+    });
+    state.counters["tensors"] = static_cast<double>(w.sizes.size());
+    state.SetLabel(transport_name(plan.metadata()));
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+/// Host time of single runtime calls a rebind makes, to read bm_host_rebind against.
+void bm_runtime_calls(benchmark::State& state, int which)
+{
+  try {
+    stream_and_events timer;
+    void* device = nullptr;
+    void* pinned = nullptr;
+    std::size_t const bytes = 148 * 40;  // GPT-2 small's tensor table (148 tensors, 4 slots)
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&device, bytes));
+    FUSEDOPT_CUDA_TRY(cudaMallocHost(&pinned, bytes));
+    cudaEvent_t event = nullptr;
+    FUSEDOPT_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    auto const call = [&] {
+      switch (which) {
+        case 0: {
+          cudaPointerAttributes attributes{};
+          FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, device));
+          break;
+        }
+        case 1: {
+          cudaStreamCaptureStatus status{};
+          FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(timer.stream, &status));
+          break;
+        }
+        case 2: {
+          cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+          FUSEDOPT_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+          FUSEDOPT_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+          break;
+        }
+        default:
+          FUSEDOPT_CUDA_TRY(cudaEventSynchronize(event));
+          FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(device, pinned, bytes, cudaMemcpyHostToDevice, timer.stream));
+          FUSEDOPT_CUDA_TRY(cudaEventRecord(event, timer.stream));
+          break;
+      }
+    };
+    for (int i = 0; i < 10; ++i) { call(); }
+    time_host_calls(state, timer.stream, call);
+    FUSEDOPT_CUDA_TRY(cudaEventDestroy(event));
+    FUSEDOPT_CUDA_TRY(cudaFreeHost(pinned));
+    FUSEDOPT_CUDA_TRY(cudaFree(device));
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 // Iterations for about `seconds` of device time at a predicted 3 TB/s (fixed counts keep
 // Google Benchmark from re-running the setup to find one).
 benchmark::IterationCount iterations_for(double bytes, double seconds)
@@ -451,6 +532,22 @@ int main(int argc, char** argv)
   register_host_run<fb::adam_fp32>(fb::w3(), g_tuning);
   register_host_run<fb::adamw_bf16>(fb::w3(), g_tuning);
   register_host_run<fb::sgd_momentum_fp32>(fb::w3(), g_tuning);
+  // Issue 11: the host time of following moved gradients (GPT-2 small's 148 tensors).
+  for (bool with_bind : {false, true}) {
+    std::string const name = std::string("host_rebind/adam_fp32/W2") + (with_bind ? "/with_bind" : "");
+    benchmark::RegisterBenchmark(name.c_str(), [with_bind](benchmark::State& s) {
+      bm_host_rebind<fb::adam_fp32>(s, fb::w2(), g_tuning, with_bind);
+    })->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);
+  }
+  char const* const calls[] = {"cudaPointerGetAttributes", "cudaStreamIsCapturing",
+                               "cudaThreadExchangeStreamCaptureMode_x2", "upload_5920B_pinned"};
+  for (int which = 0; which < 4; ++which) {
+    benchmark::RegisterBenchmark((std::string("host_call/") + calls[which]).c_str(),
+                                 [which](benchmark::State& s) { bm_runtime_calls(s, which); })
+      ->UseManualTime()
+      ->Iterations(2000)
+      ->Unit(benchmark::kMicrosecond);
+  }
 
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

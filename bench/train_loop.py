@@ -117,7 +117,10 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False)
     loss = None
     scaler = torch.amp.GradScaler("cuda") if grad_scaler else None
     amp_dtype = torch.float16 if grad_scaler else torch.bfloat16
+    phases = None
     for i in range(args.warmup + args.steps):
+        if i == args.warmup and optimizer == "fusedopt" and hasattr(opt._engine, "host_times"):
+            phases = opt._engine.host_times()
         idx = torch.randint(0, vocab, (batch, seq + 1), generator=gen).to(device)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=cuda):
             logits = model(idx[:, :-1])
@@ -150,6 +153,11 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False)
                host_us_median=statistics.median(host_s) * 1e6, final_loss=float(loss))
     if optimizer == "fusedopt":
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_rebinds=opt.plan_rebinds())
+        if phases is not None:
+            # The engine's host time by phase, mean per timed step (csrc/binding.cpp, host_times).
+            end = opt._engine.host_times()
+            steps = max(1, end["steps"] - phases["steps"])
+            row["engine_host_us"] = {k[:-3]: round((end[k] - phases[k]) / steps / 1e3, 1) for k in end if k.endswith("_ns")}
     del opt, model
     if cuda:
         torch.cuda.empty_cache()
@@ -181,6 +189,8 @@ def section(device, args, shape):
             extra = f"  rebuilds {r['plan_rebuilds']} rebinds {r['plan_rebinds']}" if "plan_rebuilds" in r else ""
             print(f"  {label} step {r['step_us_median']:9.1f} us (max {r['step_us_max']:9.1f})  host "
                   f"{r['host_us_median']:8.1f} us  loss {r['final_loss']:.5f}{extra}", flush=True)
+            if "engine_host_us" in r:
+                print("      engine host us/step: " + ", ".join(f"{k} {v}" for k, v in r["engine_host_us"].items()), flush=True)
     return rows
 
 

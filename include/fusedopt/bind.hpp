@@ -73,9 +73,11 @@ class bound_lists {
   }
 
  private:
+  // validate() sorts one per tensor and slot at every bind (a rebind binds anew): kept small.
   struct span {
     std::uintptr_t begin, end;
-    std::size_t slot, tensor;
+    std::size_t tensor;
+    std::uint16_t slot;
     bool writable;
   };
 
@@ -111,7 +113,7 @@ class bound_lists {
                          "tensor " + std::to_string(i) + " of slot '" + slot_names[K] + "' has " +
                            std::to_string(l[i].size) + " elements of " + std::to_string(sizeof(T)) +
                            " bytes: they would extend past the end of the address space");
-        spans.push_back(span{begin, begin + size * sizeof(T), K, i, !std::is_const_v<T>});
+        spans.push_back(span{begin, begin + size * sizeof(T), i, K, !std::is_const_v<T>});
       }
     }
   }
@@ -120,6 +122,7 @@ class bound_lists {
   void validate_impl(std::index_sequence<K...>) const
   {
     std::vector<span> spans;
+    spans.reserve(sizeof...(K) * list<0>().size());
     (check_list<K>(spans), ...);
     // Sweep by start address. A pair overlaps when the later one starts before the earlier
     // one ends; only pairs with a written side matter, so keep the furthest end seen among

@@ -23,10 +23,12 @@
 
 #include <fusedopt/error.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -143,6 +145,33 @@ void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* wha
               " must be dense with the parameter's strides (an elementwise step runs over the memory of each tensor)");
 }
 
+/// Host time of the engine's steps by phase, summed (bench/step_probe.py and bench/train_loop.py
+/// print it, to tell where a step's host time goes): a few clock reads per step.
+struct phase_times {
+  std::int64_t steps = 0;
+  std::int64_t scan_ns = 0;     // gathering the gradients: rebuild, rebind or neither
+  std::int64_t check_ns = 0;    // rebinds: each new gradient's layout checked, addresses noted
+  std::int64_t rebind_ns = 0;   // rebinds: the plans' rebind (binding the lists, the table upload)
+  std::int64_t rebuild_ns = 0;  // rebuilds
+  std::int64_t run_ns = 0;      // the runs (hyperparameters, launches) and version counters
+};
+
+/// Adds the time from its construction to its destruction to `total`.
+class phase_clock {
+ public:
+  explicit phase_clock(std::int64_t& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~phase_clock()
+  {
+    total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  }
+  phase_clock(phase_clock const&) = delete;
+  phase_clock& operator=(phase_clock const&) = delete;
+
+ private:
+  std::int64_t& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 class engine {
  public:
   explicit engine(family f) : family_(f) {}
@@ -220,26 +249,11 @@ class engine {
       }
     }
     // Gather the gradients; nothing runs until every group is known to be ready.
-    changed_.assign(groups_.size(), unchanged);
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      auto& d = groups_[g];
-      std::size_t const n = d.params.size();
-      if (!d.built || d.param_ptrs.size() != n) { changed_[g] = members_changed; }
-      for (std::size_t i = 0; i < n; ++i) {
-        at::Tensor const& p = d.params[i];
-        at::Tensor const& gr = p.grad();
-        void const* gp = gr.defined() ? gr.data_ptr() : nullptr;
-        if (gp != nullptr && !d.has_state[i]) { return false; }
-        if (changed_[g] == members_changed) { continue; }
-        if ((gp == nullptr) != (d.grad_ptrs[i] == nullptr)) {
-          changed_[g] = members_changed;  // a gradient appeared or disappeared
-        } else if (gp != d.grad_ptrs[i] || p.data_ptr() != d.param_ptrs[i]) {
-          changed_[g] = addresses_moved;
-        }
-      }
-    }
+    ++times_.steps;
+    if (!gather()) { return false; }
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       if (changed_[g] == members_changed) {
+        phase_clock const clock(times_.rebuild_ns);
         rebuild(g);
       } else if (changed_[g] == addresses_moved) {
         rebind(g);
@@ -252,6 +266,7 @@ class engine {
       counted_on_device_ = true;
     }
     amp_tensors_.clear();
+    phase_clock const clock(times_.run_ns);
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       c10::optional<at::Tensor> const* lr = lrs.empty() || !lrs[g] ? nullptr : &lrs[g];
       run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr, lr);
@@ -303,6 +318,13 @@ class engine {
       }
     }
     return out;
+  }
+
+  /// Host time by phase since the engine was made (phase_times).
+  [[nodiscard]] std::map<std::string, std::int64_t> host_times() const
+  {
+    return {{"steps", times_.steps},          {"scan_ns", times_.scan_ns},     {"check_ns", times_.check_ns},
+            {"rebind_ns", times_.rebind_ns}, {"rebuild_ns", times_.rebuild_ns}, {"run_ns", times_.run_ns}};
   }
 
   /// Plans built so far (tests: a changed parameter set rebuilds).
@@ -397,6 +419,32 @@ class engine {
     ++rebuilds_;
   }
 
+  /// Sets changed_ for every group from its gradients' and parameters' addresses. Returns false
+  /// when a parameter has a gradient but no state yet (Python creates it first).
+  bool gather()
+  {
+    phase_clock const clock(times_.scan_ns);
+    changed_.assign(groups_.size(), unchanged);
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      auto& d = groups_[g];
+      std::size_t const n = d.params.size();
+      if (!d.built || d.param_ptrs.size() != n) { changed_[g] = members_changed; }
+      for (std::size_t i = 0; i < n; ++i) {
+        at::Tensor const& p = d.params[i];
+        at::Tensor const& gr = p.grad();
+        void const* gp = gr.defined() ? gr.data_ptr() : nullptr;
+        if (gp != nullptr && !d.has_state[i]) { return false; }
+        if (changed_[g] == members_changed) { continue; }
+        if ((gp == nullptr) != (d.grad_ptrs[i] == nullptr)) {
+          changed_[g] = members_changed;  // a gradient appeared or disappeared
+        } else if (gp != d.grad_ptrs[i] || p.data_ptr() != d.param_ptrs[i]) {
+          changed_[g] = addresses_moved;
+        }
+      }
+    }
+    return true;
+  }
+
   /// Points the group's plans at the tensors' new addresses; rebuilds the group when a plan
   /// cannot take them (another alignment class) or a gradient's layout changed.
   void rebind(std::size_t g)
@@ -414,6 +462,7 @@ class engine {
   {
     auto& d = groups_[g];
     for (auto& b : d.buckets) {
+      std::optional<phase_clock> clock(std::in_place, times_.check_ns);
       for (std::size_t j = 0; j < b.members.size(); ++j) {
         auto const i = static_cast<std::size_t>(b.members[j]);
         at::Tensor const& p = d.params[i];
@@ -429,6 +478,8 @@ class engine {
           b.tensors.param[j] = p.data_ptr();
         }
       }
+      clock.reset();
+      clock.emplace(times_.rebind_ns);
       bool rebound = false;
       try {
         if (b.device < 0) {
@@ -444,7 +495,9 @@ class engine {
       } catch (fusedopt::error const& e) {
         fail(e.what());
       }
+      clock.reset();
       if (!rebound) {
+        phase_clock const rebuilding(times_.rebuild_ns);
         rebuild(g);
         return;
       }
@@ -576,6 +629,7 @@ class engine {
   std::vector<at::Tensor> amp_tensors_;  // this step's copies of GradScaler's tensors
   std::int64_t rebuilds_ = 0;
   std::int64_t rebinds_ = 0;
+  phase_times times_;
 };
 
 }  // namespace
@@ -627,6 +681,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("mu_products", &engine::mu_products)
     .def("rebuilds", &engine::rebuilds)
     .def("rebinds", &engine::rebinds)
+    .def("host_times", &engine::host_times)
     .def("plans", &engine::plans);
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
   m.attr("with_cuda") = true;
