@@ -20,6 +20,10 @@
 
 FUSEDOPT_NAMESPACE_BEGIN
 
+namespace detail {
+struct bound_lists_access;
+}  // namespace detail
+
 /// @brief Several slots bound to tensor lists of equal length: tensor `i` of every list is
 /// one parameter (its value, gradient, states...). Made by `fusedopt::bind`, which validates
 /// the lists; immutable afterwards.
@@ -64,6 +68,13 @@ class bound_lists {
 
   /// @brief Number of elements of tensor `i` (the same in every slot).
   [[nodiscard]] std::int64_t tensor_size(std::size_t i) const { return list<0>()[i].size; }
+
+  /// @brief Name of the K-th bound slot.
+  template <std::size_t K>
+  [[nodiscard]] static constexpr char const* slot_name() noexcept
+  {
+    return slot_names[K];
+  }
 
   /// @brief Address of element 0 of tensor `i` in the K-th list, type-erased.
   template <std::size_t K>
@@ -144,8 +155,27 @@ class bound_lists {
 
   void validate() const { validate_impl(std::index_sequence_for<Bindings...>{}); }
 
+  // Plans' rebind(slot, addresses) re-points a read-only slot after checking each address
+  // (detail/rebind.hpp): the lists stay valid without a full validation.
+  friend struct detail::bound_lists_access;
+  template <std::size_t K>
+  void repoint(std::size_t t, element_t<K>* data) noexcept
+  {
+    std::get<K>(bindings_).list.set_data(t, data);
+  }
+
   std::tuple<Bindings...> bindings_;
 };
+
+namespace detail {
+struct bound_lists_access {
+  template <std::size_t K, class Lists>
+  static void repoint(Lists& lists, std::size_t t, typename Lists::template element_t<K>* data) noexcept
+  {
+    lists.template repoint<K>(t, data);
+  }
+};
+}  // namespace detail
 
 /// @brief Binds slots to tensor lists: `fusedopt::bind(slot::param = p, slot::grad = g, ...)`.
 /// @throws fusedopt::error on invalid lists (see bound_lists).

@@ -51,6 +51,8 @@ class tensor_list {
   }
 
   void reserve(std::size_t n) { tensors_.reserve(n); }
+  /// @brief Points tensor `i` at `data`; its size stays.
+  void set_data(std::size_t i, T* data) noexcept { tensors_[i].data = data; }
   [[nodiscard]] std::size_t size() const noexcept { return tensors_.size(); }
   [[nodiscard]] bool empty() const noexcept { return tensors_.empty(); }
   tensor_ref<T> const& operator[](std::size_t i) const noexcept { return tensors_[i]; }

@@ -73,8 +73,19 @@ TEST_CASE("a plan rebound to moved tensors gives the host backend's bits", "[cud
   }
 }
 
+/// The element addresses of a bound list, as rebind(slot, addresses) takes them.
+template <class T>
+std::vector<T*> addresses_of(fo::tensor_list<T> const& list)
+{
+  std::vector<T*> out;
+  for (auto const& t : list) { out.push_back(t.data); }
+  return out;
+}
+
 TEST_CASE("only the gradients move: the other slots stay where they are", "[cuda][rebind]")
 {
+  bool const by_slot = GENERATE(false, true);  // rebind(lists), or rebind(slot::grad, addresses)
+  CAPTURE(by_slot);
   std::vector<std::int64_t> const sizes = edge_sizes();
   adam_problem p(sizes, shift::same, 5), spare(sizes, shift::same, 6);
   auto host_plan = fo::host::make_plan(p.lists(false));
@@ -92,7 +103,15 @@ TEST_CASE("only the gradients move: the other slots stay where they are", "[cuda
       auto& g = p.slot_arena<1>();
       FO_TEST_CUDA(cudaMemcpy(other_grads.device, g.device, g.host.size() * sizeof(g.host[0]), cudaMemcpyDeviceToDevice));
       other_grads.host = g.host;  // the spare arena's expected contents, gaps included
-      plan.rebind(with_grads_from(other_grads));
+      if (by_slot) {
+        auto const moved = addresses_of(other_grads.list(true));
+        plan.rebind(slot::grad, moved.data(), moved.size());
+      } else {
+        plan.rebind(with_grads_from(other_grads));
+      }
+    } else if (by_slot) {
+      auto const back = addresses_of(p.slot_arena<1>().list(true));
+      plan.rebind(slot::grad, back.data(), back.size());
     } else {
       plan.rebind(p.lists(true));
     }
@@ -136,6 +155,22 @@ TEST_CASE("a changed geometry is a clear error and leaves the plan as it was", "
   SECTION("pageable host memory")
   {
     CHECK(message_of([&] { plan.rebind(p.lists(false)); }).find("pageable") != std::string::npos);
+  }
+  SECTION("rebind(slot, addresses): another alignment class, an overlap, a count, pageable memory")
+  {
+    adam_problem q(sizes, shift::same, 8);
+    auto const shifted = addresses_of(q.slot_arena<1>().list(true));
+    CHECK(message_of([&] { plan.rebind(slot::grad, shifted.data(), shifted.size()); }).find("alignment class") !=
+          std::string::npos);
+    auto over_state = addresses_of(p.slot_arena<1>().list(true));
+    over_state[2] = reinterpret_cast<fo::bfloat16 const*>(p.slot_arena<2>().list(true)[2].data);
+    CHECK(message_of([&] { plan.rebind(slot::grad, over_state.data(), over_state.size()); })
+            .find("tensor 2 of slot 'grad' overlaps a tensor the rule writes") != std::string::npos);
+    CHECK(message_of([&] { plan.rebind(slot::grad, over_state.data(), 2); }).find("2 addresses for a plan of 3") !=
+          std::string::npos);
+    auto const pageable = addresses_of(p.slot_arena<1>().list(false));
+    CHECK(message_of([&] { plan.rebind(slot::grad, pageable.data(), pageable.size()); }).find("pageable") !=
+          std::string::npos);
   }
   // The plan still updates the tensors it was bound to, bit for bit.
   auto host_plan = fo::host::make_plan(p.lists(false));

@@ -557,6 +557,74 @@ TEST_CASE("a host plan rebound to moved tensors gives the bits of a fresh plan",
   for (auto& g : grads) { CHECK(g.canaries_intact()); }
 }
 
+TEST_CASE("rebind(slot, addresses): new gradients without binding the lists again", "[backend][rebind]")
+{
+  std::vector<std::int64_t> const sizes = {0, 1, 7, 33, 40000, 5};
+  padded_tensors<float> p(sizes), m(sizes), v(sizes), fresh_p(sizes), fresh_m(sizes), fresh_v(sizes);
+  padded_tensors<float> grads[3] = {padded_tensors<float>(sizes), padded_tensors<float>(sizes),
+                                    padded_tensors<float>(sizes)};
+  auto lists_of = [](padded_tensors<float>& pp, padded_tensors<float>& g, padded_tensors<float>& mm,
+                     padded_tensors<float>& vv) {
+    return fo::bind(param = pp.list<float>(), grad = g.list<float const>(), exp_avg = mm.list<float>(),
+                    exp_avg_sq = vv.list<float>());
+  };
+  auto plan = fo::host::make_plan(lists_of(p, grads[0], m, v));
+  fo::rules::adamw rule;
+  rule.lr = 0.01;
+  for (std::int64_t t = 1; t <= 6; ++t) {
+    auto& g = grads[t % 3];
+    std::vector<float const*> addresses;
+    for (auto const& tensor : g.list<float const>()) { addresses.push_back(tensor.data); }
+    plan.rebind(grad, addresses.data(), addresses.size());
+    plan.run(rule, fo::step_info{t});
+    fo::host::make_plan(lists_of(fresh_p, g, fresh_m, fresh_v)).run(rule, fo::step_info{t});
+    REQUIRE(p.bits() == fresh_p.bits());
+    REQUIRE(m.bits() == fresh_m.bits());
+    REQUIRE(v.bits() == fresh_v.bits());
+  }
+  CHECK(plan.lists().list<1>()[3].data == grads[0].list<float const>()[3].data);  // step 6 used grads[0]
+}
+
+TEST_CASE("rebind(slot, addresses) checks what bind checks and stays as it was", "[backend][rebind][errors]")
+{
+  std::vector<float> p(100, 1.f), g(100, 1.f), q(100, 1.f);
+  fo::tensor_list<float> pl{{p.data(), 10}, {p.data() + 10, 20}};
+  fo::tensor_list<float const> gl{{g.data(), 10}, {g.data() + 10, 20}};
+  auto plan = fo::host::make_plan(fo::bind(param = pl, grad = gl));
+  std::vector<float const*> moved = {q.data(), q.data() + 10};
+  SECTION("a count that is not the tensors'")
+  {
+    expect_error([&] { plan.rebind(grad, moved.data(), 1); }, {"1 addresses for a plan of 2 tensors"});
+  }
+  SECTION("a gradient over a parameter")
+  {
+    moved[1] = p.data() + 25;  // [25, 45) overlaps parameter 1 at [10, 30)
+    expect_error([&] { plan.rebind(grad, moved.data(), moved.size()); },
+                 {"tensor 1 of slot 'grad' overlaps a tensor the rule writes"});
+  }
+  SECTION("a null gradient with elements")
+  {
+    moved[0] = nullptr;
+    expect_error([&] { plan.rebind(grad, moved.data(), moved.size()); }, {"tensor 0 of slot 'grad' is null"});
+  }
+  SECTION("a misaligned gradient")
+  {
+    moved[1] = reinterpret_cast<float const*>(reinterpret_cast<char const*>(q.data() + 10) + 2);
+    expect_error([&] { plan.rebind(grad, moved.data(), moved.size()); }, {"tensor 1 of slot 'grad'", "aligned"});
+  }
+  SECTION("gradients over each other: allowed, both only read")
+  {
+    moved[1] = q.data() + 5;
+    REQUIRE_NOTHROW(plan.rebind(grad, moved.data(), moved.size()));
+    plan.run(add_grad{});
+    CHECK(p[0] == 2.f);
+    return;
+  }
+  plan.run(add_grad{});  // still the original gradients
+  CHECK(p[0] == 2.f);
+  CHECK(p[29] == 2.f);
+}
+
 TEST_CASE("a host plan refuses lists of another geometry and stays as it was", "[backend][rebind][errors]")
 {
   std::vector<float> p(100, 1.f), g(100, 1.f), q(100, 1.f);

@@ -26,6 +26,7 @@
 
 #include "../bind.hpp"
 #include "../config.hpp"
+#include "../detail/rebind.hpp"
 #include "../scalar.hpp"
 #include "detail/reduce.cuh"
 #include "detail/tables.cuh"
@@ -147,6 +148,25 @@ class plan {
   /// host memory, or a CUDA call fails.
   void rebind(lists_type const& lists, cudaStream_t stream = nullptr);
 
+  /// @brief Pointer to the elements of slot `Slot` as bound (const for a read-only slot).
+  template <class Slot>
+  using slot_pointer_t = typename lists_type::template element_t<::fusedopt::detail::bound_position_v<lists_type, Slot>>*;
+
+  /// @brief Points one slot the rule only reads (bound const, such as the gradients) at
+  /// `addresses`, one per tensor, sizes unchanged: what a loop with new gradient buffers every
+  /// step needs (PyTorch's `zero_grad(set_to_none=True)`, a caching allocator). Each changed
+  /// address is checked as `fusedopt::bind` checks it (null, element alignment, overlap with
+  /// any tensor the rule writes, looked up in memory sorted when the plan was made) and for
+  /// the plan's alignment class; pageable memory as in `rebind(lists)`. Host work is
+  /// O(k log n) for k changed addresses of n tensors, with no allocation and no list to
+  /// bind; the table is then written as `rebind(lists)` writes it (one upload, or launches
+  /// under capture). A slot the rule writes moves with `rebind(lists)`.
+  /// @throws fusedopt::error, leaving the plan unchanged, if `count` is not the number of
+  /// tensors, an address fails a check (another alignment class: make a new plan), or a CUDA
+  /// call fails.
+  template <class Slot>
+  void rebind(Slot slot, slot_pointer_t<Slot> const* addresses, std::size_t count, cudaStream_t stream = nullptr);
+
   /// @brief Kernel launches per `run` of a rule without reduction passes or after-step hooks
   /// (0 when every tensor is empty).
   [[nodiscard]] std::size_t launches_per_run() const;
@@ -182,6 +202,12 @@ class plan {
 
   // Empty when `lists` fit, else why not (the first difference found).
   [[nodiscard]] std::string geometry_mismatch(lists_type const& lists) const;
+
+  // After tensors_ got new bases: the by-value tables rebased, or the device table written.
+  void publish_bases(cudaStream_t stream);
+
+  // The memory of every tensor the rule writes, sorted: rebind(slot, addresses) checks against it.
+  ::fusedopt::detail::written_memory written_;
 
   std::unique_ptr<void, device_free> memory_;
   // The tensor entries of every non-empty tensor, as the host last uploaded or packed them.

@@ -23,6 +23,7 @@
 #include "../config.hpp"
 #include "../detail/access.hpp"
 #include "../detail/phases.hpp"
+#include "../detail/rebind.hpp"
 #include "../reduce.hpp"
 #include "../error.hpp"
 #include "../rule.hpp"
@@ -83,6 +84,7 @@ class plan {
                        std::to_string(options::max_reduction_capacity) + ", not " +
                        std::to_string(options_.reduction_capacity));
     check_alignment(lists_, std::make_index_sequence<num_slots>{});
+    written_.assign(lists_);
     std::size_t const n = lists_.num_tensors();
     bases_.resize(n);
     for (std::size_t t = 0; t < n; ++t) {
@@ -130,7 +132,41 @@ class plan {
     }
     check_alignment(lists, std::make_index_sequence<num_slots>{});
     lists_ = lists;  // equal lengths: the vectors reuse their storage
+    written_.assign(lists_);
     for (std::size_t t = 0; t < bases_.size(); ++t) { fill_bases(bases_[t], t, std::make_index_sequence<num_slots>{}); }
+  }
+
+  /// @brief Pointer to the elements of slot `Slot` as bound (const for a read-only slot).
+  template <class Slot>
+  using slot_pointer_t = typename lists_type::template element_t<detail::bound_position_v<lists_type, Slot>>*;
+
+  /// @brief Points one slot the rule only reads (bound const, such as the gradients) at
+  /// `addresses`, one per tensor, sizes unchanged (new gradient buffers every step). Each
+  /// changed address is checked as `fusedopt::bind` checks it (null, element alignment,
+  /// overlap with any tensor the rule writes, looked up in memory sorted when the plan was
+  /// made): O(k log n) for k changed addresses of n tensors, no allocation, no list to bind.
+  /// The same call as cuda::plan's, without the stream. A slot the rule writes moves with
+  /// `rebind(lists)`.
+  /// @throws fusedopt::error, leaving the plan unchanged, if `count` is not the number of
+  /// tensors or an address fails a check.
+  template <class Slot>
+  void rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count)
+  {
+    constexpr std::size_t K = detail::bound_position_v<lists_type, Slot>;
+    std::size_t const n = lists_.num_tensors();
+    FUSEDOPT_EXPECTS(count == n, "plan::rebind: " + std::to_string(count) + " addresses for a plan of " +
+                                   std::to_string(n) + " tensors");
+    auto const& current = lists_.template list<K>();
+    for (std::size_t t = 0; t < n; ++t) {
+      if (addresses[t] != current[t].data) {
+        detail::check_rebound_address<K>(lists_, written_, t, addresses[t], "plan::rebind");
+      }
+    }
+    // Checks done: from here the plan changes.
+    for (std::size_t t = 0; t < n; ++t) {
+      detail::bound_lists_access::repoint<K>(lists_, t, addresses[t]);
+      bases_[t][K] = const_cast<void*>(static_cast<void const*>(addresses[t]));
+    }
   }
 
   /// @brief Runs `rule` for one step over every element of every tensor: its reduction
@@ -308,6 +344,8 @@ class plan {
   }
 
   lists_type lists_;
+  // The memory of every tensor the rule writes, sorted: rebind(slot, addresses) checks against it.
+  detail::written_memory written_;
   options options_;
   std::vector<std::array<void*, num_slots>> bases_;
   std::vector<chunk> chunks_;

@@ -463,6 +463,7 @@ class engine {
     auto& d = groups_[g];
     for (auto& b : d.buckets) {
       std::optional<phase_clock> clock(std::in_place, times_.check_ns);
+      bool params_moved = false;
       for (std::size_t j = 0; j < b.members.size(); ++j) {
         auto const i = static_cast<std::size_t>(b.members[j]);
         at::Tensor const& p = d.params[i];
@@ -476,22 +477,26 @@ class engine {
         if (p.data_ptr() != d.param_ptrs[i]) {
           d.param_ptrs[i] = p.data_ptr();
           b.tensors.param[j] = p.data_ptr();
+          params_moved = true;
         }
       }
       clock.reset();
       clock.emplace(times_.rebind_ns);
       bool rebound = false;
       try {
-        if (b.device < 0) {
-          rebound = b.p->rebind(b.tensors, nullptr);
-        } else {
+        // Only the gradients moved (the usual case): the plan checks the new addresses alone;
+        // else, or when it declines them, the lists are bound and checked whole.
+        void* stream = nullptr;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
-          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
-          auto const stream = at::cuda::getCurrentCUDAStream(b.device);
-          follow_stream(b, stream);
-          rebound = b.p->rebind(b.tensors, stream.stream());
-#endif
+        c10::optional<c10::cuda::CUDAGuard> guard;
+        if (b.device >= 0) {
+          guard.emplace(static_cast<c10::DeviceIndex>(b.device));
+          auto const current = at::cuda::getCurrentCUDAStream(b.device);
+          follow_stream(b, current);
+          stream = current.stream();
         }
+#endif
+        rebound = (!params_moved && b.p->rebind_gradients(b.tensors, stream)) || b.p->rebind(b.tensors, stream);
       } catch (fusedopt::error const& e) {
         fail(e.what());
       }

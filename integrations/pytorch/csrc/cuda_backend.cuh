@@ -31,6 +31,11 @@ struct cuda_backend {
   {
     p.rebind(lists, static_cast<cudaStream_t>(stream));
   }
+  template <class Plan, class Slot, class Pointer>
+  static void rebind_slot(Plan& p, Slot s, Pointer const* addresses, std::size_t n, void* stream)
+  {
+    p.rebind(s, addresses, n, static_cast<cudaStream_t>(stream));
+  }
 };
 
 }  // namespace detail

@@ -129,11 +129,24 @@ class plan_impl final : public plan {
     }
     return true;
   }
+  bool rebind_gradients(lists const& tensors, void* stream) override
+  {
+    grads_.resize(tensors.grad.size());  // allocates at the first call only
+    for (std::size_t i = 0; i < grads_.size(); ++i) { grads_[i] = static_cast<grad_pointer>(tensors.grad[i]); }
+    try {
+      B::rebind_slot(plan_, fo::slot::grad, grads_.data(), grads_.size(), stream);
+    } catch (fo::error const&) {
+      return false;
+    }
+    return true;
+  }
 
  private:
+  using grad_pointer = typename Plan::template slot_pointer_t<fo::slot::grad_t>;
   Plan plan_;
   Bind bind_;
   Build build_;
+  std::vector<grad_pointer> grads_;  // rebind_gradients' addresses, typed
 };
 
 /// A plan of backend B over the lists `bind(x)` makes.

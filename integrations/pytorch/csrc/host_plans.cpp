@@ -26,6 +26,11 @@ struct host_backend {
   {
     p.rebind(lists);
   }
+  template <class Plan, class Slot, class Pointer>
+  static void rebind_slot(Plan& p, Slot s, Pointer const* addresses, std::size_t n, void*)
+  {
+    p.rebind(s, addresses, n);
+  }
 };
 
 }  // namespace detail

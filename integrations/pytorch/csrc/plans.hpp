@@ -137,6 +137,11 @@ class plan {
   /// nothing, when the geometry differs (then make a new plan).
   /// @throws fusedopt::error on invalid lists (overlapping outputs, pageable memory for CUDA).
   virtual bool rebind(lists const& tensors, void* stream) = 0;
+  /// @brief Points the plan at `tensors.grad`, its other slots where they were (the usual step
+  /// under `zero_grad(set_to_none=True)`): no lists bound, each moved address checked against
+  /// the memory the plan writes. Returns false, changing nothing, when the plan does not take
+  /// them: then `rebind(tensors)` (which tells a new geometry from invalid lists).
+  virtual bool rebind_gradients(lists const& tensors, void* stream) = 0;
 };
 
 /// @brief NAdam's momentum coefficient of step `t`, mu_t = beta1 (1 - 0.5 * 0.96^(t momentum_decay)),

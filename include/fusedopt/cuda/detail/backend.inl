@@ -257,6 +257,7 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
       break;
   }
   detail::check_device_memory(lists_);
+  written_.assign(lists_);
   auto const layout = detail::make_layout(lists_, chunk, std::index_sequence_for<B...>{});
   tensors_ = layout.tensors;
   if (transport_ == transport::param_4k) {
@@ -497,10 +498,66 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
   }
   // Checks done: from here the plan changes.
   lists_ = lists;
+  written_.assign(lists_);  // same geometry: the spans' storage is reused
   for (auto& e : tensors_) {
     auto const t = static_cast<std::size_t>(e.index);
     detail::tensor_bases(lists_, t, e.bases);
   }
+  publish_bases(stream);
+}
+
+template <class... B>
+template <class Slot>
+void plan<B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count, cudaStream_t stream)
+{
+  constexpr std::size_t K = ::fusedopt::detail::bound_position_v<lists_type, Slot>;
+  std::size_t const n = lists_.num_tensors();
+  FUSEDOPT_EXPECTS(count == n, "cuda::plan::rebind: " + std::to_string(count) + " addresses for a plan of " +
+                                 std::to_string(n) + " tensors");
+  auto const& current = lists_.template list<K>();
+  for (std::size_t t = 0; t < n; ++t) {
+    if (addresses[t] != current[t].data) {
+      ::fusedopt::detail::check_rebound_address<K>(lists_, written_, t, addresses[t], "cuda::plan::rebind");
+    }
+  }
+  constexpr int width = detail::vector_width<lists_type>::value;
+  std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
+  bool moved = false;
+  for (auto const& e : tensors_) {
+    void* const address = const_cast<void*>(static_cast<void const*>(addresses[static_cast<std::size_t>(e.index)]));
+    if (address == e.bases[K]) { continue; }
+    void* bases[num_slots];
+    std::copy(std::begin(e.bases), std::end(e.bases), bases);
+    bases[K] = address;
+    FUSEDOPT_EXPECTS(detail::vector_head(bases, sizes, width) == e.head,
+                     "cuda::plan::rebind: tensor " + std::to_string(e.index) +
+                       " has another alignment class (the offset of its first 16-byte-aligned element) than the "
+                       "plan's; make a new plan");
+    if (!moved) {
+      moved = true;
+      cudaPointerAttributes attributes{};
+      {
+        detail::relaxed_capture_mode const relaxed;  // as in rebind(lists)
+        FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, address));
+      }
+      FUSEDOPT_EXPECTS(attributes.type != cudaMemoryTypeUnregistered,
+                       "cuda::plan::rebind: tensor " + std::to_string(e.index) + " of slot '" +
+                         lists_type::template slot_name<K>() +
+                         "' is pageable host memory; the CUDA backend needs device, managed or mapped memory");
+    }
+  }
+  // Checks done: from here the plan changes.
+  for (std::size_t t = 0; t < n; ++t) { ::fusedopt::detail::bound_lists_access::repoint<K>(lists_, t, addresses[t]); }
+  if (!moved) { return; }
+  for (auto& e : tensors_) {
+    e.bases[K] = const_cast<void*>(static_cast<void const*>(addresses[static_cast<std::size_t>(e.index)]));
+  }
+  publish_bases(stream);
+}
+
+template <class... B>
+void plan<B...>::publish_bases(cudaStream_t stream)
+{
   switch (transport_) {
     case transport::param_4k: detail::rebase_tables(tables_4k_, tensors_); break;
     case transport::param_32k: detail::rebase_tables(tables_32k_, tensors_); break;
