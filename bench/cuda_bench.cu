@@ -326,11 +326,15 @@ void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::optio
   }
 }
 
+/// How bm_host_rebind hands the plan the moved gradients.
+enum class rebind_how { bound_lists, bind_and_lists, grad_addresses };
+
 /// Host time of plan.rebind when the gradients move (zero_grad(set_to_none=True)): the plan
-/// alternates between two gradient sets. `with_bind`: the lists are bound in the timed call too
-/// (fusedopt::bind validates them: sizes, overlaps), as a caller with new tensors does.
+/// alternates between two gradient sets, given as lists bound beforehand, as lists bound in the
+/// timed call (fusedopt::bind validates them: sizes, overlaps), as a caller with new tensors
+/// does, or as the gradient addresses alone (rebind(slot::grad, addresses)).
 template <class Case>
-void bm_host_rebind(benchmark::State& state, fb::workload const& w, fo::cuda::options opts, bool with_bind)
+void bm_host_rebind(benchmark::State& state, fb::workload const& w, fo::cuda::options opts, rebind_how how)
 {
   using memory_type = fb::case_state<Case, device_memory>;
   try {
@@ -343,13 +347,20 @@ void bm_host_rebind(benchmark::State& state, fb::workload const& w, fo::cuda::op
     stream_and_events timer;
     auto plan = fo::cuda::make_plan(memory.lists(), opts, timer.stream);
     auto const bound = std::array{memory.lists(), memory.lists_with_gradients_of(other)};
+    using grad_pointer = typename decltype(plan)::template slot_pointer_t<fo::slot::grad_t>;
+    std::array<std::vector<grad_pointer>, 2> grads;
+    for (std::size_t j = 0; j < 2; ++j) {
+      for (auto const& t : bound[j].template list<1>()) { grads[j].push_back(t.data); }
+    }
     std::size_t k = 0;
     time_host_calls(state, timer.stream, [&] {
       k ^= 1;
-      if (with_bind) {
-        plan.rebind(k == 0 ? memory.lists() : memory.lists_with_gradients_of(other), timer.stream);
-      } else {
-        plan.rebind(bound[k], timer.stream);
+      switch (how) {
+        case rebind_how::bound_lists: plan.rebind(bound[k], timer.stream); break;
+        case rebind_how::bind_and_lists:
+          plan.rebind(k == 0 ? memory.lists() : memory.lists_with_gradients_of(other), timer.stream);
+          break;
+        case rebind_how::grad_addresses: plan.rebind(fo::slot::grad, grads[k].data(), grads[k].size(), timer.stream); break;
       }
     });
     state.counters["tensors"] = static_cast<double>(w.sizes.size());
@@ -533,10 +544,11 @@ int main(int argc, char** argv)
   register_host_run<fb::adamw_bf16>(fb::w3(), g_tuning);
   register_host_run<fb::sgd_momentum_fp32>(fb::w3(), g_tuning);
   // Issue 11: the host time of following moved gradients (GPT-2 small's 148 tensors).
-  for (bool with_bind : {false, true}) {
-    std::string const name = std::string("host_rebind/adam_fp32/W2") + (with_bind ? "/with_bind" : "");
-    benchmark::RegisterBenchmark(name.c_str(), [with_bind](benchmark::State& s) {
-      bm_host_rebind<fb::adam_fp32>(s, fb::w2(), g_tuning, with_bind);
+  for (auto const& [how, suffix] : {std::pair{rebind_how::bound_lists, ""}, std::pair{rebind_how::bind_and_lists, "/with_bind"},
+                                     std::pair{rebind_how::grad_addresses, "/grad_addresses"}}) {
+    std::string const name = std::string("host_rebind/adam_fp32/W2") + suffix;
+    benchmark::RegisterBenchmark(name.c_str(), [how = how](benchmark::State& s) {
+      bm_host_rebind<fb::adam_fp32>(s, fb::w2(), g_tuning, how);
     })->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);
   }
   char const* const calls[] = {"cudaPointerGetAttributes", "cudaStreamIsCapturing",
