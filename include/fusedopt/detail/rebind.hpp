@@ -93,5 +93,21 @@ void check_rebound_address(Lists const& lists, written_memory const& written, st
                      "' overlaps a tensor the rule writes");
 }
 
+/// The checks of `rebind(slot, addresses)` common to both backends: `count` is the tensor
+/// count, and every address that differs from the bound one passes check_rebound_address.
+template <std::size_t K, class Lists>
+void check_rebound_addresses(Lists const& lists, written_memory const& written,
+                             typename Lists::template element_t<K>* const* addresses, std::size_t count,
+                             char const* who)
+{
+  std::size_t const n = lists.num_tensors();
+  FUSEDOPT_EXPECTS(count == n, std::string(who) + ": " + std::to_string(count) + " addresses for a plan of " +
+                                 std::to_string(n) + " tensors");
+  auto const& current = lists.template list<K>();
+  for (std::size_t t = 0; t < n; ++t) {
+    if (addresses[t] != current[t].data) { check_rebound_address<K>(lists, written, t, addresses[t], who); }
+  }
+}
+
 }  // namespace detail
 FUSEDOPT_NAMESPACE_END

@@ -153,17 +153,9 @@ class plan {
   void rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count)
   {
     constexpr std::size_t K = detail::bound_position_v<lists_type, Slot>;
-    std::size_t const n = lists_.num_tensors();
-    FUSEDOPT_EXPECTS(count == n, "plan::rebind: " + std::to_string(count) + " addresses for a plan of " +
-                                   std::to_string(n) + " tensors");
-    auto const& current = lists_.template list<K>();
-    for (std::size_t t = 0; t < n; ++t) {
-      if (addresses[t] != current[t].data) {
-        detail::check_rebound_address<K>(lists_, written_, t, addresses[t], "plan::rebind");
-      }
-    }
+    detail::check_rebound_addresses<K>(lists_, written_, addresses, count, "plan::rebind");
     // Checks done: from here the plan changes.
-    for (std::size_t t = 0; t < n; ++t) {
+    for (std::size_t t = 0; t < count; ++t) {
       detail::bound_lists_access::repoint<K>(lists_, t, addresses[t]);
       bases_[t][K] = const_cast<void*>(static_cast<void const*>(addresses[t]));
     }

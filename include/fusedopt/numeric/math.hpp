@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "../config.hpp"
 
@@ -22,6 +23,27 @@ template <class T>
 FUSEDOPT_HOST_DEVICE T maximum(T a, T b)
 {
   return (a > b || a != a) ? a : b;
+}
+
+/// -x when `flip`, else x, by flipping the sign bit: exact as a negation, with neither a select
+/// (which, with a few others in one chain, keeps GCC from vectorising a host loop) nor a
+/// multiplication (which a compiler may fuse into an FMA with a neighbouring add, differently
+/// in two kernels of one rule).
+FUSEDOPT_HOST_DEVICE float negate_if(float x, bool flip)
+{
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits ^= static_cast<std::uint32_t>(flip) << 31;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+FUSEDOPT_HOST_DEVICE double negate_if(double x, bool flip)
+{
+  std::uint64_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits ^= static_cast<std::uint64_t>(flip) << 63;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
 }
 
 /// -1, 0 or +1 (0 for NaN), as torch.sign.

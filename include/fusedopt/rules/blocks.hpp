@@ -37,18 +37,17 @@ struct negate_gradient_if {
   using reads = slots<slot::grad_t>;
   using writes = slots<>;
 
-  // A multiplication by -1 or 1 (exact, as a negation is) rather than a select: one select
-  // fewer keeps GCC's if-conversion within its limits when SGD chains it with weight decay
-  // and momentum, so that loop vectorises.
+  // A sign-bit flip rather than a select: one select fewer keeps GCC's if-conversion within
+  // its limits when SGD chains this with weight decay and momentum, so that loop vectorises.
   struct prepared {
-    double sign;
+    bool enabled;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
-      e[slot::grad] *= static_cast<detail::value_t<E>>(sign);
+      e[slot::grad] = math::negate_if(e[slot::grad], enabled);
     }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {enabled ? -1.0 : 1.0}; }
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {enabled}; }
 };
 
 /// @brief L2 weight decay folded into the gradient: grad += weight_decay * param

@@ -196,7 +196,11 @@ def test_gradscaler_fp16_training_loop_matches_torch_fused(name):
         (model_ours, getattr(ft, name)(model_ours.parameters(), **kw)),
         (model_loop, getattr(torch.optim, name)(model_loop.parameters(), foreach=False, **kw)),
     ]
-    scalers = [torch.amp.GradScaler("cuda", init_scale=2.0 ** 16, growth_interval=3) for _ in runs]
+    # A scale that stays far from fp16's range on these gradients (at most 2^11 after 14 steps of
+    # growth): the overflows are the injected ones. At 2^15, natural overflows of gradients near 2
+    # depend on the last bits of the weights, which the compared optimizers do not share (seen on
+    # the H100: torch fused overflowed at step 2 and fusedopt did not).
+    scalers = [torch.amp.GradScaler("cuda", init_scale=2.0 ** 8, growth_interval=3) for _ in runs]
     x = torch.randn(32, 64, device="cuda")
     y = torch.randn(32, 64, device="cuda")
     overflow = {0, 5, 9}

@@ -511,15 +511,7 @@ template <class Slot>
 void plan<B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count, cudaStream_t stream)
 {
   constexpr std::size_t K = ::fusedopt::detail::bound_position_v<lists_type, Slot>;
-  std::size_t const n = lists_.num_tensors();
-  FUSEDOPT_EXPECTS(count == n, "cuda::plan::rebind: " + std::to_string(count) + " addresses for a plan of " +
-                                 std::to_string(n) + " tensors");
-  auto const& current = lists_.template list<K>();
-  for (std::size_t t = 0; t < n; ++t) {
-    if (addresses[t] != current[t].data) {
-      ::fusedopt::detail::check_rebound_address<K>(lists_, written_, t, addresses[t], "cuda::plan::rebind");
-    }
-  }
+  ::fusedopt::detail::check_rebound_addresses<K>(lists_, written_, addresses, count, "cuda::plan::rebind");
   constexpr int width = detail::vector_width<lists_type>::value;
   std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
   bool moved = false;
@@ -547,7 +539,7 @@ void plan<B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t
     }
   }
   // Checks done: from here the plan changes.
-  for (std::size_t t = 0; t < n; ++t) { ::fusedopt::detail::bound_lists_access::repoint<K>(lists_, t, addresses[t]); }
+  for (std::size_t t = 0; t < count; ++t) { ::fusedopt::detail::bound_lists_access::repoint<K>(lists_, t, addresses[t]); }
   if (!moved) { return; }
   for (auto& e : tensors_) {
     e.bases[K] = const_cast<void*>(static_cast<void const*>(addresses[static_cast<std::size_t>(e.index)]));

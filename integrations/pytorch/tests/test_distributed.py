@@ -1,0 +1,30 @@
+"""fusedopt_torch across two GPUs: FSDP2, DDP and ZeroRedundancyOptimizer against torch's own
+optimizers (tests/distributed_check.py, one process per GPU through torchrun). Skipped with fewer
+than two GPUs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_fsdp2_ddp_and_zero_on_two_gpus(tmp_path):
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    out = tmp_path / "distributed.json"
+    env = dict(os.environ, FUSEDOPT_DISTRIBUTED_JSON=str(out))
+    # NVLink multicast can take shared GPUs down: keep it off (DEVELOPERS.md).
+    env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           os.path.join(HERE, "distributed_check.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    print(done.stdout[-4000:])
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["case"] for r in rows} >= {"fsdp2 AdamW", "ddp AdamW", "zero AdamW", "fsdp2 LAMB refuses DTensor"}
+    assert all(r["ok"] for r in rows), rows
