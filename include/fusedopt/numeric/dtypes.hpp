@@ -65,9 +65,14 @@ FUSEDOPT_HOST_DEVICE std::uint16_t float_to_half_bits(float f)
   // Below the smallest normal half: adding 0.5f (whose ulp is 2^-24, the half subnormal step)
   // makes the FPU round to a multiple of 2^-24 to nearest even.
   std::uint32_t const subnormal = float_bits(bits_float(x) + 0.5f) - 0x3f000000u;
-  std::uint32_t magnitude = x < 0x38800000u ? subnormal : normal;
-  magnitude = x >= 0x477ff000u ? 0x7c00u : magnitude;  // overflows to inf
-  std::uint32_t const result = x > 0x7f800000u ? 0x7fffu : (sign | magnitude);  // NaN: what cvt.rn.f16.f32 gives
+  // Integer masks rather than conditionals: GCC may sink the float addition above into the
+  // branch of a conditional and then (trapping math being the default) not if-convert it.
+  std::uint32_t const is_subnormal = 0u - static_cast<std::uint32_t>(x < 0x38800000u);
+  std::uint32_t const is_overflow = 0u - static_cast<std::uint32_t>(x >= 0x477ff000u);  // to inf
+  std::uint32_t const is_nan = 0u - static_cast<std::uint32_t>(x > 0x7f800000u);  // what cvt.rn.f16.f32 gives
+  std::uint32_t magnitude = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+  magnitude = (0x7c00u & is_overflow) | (magnitude & ~is_overflow);
+  std::uint32_t const result = (0x7fffu & is_nan) | ((sign | magnitude) & ~is_nan);
   return static_cast<std::uint16_t>(result);
 #endif
 }
