@@ -11,6 +11,7 @@ CPU tensors, as torch's non-capturable optimizers keep them) and ``load_state_di
 back. Read ``state[p]['step']`` after ``state_dict()``: between two calls it is not refreshed.
 """
 
+import functools
 import sys
 
 import torch
@@ -72,6 +73,55 @@ def _graph_break(fn):
     which imports dynamo at the first call only); older torch has no dynamo."""
     disable = getattr(torch, "_disable_dynamo", None)
     return disable(fn) if disable is not None else fn
+
+
+def _step_hooks(fn):
+    """torch.optim.Optimizer wraps every class's step once (profile_hook_step): at each call a
+    record_function range and the loops over the step pre- and post-hooks. This wrapper does the
+    same, in torch's order, but enters the range only while a profiler records and skips the loops
+    when no hook is registered: 54-92 us less host time per step on the H100 machine
+    (docs/performance.md). Marked `hooked` so that torch does not wrap it again. Where torch has
+    no step hooks (before 2.0) torch's own wrapper is kept."""
+    from torch.optim import optimizer as torch_optimizer
+
+    global_pre = getattr(torch_optimizer, "_global_optimizer_pre_hooks", None)
+    global_post = getattr(torch_optimizer, "_global_optimizer_post_hooks", None)
+    profiler_enabled = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    if global_pre is None or global_post is None or profiler_enabled is None:
+        return fn
+
+    @functools.wraps(fn)
+    def step(*args, **kwargs):
+        self = args[0]  # the hooks see (self, ...) as torch's wrapper passes them
+        if type(self).step is not step:
+            # A subclass's own step, which torch wrapped (with the hooks) and which calls this one.
+            return fn(*args, **kwargs)
+        if not profiler_enabled():
+            if not (global_pre or global_post or self._optimizer_step_pre_hooks or self._optimizer_step_post_hooks):
+                return fn(*args, **kwargs)
+            return _run_with_hooks(fn, self, args, kwargs, global_pre, global_post)
+        with torch.autograd.profiler.record_function(f"Optimizer.step#{type(self).__name__}.step"):
+            return _run_with_hooks(fn, self, args, kwargs, global_pre, global_post)
+
+    step.hooked = True
+    return step
+
+
+def _run_with_hooks(fn, self, args, kwargs, global_pre, global_post):
+    """torch's profile_hook_step body: pre-hooks (global first) may replace the arguments, then
+    the step, the profiler's entry point, and the post-hooks (the optimizer's first)."""
+    for pre_hook in list(global_pre.values()) + list(self._optimizer_step_pre_hooks.values()):
+        result = pre_hook(self, args, kwargs)
+        if result is not None:
+            if isinstance(result, tuple) and len(result) == 2:
+                args, kwargs = result
+            else:
+                raise RuntimeError(f"{fn} must return None or a tuple of (new_args, new_kwargs), but got {result}.")
+    out = fn(*args, **kwargs)
+    self._optimizer_step_code()
+    for post_hook in list(self._optimizer_step_post_hooks.values()) + list(global_post.values()):
+        post_hook(self, args, kwargs)
+    return out
 
 
 def _check_common(lr=None, eps=None, weight_decay=None, betas=None):
@@ -181,6 +231,7 @@ class FusedOptimizer(Optimizer):
         super().add_param_group(param_group)
         self._dirty = True
 
+    @_step_hooks
     @_graph_break
     def step(self, closure=None):
         """One step of every parameter that has a gradient; returns closure's loss."""

@@ -499,6 +499,47 @@ def test_params_of_one_group_on_two_gpus():
     assert ours._engine.plans() == 2
 
 
+def test_step_hooks_and_profiler_range_as_torch():
+    """fusedopt runs torch's step pre- and post-hooks (global and per optimizer, in torch's order,
+    a pre-hook may replace the arguments) and records torch's profiler range, though it skips
+    torch's per-call wrapper when there is nothing to run."""
+    if not hasattr(torch.optim.Optimizer, "register_step_pre_hook"):
+        pytest.skip(f"torch {torch.__version__} has no step hooks")
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def hooked_log(cls):
+        p = torch.nn.Parameter(torch.ones(4))
+        opt = cls([p], lr=0.1)
+        log = []
+        handles = [
+            register_optimizer_step_pre_hook(lambda o, a, k: log.append(("global pre", len(a), dict(k)))),
+            opt.register_step_pre_hook(lambda o, a, k: log.append(("pre", o is opt))),
+            opt.register_step_post_hook(lambda o, a, k: log.append(("post", len(a)))),
+            register_optimizer_step_post_hook(lambda o, a, k: log.append(("global post",))),
+        ]
+        p.grad = torch.ones(4)
+        opt.step()
+        closure_calls = []
+        # A pre-hook that supplies a closure: the step must run it.
+        swap = opt.register_step_pre_hook(lambda o, a, k: (a, dict(k, closure=lambda: closure_calls.append(1))))
+        opt.step()
+        for h in handles + [swap]:
+            h.remove()
+        opt.step()  # no hooks left
+        return log, closure_calls, p.detach().clone()
+
+    theirs, ours = hooked_log(torch.optim.AdamW), hooked_log(ft.AdamW)
+    assert ours[0] == theirs[0] and ours[1] == theirs[1] == [1]
+    assert torch.allclose(ours[2], theirs[2])
+
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = ft.AdamW([p], lr=0.1)
+    p.grad = torch.ones(4)
+    with torch.profiler.profile() as prof:
+        opt.step()
+    assert any(e.name == "Optimizer.step#AdamW.step" for e in prof.events())
+
+
 def test_no_warnings_from_proxies():
     """Proxies hold gradients of their own: no 'non-leaf .grad' warnings in the user's log."""
     p = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.complex64))
