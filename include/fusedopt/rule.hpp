@@ -35,6 +35,7 @@
 
 #include "config.hpp"
 #include "detail/meta.hpp"
+#include "detail/rule_traits.hpp"
 #include "error.hpp"
 #include "numeric/dtypes.hpp"
 #include "scalar.hpp"
@@ -114,60 +115,6 @@ class element<O, slots<Memory...>, slots<Registers...>> {
 
 namespace detail {
 
-/// Marks the default of `reads`/`writes`: every bound slot.
-struct all_bound_slots {};
-/// "Every bound slot" contains every slot: keeps contains_v (and declares_v) well-formed for
-/// rules that declare no reads/writes (contains has no primary definition).
-template <class S>
-struct contains<all_bound_slots, S> : std::true_type {};
-
-template <class R, class = void>
-struct rule_reads {
-  using type = all_bound_slots;
-};
-template <class R>
-struct rule_reads<R, std::void_t<typename R::reads>> {
-  using type = typename R::reads;
-};
-template <class R, class = void>
-struct rule_writes {
-  using type = all_bound_slots;
-};
-template <class R>
-struct rule_writes<R, std::void_t<typename R::writes>> {
-  using type = typename R::writes;
-};
-template <class R, class = void>
-struct rule_registers {
-  using type = slots<>;
-};
-template <class R>
-struct rule_registers<R, std::void_t<typename R::registers>> {
-  using type = typename R::registers;
-};
-
-template <class R>
-using rule_reads_t = typename rule_reads<R>::type;
-template <class R>
-using rule_writes_t = typename rule_writes<R>::type;
-template <class R>
-using rule_registers_t = typename rule_registers<R>::type;
-
-template <class Declared, class S>
-inline constexpr bool declares_v = std::is_same_v<Declared, all_bound_slots> || contains_v<Declared, S>;
-
-template <class R, class = void>
-struct has_prepare : std::false_type {};
-template <class R>
-struct has_prepare<R, std::void_t<decltype(std::declval<R const&>().prepare(std::declval<step_info const&>()))>>
-  : std::true_type {};
-
-template <class R, class Bound, class = void>
-struct has_validate : std::false_type {};
-template <class R, class Bound>
-struct has_validate<R, Bound, std::void_t<decltype(std::declval<R const&>().validate(Bound{}))>>
-  : std::true_type {};
-
 /// A rule without `prepare`, paired with the step it runs for.
 template <class R>
 struct bound_step {
@@ -190,18 +137,6 @@ FUSEDOPT_HOST_DEVICE auto prepare_rule(R const& rule, step_info const& step)
     return bound_step<R>{rule, step};
   }
 }
-
-/// A prepared body may offer `for_tensor(std::int64_t tensor) const`: a body giving the same
-/// bits on every element of that tensor, with the work that depends only on the tensor (a
-/// trust ratio's square roots and division) done once. Backends call it once per chunk, so a
-/// chunk's elements run the per-tensor body; a body called directly must stay correct too.
-template <class B, class = void>
-struct has_tensor_hook : std::false_type {};
-template <class B>
-struct has_tensor_hook<B, std::void_t<decltype(std::declval<B const&>().for_tensor(std::int64_t{}))>>
-  : std::true_type {};
-template <class B>
-inline constexpr bool has_tensor_hook_v = has_tensor_hook<B>::value;
 
 /// The body to run over the elements of `tensor`: `body.for_tensor(tensor)` where it has the
 /// hook, else `body` itself (a reference: no copy).

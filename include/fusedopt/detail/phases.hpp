@@ -16,26 +16,10 @@
 #include "../rule.hpp"
 #include "../scalar.hpp"
 #include "meta.hpp"
+#include "rule_traits.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {
-
-template <class R, class = void>
-struct is_reducing : std::false_type {};
-template <class R>
-struct is_reducing<R, std::void_t<typename R::reduction>> : std::true_type {};
-
-template <class R>
-struct is_chain : std::false_type {};
-template <class... Parts>
-struct is_chain<chain_rule<Parts...>> : std::true_type {};
-
-/// Rules that expose their chain (named optimizers deriving rules::chained) are treated as it.
-template <class R, class = void>
-struct has_chain_type : std::false_type {};
-template <class R>
-struct has_chain_type<R, std::void_t<typename R::chain_type, decltype(std::declval<R const&>().as_chain())>>
-  : std::true_type {};
 
 /// Number of reduction passes of a rule.
 template <class R, class = void>
@@ -43,8 +27,7 @@ struct pass_count : std::integral_constant<int, is_reducing<R>::value ? 1 : 0> {
 template <class R>
 inline constexpr int pass_count_v = pass_count<R>::value;
 template <class R>
-struct pass_count<R, std::enable_if_t<!is_reducing<R>::value && has_chain_type<R>::value>>
-  : pass_count<typename R::chain_type> {};
+struct pass_count<R, std::enable_if_t<is_named_v<R>>> : pass_count<typename R::chain_type> {};
 template <class... Parts>
 struct pass_count<chain_rule<Parts...>, void> : std::integral_constant<int, (0 + ... + pass_count<Parts>::value)> {};
 
@@ -105,8 +88,7 @@ struct pass_traits<chain_rule<Parts...>, J, void> {
 
 /// A named optimizer: its chain's pass.
 template <class R, int J>
-struct pass_traits<R, J, std::enable_if_t<!is_reducing<R>::value && has_chain_type<R>::value>>
-  : pass_traits<typename R::chain_type, J> {};
+struct pass_traits<R, J, std::enable_if_t<is_named_v<R>>> : pass_traits<typename R::chain_type, J> {};
 
 /// Accumulators the reduction passes of R need in all: what a plan's reduction capacity must
 /// hold (both backends check it before a step writes anything).
@@ -139,7 +121,7 @@ FUSEDOPT_HOST_DEVICE auto prepare_final(R const& rule, step_info const& step, re
     return rule.prepare(step, results[0]);
   } else if constexpr (is_chain<R>::value) {
     return prepare_final_parts(rule, step, results, typename R::part_indices{});
-  } else if constexpr (has_chain_type<R>::value && pass_count_v<R> > 0) {
+  } else if constexpr (is_named_v<R> && pass_count_v<R> > 0) {
     return prepare_final(rule.as_chain(), step, results);
   } else {
     return prepare_rule(rule, step);
@@ -201,13 +183,6 @@ FUSEDOPT_HOST_DEVICE auto prepare_pass(R const& rule, step_info const& step, red
 
 // ---- after-step hooks ---------------------------------------------------------------------
 
-template <class R, class = void>
-struct has_after_step : std::false_type {};
-template <class R>
-struct has_after_step<R, std::void_t<decltype(std::declval<R const&>().after_step(std::declval<reduced const&>(),
-                                                                                   std::declval<step_info const&>()))>>
-  : std::true_type {};
-
 template <class R>
 FUSEDOPT_HOST_DEVICE void after_step(R const& rule, step_info const& step, reduced const* results);
 
@@ -224,7 +199,7 @@ struct needs_after_step : has_after_step<R> {};
 template <class... Parts>
 struct needs_after_step<chain_rule<Parts...>> : std::bool_constant<(needs_after_step<Parts>::value || ...)> {};
 template <class R>
-struct needs_after_step<R, std::enable_if_t<!is_chain<R>::value && !has_after_step<R>::value && has_chain_type<R>::value>>
+struct needs_after_step<R, std::enable_if_t<!has_after_step<R>::value && is_named_v<R>>>
   : needs_after_step<typename R::chain_type> {};
 
 /// Runs every after-step hook of the rule, in chain order.
@@ -241,7 +216,7 @@ FUSEDOPT_HOST_DEVICE void after_step(R const& rule, step_info const& step, reduc
     }
   } else if constexpr (is_chain<R>::value) {
     after_step_parts(rule, step, results, typename R::part_indices{});
-  } else if constexpr (has_chain_type<R>::value && needs_after_step<R>::value) {
+  } else if constexpr (is_named_v<R> && needs_after_step<R>::value) {
     after_step(rule.as_chain(), step, results);
   }
 }

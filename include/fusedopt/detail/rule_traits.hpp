@@ -1,0 +1,133 @@
+/// @file detail/rule_traits.hpp
+/// @brief The rule protocol in one place: every optional member a rule may have, how it is
+/// detected, and what a rule without it gets.
+///
+/// | member                                   | detected by        | without it                           |
+/// |------------------------------------------|--------------------|--------------------------------------|
+/// | `reads`, `writes` (slot lists)           | rule_reads_t, ...  | every bound slot (all_bound_slots)   |
+/// | `registers` (slot list)                  | rule_registers_t   | none                                 |
+/// | `prepare(step)` -> per-element body      | has_prepare        | the rule called as `rule(e, step)`   |
+/// | `validate(bound)`                        | has_validate       | no run-time check                    |
+/// | body's `for_tensor(tensor)`              | has_tensor_hook    | the body itself on every tensor      |
+/// | `reduction`, `prepare_reduce(step)`,     | is_reducing        | no reduction pass                    |
+/// |   `prepare(step, reduced)`               |                    |                                      |
+/// | `after_step(reduced, step)`              | has_after_step     | nothing after the update             |
+/// | `chain_type`, `as_chain()`               | is_named_v         | the rule is its own whole            |
+///
+/// A named optimizer (rules::chained: `chain_type` and `as_chain()`, no passes of its own) is
+/// treated as its chain wherever passes or hooks are derived; is_named_v is that one test.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "../config.hpp"
+#include "../reduce.hpp"
+#include "../scalar.hpp"
+#include "../slots.hpp"
+#include "meta.hpp"
+
+FUSEDOPT_NAMESPACE_BEGIN
+
+template <class... Rules>
+struct chain_rule;
+
+namespace detail {
+
+/// Marks the default of `reads`/`writes`: every bound slot.
+struct all_bound_slots {};
+/// "Every bound slot" contains every slot: keeps contains_v (and declares_v) well-formed for
+/// rules that declare no reads/writes (contains has no primary definition).
+template <class S>
+struct contains<all_bound_slots, S> : std::true_type {};
+
+template <class R, class = void>
+struct rule_reads {
+  using type = all_bound_slots;
+};
+template <class R>
+struct rule_reads<R, std::void_t<typename R::reads>> {
+  using type = typename R::reads;
+};
+template <class R, class = void>
+struct rule_writes {
+  using type = all_bound_slots;
+};
+template <class R>
+struct rule_writes<R, std::void_t<typename R::writes>> {
+  using type = typename R::writes;
+};
+template <class R, class = void>
+struct rule_registers {
+  using type = slots<>;
+};
+template <class R>
+struct rule_registers<R, std::void_t<typename R::registers>> {
+  using type = typename R::registers;
+};
+
+template <class R>
+using rule_reads_t = typename rule_reads<R>::type;
+template <class R>
+using rule_writes_t = typename rule_writes<R>::type;
+template <class R>
+using rule_registers_t = typename rule_registers<R>::type;
+
+template <class Declared, class S>
+inline constexpr bool declares_v = std::is_same_v<Declared, all_bound_slots> || contains_v<Declared, S>;
+
+template <class R, class = void>
+struct has_prepare : std::false_type {};
+template <class R>
+struct has_prepare<R, std::void_t<decltype(std::declval<R const&>().prepare(std::declval<step_info const&>()))>>
+  : std::true_type {};
+
+template <class R, class Bound, class = void>
+struct has_validate : std::false_type {};
+template <class R, class Bound>
+struct has_validate<R, Bound, std::void_t<decltype(std::declval<R const&>().validate(Bound{}))>>
+  : std::true_type {};
+
+/// A prepared body may offer `for_tensor(std::int64_t tensor) const`: a body giving the same
+/// bits on every element of that tensor, with the work that depends only on the tensor (a
+/// trust ratio's square roots and division) done once. Backends call it once per chunk, so a
+/// chunk's elements run the per-tensor body; a body called directly must stay correct too.
+template <class B, class = void>
+struct has_tensor_hook : std::false_type {};
+template <class B>
+struct has_tensor_hook<B, std::void_t<decltype(std::declval<B const&>().for_tensor(std::int64_t{}))>>
+  : std::true_type {};
+template <class B>
+inline constexpr bool has_tensor_hook_v = has_tensor_hook<B>::value;
+
+template <class R, class = void>
+struct is_reducing : std::false_type {};
+template <class R>
+struct is_reducing<R, std::void_t<typename R::reduction>> : std::true_type {};
+
+template <class R, class = void>
+struct has_after_step : std::false_type {};
+template <class R>
+struct has_after_step<R, std::void_t<decltype(std::declval<R const&>().after_step(std::declval<reduced const&>(),
+                                                                                   std::declval<step_info const&>()))>>
+  : std::true_type {};
+
+template <class R>
+struct is_chain : std::false_type {};
+template <class... Parts>
+struct is_chain<chain_rule<Parts...>> : std::true_type {};
+
+template <class R, class = void>
+struct has_chain_type : std::false_type {};
+template <class R>
+struct has_chain_type<R, std::void_t<typename R::chain_type, decltype(std::declval<R const&>().as_chain())>>
+  : std::true_type {};
+
+/// A named optimizer: exposes its chain and has no passes of its own, so passes and hooks are
+/// its chain's.
+template <class R>
+inline constexpr bool is_named_v = !is_reducing<R>::value && has_chain_type<R>::value;
+
+}  // namespace detail
+FUSEDOPT_NAMESPACE_END
