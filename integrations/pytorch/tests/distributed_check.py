@@ -3,7 +3,8 @@
 Each case trains the same small model from the same weights, each rank on its own batches, with
 fusedopt_torch and with torch's optimizers in the same run, then compares the full parameters:
 - FSDP2 (fully_shard, DTensor parameters sharded across the ranks): fusedopt_torch.AdamW / Adam /
-  SGD(momentum) against torch's fused and foreach optimizers on the same sharding; LAMB refuses
+  SGD(momentum) against torch's optimizers on the same sharding, and AdamW against the same model
+  trained unsharded on one GPU with torch.optim.AdamW on all ranks' batches; LAMB refuses
   DTensor parameters clearly; the optimizer state is a DTensor and state_dict() carries the steps.
 - DDP: fusedopt_torch.AdamW on a DistributedDataParallel model against torch fused AdamW.
 - ZeroRedundancyOptimizer(optimizer_class=fusedopt_torch.AdamW) against
@@ -134,6 +135,29 @@ def main():
             return row
 
         report(guarded(name, run))
+
+    def against_unsharded():
+        # The issue's yardstick: the same model trained unsharded on one GPU with torch.optim on
+        # every rank's batches at once (FSDP2 averages the ranks' gradients of equal batches, the
+        # mean over the concatenated batch). fusedopt under FSDP2 must be as close to it as torch
+        # fused AdamW under FSDP2 is.
+        everything = [batches(r, device) for r in range(world)]
+        whole = [(torch.cat([everything[r][i][0] for r in range(world)]), torch.cat([everything[r][i][1] for r in range(world)]))
+                 for i in range(STEPS)]
+        plain = make_model(device)
+        opt = torch.optim.AdamW(plain.parameters(), foreach=False, **kw_adamw)
+        for x, y in whole:
+            opt.zero_grad(set_to_none=True)
+            F.mse_loss(plain(x), y).backward()
+            opt.step()
+        reference = [p.detach() for p in plain.parameters()]
+        ours = full(train(fsdp2, lambda p: ft.AdamW(p, **kw_adamw), rank, device)[0])
+        torch_fused = full(train(fsdp2, lambda p: torch.optim.AdamW(p, fused=True, **kw_adamw), rank, device)[0])
+        distance, spread = rel_distance(ours, reference), rel_distance(torch_fused, reference)
+        return dict(case="fsdp2 AdamW against unsharded torch AdamW", ours_vs_torch=distance, torch_spread=spread,
+                    ok=distance <= 3 * spread + 1e-6)
+
+    report(guarded("fsdp2 AdamW against unsharded torch AdamW", against_unsharded))
 
     def lamb_refuses():
         # LAMB's trust ratios need whole tensors: a DTensor parameter is refused with a clear error.
