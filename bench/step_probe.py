@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from train_loop import calibration_work
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
 
@@ -48,6 +50,8 @@ def main():
     grads = [[torch.randn(s, device=dev) * 1e-3 for s in gpt2_shapes()] for _ in range(2)]
     cold = torch.empty(args.cold_mb << 20, dtype=torch.uint8)
 
+    calibration = []
+
     def timed(call, moved, flush):
         times = []
         for i in range(args.steps):
@@ -59,6 +63,9 @@ def main():
             t0 = time.perf_counter()
             call()
             times.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            calibration_work()  # the same yardstick as bench/train_loop.py's, after the call
+            calibration.append(time.perf_counter() - t1)
         sync()
         return statistics.median(times) * 1e6
 
@@ -118,6 +125,8 @@ def main():
             phases = "  engine: " + ", ".join(f"{k} {v}" for k, v in engine_phases[name].items())
         print(f"{name:28s} {rows[name]:9.1f} us{phases}", flush=True)
     rows["engine_phases_us"] = engine_phases
+    rows["calibration_us"] = statistics.median(calibration) * 1e6
+    print(f"calibration (bench/train_loop.py's yardstick after each call) {rows['calibration_us']:.1f} us")
     if not args.only:
         import cProfile
         import io

@@ -28,6 +28,7 @@ JSON goes to --out, or $OUT/train_loop.json when $OUT is set.
 """
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -105,7 +106,17 @@ def make_optimizer(name, params, device):
     raise ValueError(name)
 
 
-def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False):
+def calibration_work():
+    """A fixed piece of pure interpreter work (about 20 us warm): timed right after each step, it
+    tells how much slower host code runs at that point of the loop than in a warm probe (caches
+    and TLBs refilled after the forward and backward pass, clock changes), apart from the step."""
+    total = 0
+    for k in range(500):
+        total += k & 7
+    return total
+
+
+def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False, gc_off=False):
     vocab, d, layers, heads, context, batch, seq = shape
     torch.manual_seed(0)
     model = GPT(vocab, d, layers, heads, context).to(device)
@@ -113,11 +124,14 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False)
     opt = make_optimizer(optimizer, model.parameters(), device)
     gen = torch.Generator(device="cpu").manual_seed(1)
     cuda = device.type == "cuda"
-    step_s, host_s = [], []
+    step_s, host_s, calib_s = [], [], []
     loss = None
     scaler = torch.amp.GradScaler("cuda") if grad_scaler else None
     amp_dtype = torch.float16 if grad_scaler else torch.bfloat16
     phases = None
+    if gc_off:
+        gc.collect()
+        gc.disable()
     for i in range(args.warmup + args.steps):
         if i == args.warmup and optimizer == "fusedopt" and hasattr(opt._engine, "host_times"):
             phases = opt._engine.host_times()
@@ -142,15 +156,22 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False)
             elapsed = start.elapsed_time(stop) * 1e-3
         else:
             elapsed = host
+        t1 = time.perf_counter()
+        calibration_work()
+        calib = time.perf_counter() - t1
         if scaler:
             scaler.update()
         opt.zero_grad(set_to_none=set_to_none)
         if i >= args.warmup:
             step_s.append(elapsed)
             host_s.append(host)
+            calib_s.append(calib)
+    if gc_off:
+        gc.enable()
     row = dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none, grad_scaler=grad_scaler,
-               step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
-               host_us_median=statistics.median(host_s) * 1e6, final_loss=float(loss))
+               gc_off=gc_off, step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
+               host_us_median=statistics.median(host_s) * 1e6, calibration_us_median=statistics.median(calib_s) * 1e6,
+               final_loss=float(loss))
     if optimizer == "fusedopt":
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_rebinds=opt.plan_rebinds())
         if phases is not None:
@@ -171,14 +192,18 @@ def section(device, args, shape):
     n = sum(v.numel() for k, v in initial.items())
     print(f"\n{device.type}: GPT vocab {vocab}, d {d}, {layers} layers, batch {batch} x {seq}; {n / 1e6:.1f}M parameters; "
           f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
-    configurations = [(o, stn, False) for stn in (True, False) for o in ("torch_fused", "torch_foreach", "fusedopt")]
+    configurations = [(o, stn, False, False) for stn in (True, False) for o in ("torch_fused", "torch_foreach", "fusedopt")]
+    if args.gc_off:
+        # The same loops with Python's garbage collector off: whether collections land in the step.
+        configurations += [(o, stn, False, True) for stn in (True, False) for o in ("torch_fused", "fusedopt")]
     if device.type == "cuda" and hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        configurations += [(o, True, True) for o in ("torch_fused", "fusedopt")]
+        configurations += [(o, True, True, False) for o in ("torch_fused", "fusedopt")]
     rows = []
-    for optimizer, set_to_none, grad_scaler in configurations:
-        label = f"{optimizer:14s} set_to_none={set_to_none!s:5s}{' fp16+GradScaler' if grad_scaler else ''}"
+    for optimizer, set_to_none, grad_scaler, gc_off in configurations:
+        label = (f"{optimizer:14s} set_to_none={set_to_none!s:5s}{' fp16+GradScaler' if grad_scaler else ''}"
+                 f"{' gc off' if gc_off else ''}")
         try:
-            rows.append(run(device, optimizer, set_to_none, args, initial, shape, grad_scaler))
+            rows.append(run(device, optimizer, set_to_none, args, initial, shape, grad_scaler, gc_off))
         except Exception as e:  # noqa: BLE001 - reported, never fatal
             rows.append(dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none, grad_scaler=grad_scaler,
                              error=f"{type(e).__name__}: {e}"[:300]))
@@ -188,7 +213,8 @@ def section(device, args, shape):
         else:
             extra = f"  rebuilds {r['plan_rebuilds']} rebinds {r['plan_rebinds']}" if "plan_rebuilds" in r else ""
             print(f"  {label} step {r['step_us_median']:9.1f} us (max {r['step_us_max']:9.1f})  host "
-                  f"{r['host_us_median']:8.1f} us  loss {r['final_loss']:.5f}{extra}", flush=True)
+                  f"{r['host_us_median']:8.1f} us  calibration {r['calibration_us_median']:6.1f} us  "
+                  f"loss {r['final_loss']:.5f}{extra}", flush=True)
             if "engine_host_us" in r:
                 print("      engine host us/step: " + ", ".join(f"{k} {v}" for k, v in r["engine_host_us"].items()), flush=True)
     return rows
@@ -196,7 +222,8 @@ def section(device, args, shape):
 
 def verdict(rows):
     """Issue 11's targets, read off the rows of one device."""
-    get = {(r["optimizer"], r["set_to_none"]): r for r in rows if "error" not in r and not r.get("grad_scaler")}
+    get = {(r["optimizer"], r["set_to_none"]): r for r in rows
+           if "error" not in r and not r.get("grad_scaler") and not r.get("gc_off")}
     scaled = {r["optimizer"]: r for r in rows if "error" not in r and r.get("grad_scaler")}
     ours_t, ours_f, fused_t = get.get(("fusedopt", True)), get.get(("fusedopt", False)), get.get(("torch_fused", True))
     if not (ours_t and ours_f and fused_t):
@@ -215,7 +242,7 @@ def verdict(rows):
         out.append(f"fp16 + GradScaler, scaler.step(opt): {a['step_us_median']:.1f} us vs torch fused "
                    f"{b['step_us_median']:.1f} us ({b['step_us_median'] / a['step_us_median']:.2f}x faster), host "
                    f"{a['host_us_median']:.1f} vs {b['host_us_median']:.1f} us")
-    loss = [r["final_loss"] for r in rows if "final_loss" in r and not r.get("grad_scaler")]
+    loss = [r["final_loss"] for r in rows if "final_loss" in r and not r.get("grad_scaler") and not r.get("gc_off")]
     out.append(f"final losses {min(loss):.5f} .. {max(loss):.5f}")
     return out
 
@@ -233,6 +260,7 @@ def main():
     p.add_argument("--cpu-batch", type=int, default=4)
     p.add_argument("--cpu-seq", type=int, default=64)
     p.add_argument("--out", default=None)
+    p.add_argument("--gc-off", action="store_true", help="also run torch fused and fusedopt with gc disabled")
     args = p.parse_args()
     results, verdicts = [], {}
     for name in [x for x in args.device.split(",") if x]:

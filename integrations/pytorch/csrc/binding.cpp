@@ -126,6 +126,9 @@ struct group_data {
   bool layout_known = false;
   // The cache: addresses the plans were built for (grad null: skipped parameter).
   std::vector<void const*> param_ptrs, grad_ptrs;
+  // This step's addresses, gathered (and each new gradient checked) in one pass over the
+  // tensors; a rebind takes them from here, so no tensor is read twice per step.
+  std::vector<void const*> next_param_ptrs, next_grad_ptrs;
   std::vector<bucket> buckets;
   bool built = false;
 };
@@ -149,10 +152,11 @@ void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* wha
 /// print it, to tell where a step's host time goes): a few clock reads per step.
 struct phase_times {
   std::int64_t steps = 0;
-  std::int64_t scan_ns = 0;     // gathering the gradients: rebuild, rebind or neither
-  std::int64_t check_ns = 0;    // rebinds: each new gradient's layout checked, addresses noted
-  std::int64_t rebind_ns = 0;   // rebinds: the plans' rebind (binding the lists, the table upload)
+  std::int64_t engine_ns = 0;   // the whole of step() in C++ (the sum of the phases and the rest)
+  std::int64_t scan_ns = 0;     // gathering the addresses, each new gradient's layout checked
+  std::int64_t rebind_ns = 0;   // rebinds: the plans' rebind (address checks, the table upload)
   std::int64_t rebuild_ns = 0;  // rebuilds
+  std::int64_t launch_ns = 0;   // from step()'s entry to the last plan's launch (what delays the GPU)
   std::int64_t run_ns = 0;      // the runs (hyperparameters, launches) and version counters
 };
 
@@ -234,6 +238,8 @@ class engine {
     }
     FUSEDOPT_TORCH_CHECK(hypers.size() == groups_.size(), "fusedopt_torch: ", hypers.size(), " groups of hyperparameters for ",
                 groups_.size(), " parameter groups");
+    phase_clock const whole(times_.engine_ns);
+    auto const entry = std::chrono::steady_clock::now();
     hyper_.resize(hypers.size());
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       hyper_[g] = hypers[g];
@@ -267,10 +273,12 @@ class engine {
     }
     amp_tensors_.clear();
     phase_clock const clock(times_.run_ns);
+    launched_ = entry;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       c10::optional<at::Tensor> const* lr = lrs.empty() || !lrs[g] ? nullptr : &lrs[g];
       run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr, lr);
     }
+    times_.launch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(launched_ - entry).count();
     amp_tensors_.clear();
     return true;
   }
@@ -323,8 +331,9 @@ class engine {
   /// Host time by phase since the engine was made (phase_times).
   [[nodiscard]] std::map<std::string, std::int64_t> host_times() const
   {
-    return {{"steps", times_.steps},          {"scan_ns", times_.scan_ns},     {"check_ns", times_.check_ns},
-            {"rebind_ns", times_.rebind_ns}, {"rebuild_ns", times_.rebuild_ns}, {"run_ns", times_.run_ns}};
+    return {{"steps", times_.steps},          {"engine_ns", times_.engine_ns},   {"scan_ns", times_.scan_ns},
+            {"rebind_ns", times_.rebind_ns}, {"rebuild_ns", times_.rebuild_ns}, {"launch_ns", times_.launch_ns},
+            {"run_ns", times_.run_ns}};
   }
 
   /// Plans built so far (tests: a changed parameter set rebuilds).
@@ -361,6 +370,8 @@ class engine {
     std::size_t const n = d.params.size();
     d.param_ptrs.assign(n, nullptr);
     d.grad_ptrs.assign(n, nullptr);
+    d.next_param_ptrs.assign(n, nullptr);  // sized here: a step allocates nothing
+    d.next_grad_ptrs.assign(n, nullptr);
     // Bucket key: device, dtype, step (and NAdam's mu_product: parameters of one step may differ in it
     // when the group's betas or momentum_decay changed while some of them had no gradient).
     std::map<std::tuple<int, int, std::int64_t, double>, std::vector<int>> keys;
@@ -419,8 +430,10 @@ class engine {
     ++rebuilds_;
   }
 
-  /// Sets changed_ for every group from its gradients' and parameters' addresses. Returns false
-  /// when a parameter has a gradient but no state yet (Python creates it first).
+  /// Sets changed_ for every group from its gradients' and parameters' addresses, noting them
+  /// in next_*_ptrs and checking each new gradient's layout as a rebuild would (one pass over
+  /// the tensors: each is read once per step, nothing is changed). Returns false when a
+  /// parameter has a gradient but no state yet (Python creates it first).
   bool gather()
   {
     phase_clock const clock(times_.scan_ns);
@@ -437,9 +450,16 @@ class engine {
         if (changed_[g] == members_changed) { continue; }
         if ((gp == nullptr) != (d.grad_ptrs[i] == nullptr)) {
           changed_[g] = members_changed;  // a gradient appeared or disappeared
-        } else if (gp != d.grad_ptrs[i] || p.data_ptr() != d.param_ptrs[i]) {
+          continue;
+        }
+        void const* pp = p.data_ptr();
+        if (gp != d.grad_ptrs[i]) {
+          check_same_layout(p, gr, "gradient", i);  // a new gradient tensor, before any plan sees it
           changed_[g] = addresses_moved;
         }
+        if (pp != d.param_ptrs[i]) { changed_[g] = addresses_moved; }
+        d.next_grad_ptrs[i] = gp;
+        d.next_param_ptrs[i] = pp;
       }
     }
     return true;
@@ -461,27 +481,17 @@ class engine {
   void rebind_buckets(std::size_t g)
   {
     auto& d = groups_[g];
+    phase_clock const clock(times_.rebind_ns);
     for (auto& b : d.buckets) {
-      std::optional<phase_clock> clock(std::in_place, times_.check_ns);
       bool params_moved = false;
       for (std::size_t j = 0; j < b.members.size(); ++j) {
         auto const i = static_cast<std::size_t>(b.members[j]);
-        at::Tensor const& p = d.params[i];
-        at::Tensor const& gr = p.grad();
-        if (gr.data_ptr() != d.grad_ptrs[i]) {
-          // A new gradient tensor: check it as a rebuild would, before any plan sees it.
-          check_same_layout(p, gr, "gradient", i);
-          d.grad_ptrs[i] = gr.data_ptr();
-          b.tensors.grad[j] = d.grad_ptrs[i];
-        }
-        if (p.data_ptr() != d.param_ptrs[i]) {
-          d.param_ptrs[i] = p.data_ptr();
-          b.tensors.param[j] = p.data_ptr();
+        b.tensors.grad[j] = d.next_grad_ptrs[i];  // checked by gather
+        if (d.next_param_ptrs[i] != d.param_ptrs[i]) {
+          b.tensors.param[j] = const_cast<void*>(d.next_param_ptrs[i]);
           params_moved = true;
         }
       }
-      clock.reset();
-      clock.emplace(times_.rebind_ns);
       bool rebound = false;
       try {
         // Only the gradients moved (the usual case): the plan checks the new addresses alone;
@@ -500,13 +510,14 @@ class engine {
       } catch (fusedopt::error const& e) {
         fail(e.what());
       }
-      clock.reset();
       if (!rebound) {
         phase_clock const rebuilding(times_.rebuild_ns);
         rebuild(g);
         return;
       }
     }
+    d.grad_ptrs.swap(d.next_grad_ptrs);  // every plan follows the new addresses
+    d.param_ptrs.swap(d.next_param_ptrs);
     ++rebinds_;
   }
 
@@ -572,6 +583,7 @@ class engine {
         count.value = next;
         if (counted_on_device_) { count.counter = counter_of(b); }
         b.p->run(h, count, amp, stream);
+        launched_ = std::chrono::steady_clock::now();
       } catch (fusedopt::error const& e) {
         // Options the rule rejects (checked before anything is written): torch raises ValueError.
         throw py::value_error(e.what());
@@ -635,6 +647,7 @@ class engine {
   std::int64_t rebuilds_ = 0;
   std::int64_t rebinds_ = 0;
   phase_times times_;
+  std::chrono::steady_clock::time_point launched_;  // when the step's last plan run returned
 };
 
 }  // namespace
