@@ -9,6 +9,7 @@
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../numeric/math.hpp"
+#include "../reduce.hpp"
 #include "../scalar.hpp"
 #include "../slots.hpp"
 #include "blocks.hpp"
@@ -189,6 +190,62 @@ class nadam_mu_product {
  private:
   double value_ = 1.0;
   std::int64_t steps_ = 0;
+};
+
+/// @brief Keeps NAdam's running product in memory that the step itself advances: after each
+/// step (in stream order, one thread on the GPU) `*product` becomes `*product * mu_t` for the
+/// step's t, so that a step captured in a CUDA graph keeps torch's `state['mu_product']` at
+/// every replay (torch's NAdam with `capturable=True`). Chain it after a nadam whose
+/// mu_product reads the same memory:
+/// @code
+/// double* product = ...;               // device memory holding 1.0 (host memory on the host backend)
+/// fusedopt::rules::nadam opt;
+/// opt.mu_product = fusedopt::scalar<double>::from_pointer(product);
+/// plan.run(fusedopt::chain(opt, fusedopt::rules::advance_mu_product{product, opt.beta1, opt.momentum_decay}), step);
+/// @endcode
+/// Give it nadam's beta1 and momentum_decay (values or the same pointers). With
+/// `single_precision` the product is rounded to float after each step, as torch keeps
+/// `state['mu_product']` in float32 unless the default dtype is float64.
+struct advance_mu_product {
+  double* product = nullptr;            ///< mu_1 ... mu_{t-1} before step t; advanced after it
+  scalar<double> beta1{0.9};            ///< nadam's beta1
+  scalar<double> momentum_decay{4e-3};  ///< nadam's momentum_decay
+  bool single_precision = false;        ///< round the product to float after each step
+
+  using reads = slots<>;
+  using writes = slots<>;
+
+  struct prepared {
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E&) const
+    {
+    }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {}; }
+
+  /// @brief `product * mu`, rounded to float when `single_precision` (torch's float32
+  /// `mu_product *= mu`: float * float is exact in double, so rounding the double product
+  /// once gives the float product's bits).
+  FUSEDOPT_HOST_DEVICE static double advanced(double product, double mu, bool single_precision)
+  {
+    if (!single_precision) { return product * mu; }
+    return static_cast<double>(static_cast<float>(static_cast<double>(static_cast<float>(product)) *
+                                                  static_cast<double>(static_cast<float>(mu))));
+  }
+
+  /// Runs once per step, after the update (which read the product before this step's mu).
+  FUSEDOPT_HOST_DEVICE void after_step(reduced const&, step_info const& step) const
+  {
+    *product = advanced(*product, scale_by_nadam::mu(beta1.get(), momentum_decay.get(), step.step.get()),
+                        single_precision);
+  }
+
+  /// @throws fusedopt::error when `product` is null.
+  template <class Bound>
+  void validate(Bound) const
+  {
+    FUSEDOPT_EXPECTS(product != nullptr, "advance_mu_product: product must not be null");
+  }
 };
 
 }  // namespace rules

@@ -23,6 +23,7 @@
 
 #include <fusedopt/error.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -105,7 +106,13 @@ struct bucket {
   // When set (int64 scalar on the bucket's device): the count lives there instead of `step`,
   // advanced by the run and taken back by a step GradScaler skips (found_inf) on the device.
   at::Tensor counter;
-  at::Tensor lr;  // a tensor lr's value as a double scalar in the bucket's memory, refreshed every step
+  // Hyperparameters handed over in the bucket's memory: doubles [lr, beta1, beta2, mu_product]
+  // (made at the first use, with a view of each): a tensor lr's or Tensor betas' values,
+  // refreshed from the tensors every step in stream order, and NAdam's product under
+  // capturable=True, which the step advances there (mu_on_device: b.mu_product is stale).
+  at::Tensor scalars;
+  std::array<at::Tensor, 4> scalar_views;
+  bool mu_on_device = false;
   lists tensors;             // the addresses the plan is bound to (members in order)
   double mu_product = 1.0;   // NAdam: the members' state['mu_product'] before the next step
   std::unique_ptr<plan> p;
@@ -216,19 +223,24 @@ class engine {
   /// and `found_inf`: GradScaler's fused protocol (torch's optimizer.grad_scale / found_inf,
   /// one-element float tensors), for families with supports_amp only. `lrs`: per group, the lr
   /// when it is a tensor (read on the device at every step, without synchronising), else None.
-  /// `on_device`: keep the step counts in the buckets' memory from now on (capturable=True).
+  /// `betas`: per group, Tensor betas (beta1, beta2) read on the device likewise, else None.
+  /// `on_device`: keep the step counts (and NAdam's mu_product) in the buckets' memory from now
+  /// on (capturable=True).
   bool step(std::vector<hyper> const& hypers, c10::optional<at::Tensor> const& grad_scale,
             c10::optional<at::Tensor> const& found_inf, std::vector<c10::optional<at::Tensor>> const& lrs,
-            bool on_device)
+            bool on_device, std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>> const& betas)
   {
     FUSEDOPT_TORCH_CHECK(lrs.empty() || lrs.size() == hypers.size(), "fusedopt_torch: ", lrs.size(), " lrs for ",
                          hypers.size(), " groups");
-    for (auto const& lr : lrs) {
-      FUSEDOPT_TORCH_CHECK(!lr || (lr->numel() == 1 && lr->is_floating_point()),
-                           "fusedopt_torch: a tensor lr must be a one-element floating-point tensor");
+    FUSEDOPT_TORCH_CHECK(betas.empty() || betas.size() == hypers.size(), "fusedopt_torch: ", betas.size(),
+                         " betas for ", hypers.size(), " groups");
+    for (auto const& lr : lrs) { check_tensor_hyper(lr ? &*lr : nullptr, "lr"); }
+    for (auto const& b : betas) {
+      if (b) {
+        check_tensor_hyper(&std::get<0>(*b), "betas[0]");
+        check_tensor_hyper(&std::get<1>(*b), "betas[1]");
+      }
     }
-    FUSEDOPT_TORCH_CHECK(!on_device || family_ != family::nadam,
-                         "fusedopt_torch: NAdam keeps mu_product on the host: capturable=True is not supported");
     bool const amp = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
     if (amp) {
       FUSEDOPT_TORCH_CHECK(supports_amp(family_),
@@ -275,8 +287,13 @@ class engine {
     phase_clock const clock(times_.run_ns);
     launched_ = entry;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
-      c10::optional<at::Tensor> const* lr = lrs.empty() || !lrs[g] ? nullptr : &lrs[g];
-      run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr, lr);
+      tensor_hypers tensors;
+      if (!lrs.empty() && lrs[g]) { tensors.lr = &*lrs[g]; }
+      if (!betas.empty() && betas[g]) {
+        tensors.beta1 = &std::get<0>(*betas[g]);
+        tensors.beta2 = &std::get<1>(*betas[g]);
+      }
+      run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr, tensors);
     }
     times_.launch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(launched_ - entry).count();
     amp_tensors_.clear();
@@ -354,6 +371,7 @@ class engine {
   {
     for (auto& b : d.buckets) {
       if (b.counter.defined()) { b.step = b.counter.item<std::int64_t>(); }  // synchronises
+      if (b.mu_on_device) { b.mu_product = b.scalar_views[3].item<double>(); }
       for (int i : b.members) { d.steps[static_cast<std::size_t>(i)] = b.step; }
       if (!d.mu_products.empty()) {
         for (int i : b.members) { d.mu_products[static_cast<std::size_t>(i)] = b.mu_product; }
@@ -558,8 +576,22 @@ class engine {
     return amp_tensors_.back().data_ptr<float>();
   }
 
+  /// A group's hyperparameters given as tensors (null: a number in the hyper).
+  struct tensor_hypers {
+    at::Tensor const* lr = nullptr;
+    at::Tensor const* beta1 = nullptr;
+    at::Tensor const* beta2 = nullptr;
+    [[nodiscard]] bool any() const { return lr != nullptr || beta1 != nullptr || beta2 != nullptr; }
+  };
+
+  static void check_tensor_hyper(at::Tensor const* t, char const* name)
+  {
+    FUSEDOPT_TORCH_CHECK(t == nullptr || (t->numel() == 1 && t->is_floating_point()), "fusedopt_torch: a tensor ",
+                         name, " must be a one-element floating-point tensor");
+  }
+
   void run(std::size_t g, c10::optional<at::Tensor> const* grad_scale, c10::optional<at::Tensor> const* found_inf,
-           c10::optional<at::Tensor> const* lr)
+           tensor_hypers const& tensors)
   {
     auto& d = groups_[g];
     for (auto& b : d.buckets) {
@@ -575,7 +607,7 @@ class engine {
           stream = current.stream();
         }
 #endif
-        hyper const& h = bucket_hyper(g, b, lr);
+        hyper const& h = bucket_hyper(g, b, tensors);
         amp_inputs amp;
         amp.grad_scale = amp_pointer(grad_scale, b);
         amp.found_inf = amp_pointer(found_inf, b);
@@ -589,7 +621,7 @@ class engine {
         throw py::value_error(e.what());
       }
       b.step = next;  // not read while b.counter is set
-      if (family_ == family::nadam) { b.mu_product = advance_mu_product(b.mu_product, hyper_[g], next); }
+      if (family_ == family::nadam && !b.mu_on_device) { b.mu_product = advance_mu_product(b.mu_product, hyper_[g], next); }
       // In-place writes bypass autograd's version counters: bump them as torch's ops would.
       for (int i : b.members) { d.params[static_cast<std::size_t>(i)].unsafeGetTensorImpl()->bump_version(); }
     }
@@ -611,15 +643,36 @@ class engine {
 
   /// The hyperparameters of bucket `b` of group `g`: the group's, with NAdam's per-bucket
   /// mu_product, and a tensor lr copied (in stream order, no synchronisation) to the bucket's memory.
-  hyper const& bucket_hyper(std::size_t g, bucket& b, c10::optional<at::Tensor> const* lr)
+  hyper const& bucket_hyper(std::size_t g, bucket& b, tensor_hypers const& tensors)
   {
-    if (family_ != family::nadam && lr == nullptr) { return hyper_[g]; }
+    bool const mu_on_device = family_ == family::nadam && counted_on_device_;
+    if (family_ != family::nadam && !tensors.any()) { return hyper_[g]; }
     bucket_hyper_ = hyper_[g];
     bucket_hyper_.mu_product = b.mu_product;
-    if (lr != nullptr) {
-      if (!b.lr.defined()) { b.lr = at::empty({}, at::TensorOptions().dtype(at::kDouble).device(device_of(b))); }
-      b.lr.copy_(**lr);
-      bucket_hyper_.lr_pointer = b.lr.data_ptr<double>();
+    if (!tensors.any() && !mu_on_device) { return bucket_hyper_; }
+    if (!b.scalars.defined()) {
+      b.scalars = at::empty({4}, at::TensorOptions().dtype(at::kDouble).device(device_of(b)));
+      for (std::int64_t k = 0; k < 4; ++k) { b.scalar_views[static_cast<std::size_t>(k)] = b.scalars.select(0, k); }
+    }
+    double* const memory = b.scalars.data_ptr<double>();
+    // Each value copied in stream order (a captured copy reads the tensor at every replay).
+    if (tensors.lr != nullptr) {
+      b.scalar_views[0].copy_(*tensors.lr);
+      bucket_hyper_.lr_pointer = memory;
+    }
+    if (tensors.beta1 != nullptr) {
+      b.scalar_views[1].copy_(*tensors.beta1);
+      b.scalar_views[2].copy_(*tensors.beta2);
+      bucket_hyper_.beta1_pointer = memory + 1;
+      bucket_hyper_.beta2_pointer = memory + 2;
+    }
+    if (mu_on_device) {
+      if (!b.mu_on_device) {
+        b.scalar_views[3].fill_(b.mu_product);  // from here the step advances it there
+        b.mu_on_device = true;
+      }
+      bucket_hyper_.mu_product_pointer = memory + 3;
+      bucket_hyper_.mu_product_single = mu_single_;
     }
     return bucket_hyper_;
   }
@@ -627,11 +680,7 @@ class engine {
   /// torch's `mu_product *= mu` of step `t`, in torch's precision of the state (float or double).
   [[nodiscard]] double advance_mu_product(double product, hyper const& h, std::int64_t t) const
   {
-    double const mu = nadam_mu(h.beta1, h.momentum_decay, t);
-    if (!mu_single_) { return product * mu; }
-    // float * float is exact in double: rounding the double product once is the float product.
-    return static_cast<double>(static_cast<float>(static_cast<double>(static_cast<float>(product)) *
-                                                  static_cast<double>(static_cast<float>(mu))));
+    return nadam_advanced(product, nadam_mu(h.beta1, h.momentum_decay, t), mu_single_);
   }
 
   family family_;
@@ -693,7 +742,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("set_groups", &engine::set_groups, py::arg("groups"))
     .def("step", &engine::step, py::arg("hypers"), py::arg("grad_scale") = py::none(),
          py::arg("found_inf") = py::none(), py::arg("lrs") = std::vector<c10::optional<at::Tensor>>{},
-         py::arg("on_device") = false)
+         py::arg("on_device") = false,
+         py::arg("betas") = std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>>{})
     .def("steps", &engine::steps)
     .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
     .def("mu_products", &engine::mu_products)

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "plans.hpp"
@@ -90,6 +91,14 @@ fo::tensor_list<T> state(lists const& x, std::size_t k)
   return writable<T>(x.states[k], x.sizes);
 }
 
+/// Whether a family's builder has a variant for state kept in the plan's memory (NAdam's
+/// mu_product under capturable=True): `on_device(h)` says when, `device_rule(h)` builds it.
+template <class Build, class = void>
+struct has_device_rule : std::false_type {};
+template <class Build>
+struct has_device_rule<Build, std::void_t<decltype(std::declval<Build const&>().device_rule(std::declval<hyper const&>()))>>
+  : std::true_type {};
+
 /// A plan of backend B over lists that `Bind` makes from the tensors (so that a step whose
 /// tensors moved rebinds the plan to new lists of the same geometry), running the rule `Build`
 /// makes from the hyperparameters.
@@ -115,6 +124,12 @@ class plan_impl final : public plan {
       }
     } else {
       FUSEDOPT_EXPECTS(!amp.any(), "fusedopt_torch: this optimizer does not take GradScaler's grad_scale and found_inf");
+    }
+    if constexpr (has_device_rule<Build>::value) {
+      if (Build::on_device(h)) {
+        B::run(plan_, build_.device_rule(h), info, stream);
+        return;
+      }
     }
     B::run(plan_, build_(h), info, stream);
   }
@@ -159,10 +174,15 @@ std::unique_ptr<plan> wrap(Bind bind, lists const& x, Build build, void* stream,
 
 // ---- rules from hyperparameters -----------------------------------------------------------
 
-inline fo::scalar<double> lr_of(hyper const& h)
+/// A hyperparameter the engine may hand over in memory (a tensor's value, refreshed every step).
+inline fo::scalar<double> scalar_of(double value, double const* pointer)
 {
-  return h.lr_pointer != nullptr ? fo::scalar<double>::from_pointer(h.lr_pointer) : fo::scalar<double>(h.lr);
+  return pointer != nullptr ? fo::scalar<double>::from_pointer(pointer) : fo::scalar<double>(value);
 }
+
+inline fo::scalar<double> lr_of(hyper const& h) { return scalar_of(h.lr, h.lr_pointer); }
+inline fo::scalar<double> beta1_of(hyper const& h) { return scalar_of(h.beta1, h.beta1_pointer); }
+inline fo::scalar<double> beta2_of(hyper const& h) { return scalar_of(h.beta2, h.beta2_pointer); }
 
 inline rules::sgd sgd_rule(hyper const& h)
 {
@@ -181,8 +201,8 @@ R adam_rule(hyper const& h)
 {
   R r;
   r.lr = lr_of(h);
-  r.beta1 = h.beta1;
-  r.beta2 = h.beta2;
+  r.beta1 = beta1_of(h);
+  r.beta2 = beta2_of(h);
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
   r.amsgrad = h.amsgrad;
@@ -218,8 +238,8 @@ inline rules::lamb lamb_rule(hyper const& h)
 {
   rules::lamb r;
   r.lr = lr_of(h);
-  r.beta1 = h.beta1;
-  r.beta2 = h.beta2;
+  r.beta1 = beta1_of(h);
+  r.beta2 = beta2_of(h);
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
   r.bias_correction = h.bias_correction;
@@ -233,8 +253,8 @@ inline rules::lion lion_rule(hyper const& h)
 {
   rules::lion r;
   r.lr = lr_of(h);
-  r.beta1 = h.beta1;
-  r.beta2 = h.beta2;
+  r.beta1 = beta1_of(h);
+  r.beta2 = beta2_of(h);
   r.weight_decay = h.weight_decay;
   r.maximize = h.maximize;
   return r;
@@ -244,8 +264,8 @@ inline rules::radam radam_rule(hyper const& h)
 {
   rules::radam r;
   r.lr = lr_of(h);
-  r.beta1 = h.beta1;
-  r.beta2 = h.beta2;
+  r.beta1 = beta1_of(h);
+  r.beta2 = beta2_of(h);
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
   r.decoupled_weight_decay = h.decoupled_weight_decay;
@@ -257,8 +277,8 @@ inline rules::adamax adamax_rule(hyper const& h)
 {
   rules::adamax r;
   r.lr = lr_of(h);
-  r.beta1 = h.beta1;
-  r.beta2 = h.beta2;
+  r.beta1 = beta1_of(h);
+  r.beta2 = beta2_of(h);
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
   r.maximize = h.maximize;
@@ -280,14 +300,14 @@ inline rules::nadam nadam_rule(hyper const& h)
 {
   rules::nadam r;
   r.lr = lr_of(h);
-  r.beta1 = h.beta1;
-  r.beta2 = h.beta2;
+  r.beta1 = beta1_of(h);
+  r.beta2 = beta2_of(h);
   r.eps = h.eps;
   r.weight_decay = h.weight_decay;
   r.momentum_decay = h.momentum_decay;
   r.decoupled_weight_decay = h.decoupled_weight_decay;
   r.maximize = h.maximize;
-  r.mu_product = h.mu_product;
+  r.mu_product = scalar_of(h.mu_product, h.mu_product_pointer);
   return r;
 }
 
@@ -340,6 +360,13 @@ struct build_adadelta {
 struct build_nadam {
   static constexpr bool amp = false;
   rules::nadam operator()(hyper const& h) const { return nadam_rule(h); }
+  /// capturable=True: the product in the plan's memory, advanced there after the step.
+  [[nodiscard]] static bool on_device(hyper const& h) { return h.mu_product_pointer != nullptr; }
+  auto device_rule(hyper const& h) const
+  {
+    rules::nadam const r = nadam_rule(h);
+    return fo::chain(r, rules::advance_mu_product{h.mu_product_pointer, r.beta1, r.momentum_decay, h.mu_product_single});
+  }
 };
 
 // ---- plans per family (one function per .cu) -----------------------------------------------

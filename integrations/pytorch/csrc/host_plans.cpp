@@ -54,4 +54,9 @@ double nadam_mu(double beta1, double momentum_decay, std::int64_t t)
   return fusedopt::rules::scale_by_nadam::mu(beta1, momentum_decay, t);
 }
 
+double nadam_advanced(double product, double mu, bool single)
+{
+  return fusedopt::rules::advance_mu_product::advanced(product, mu, single);
+}
+
 }  // namespace fusedopt_torch

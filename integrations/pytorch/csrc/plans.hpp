@@ -51,6 +51,10 @@ struct hyper {
   double const* lr_pointer = nullptr;
   double beta1 = 0.9;
   double beta2 = 0.999;
+  /// When set, beta1 / beta2 are read from here at every step (Tensor betas of a capturable
+  /// Adam/AdamW, refreshed by the engine as a tensor lr is).
+  double const* beta1_pointer = nullptr;
+  double const* beta2_pointer = nullptr;
   double eps = 1e-8;
   double weight_decay = 0.0;
   double momentum = 0.0;       ///< SGD, RMSprop
@@ -63,6 +67,11 @@ struct hyper {
   /// NAdam: torch's state['mu_product'] before the step (mu_1 ... mu_{t-1}); the engine sets it
   /// per bucket (it is per parameter in torch), not Python.
   double mu_product = 1.0;
+  /// NAdam with capturable=True: the product lives in the plan's memory instead, read there by
+  /// the step and advanced there after it (rules::advance_mu_product), rounded to float when
+  /// `mu_product_single` (torch's float32 state).
+  double* mu_product_pointer = nullptr;
+  bool mu_product_single = true;
   bool amsgrad = false;
   bool maximize = false;
   bool nesterov = false;
@@ -147,6 +156,10 @@ class plan {
 /// @brief NAdam's momentum coefficient of step `t`, mu_t = beta1 (1 - 0.5 * 0.96^(t momentum_decay)),
 /// with the bits the NAdam rule uses (rules::scale_by_nadam::mu). Defined in host_plans.cpp.
 double nadam_mu(double beta1, double momentum_decay, std::int64_t t);
+
+/// @brief torch's `mu_product *= mu` (rules::advance_mu_product::advanced): `product * mu`,
+/// rounded to float when `single`. Defined in host_plans.cpp.
+double nadam_advanced(double product, double mu, bool single);
 
 /// @brief A host-backend plan (CPU memory) run on `threads` OpenMP threads (torch's
 /// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists.

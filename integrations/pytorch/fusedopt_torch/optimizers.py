@@ -22,13 +22,14 @@ from . import _ext
 def _hyper(group, **fields):
     """The group's hyperparameters as the extension's Hyper (csrc/plans.hpp's `hyper`), by field
     name: lr from the group, the others as given (floats, and booleans for the options). A tensor
-    lr is passed to the engine apart (FusedOptimizer.step's lrs) and read on the device: no
-    synchronisation, capturable."""
+    lr or Tensor betas are passed to the engine apart (FusedOptimizer.step's lrs and betas) and
+    read on the device: no synchronisation, capturable; their fields keep the defaults here."""
     h = _ext.load().Hyper()
     lr = group["lr"]
     h.lr = 0.0 if isinstance(lr, torch.Tensor) else float(lr)
     for name, value in fields.items():
-        setattr(h, name, value if isinstance(value, bool) else float(value))
+        if not isinstance(value, torch.Tensor):
+            setattr(h, name, value if isinstance(value, bool) else float(value))
     return h
 
 
@@ -150,13 +151,9 @@ def _check_fused_flags(fused, foreach, differentiable):
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
-def _reject_unsupported(name, capturable=False, differentiable=False, betas=None):
+def _reject_unsupported(name, differentiable=False):
     if differentiable:
         raise NotImplementedError(f"fusedopt_torch.{name}: differentiable=True is not supported")
-    if capturable and betas is not None and any(isinstance(b, torch.Tensor) for b in betas):
-        # Only lr is read from the device at every step; a beta tensor would be read on the host.
-        raise NotImplementedError(f"fusedopt_torch.{name}: betas as Tensors with capturable=True are not supported "
-                                  "(pass floats; lr may be a Tensor)")
 
 
 class _View:
@@ -244,7 +241,12 @@ class FusedOptimizer(Optimizer):
         if family != self._engine_family:
             self._make_engine(family)
         grad_scale = found_inf = None
-        lrs = [g["lr"] if isinstance(g["lr"], torch.Tensor) else None for g in self.param_groups]
+        # Hyperparameters given as tensors, read on the device (no synchronisation, capturable).
+        lrs, betas = [], []
+        for g in self.param_groups:
+            lr, b = g["lr"], g.get("betas")
+            lrs.append(lr if isinstance(lr, torch.Tensor) else None)
+            betas.append(b if b is not None and isinstance(b[0], torch.Tensor) else None)
         on_device = any(g.get("capturable", False) for g in self.param_groups)
         if self._step_supports_amp_scaling:
             grad_scale = getattr(self, "grad_scale", None)
@@ -253,7 +255,7 @@ class FusedOptimizer(Optimizer):
             done = False
             if not self._dirty and (not self._views or self._sync_in()):
                 try:
-                    done = self._engine.step(hypers, grad_scale, found_inf, lrs, on_device)
+                    done = self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas)
                 except RuntimeError:
                     # A gradient of another layout than its parameter's, or a sparse one: nothing
                     # was written (the engine checks every tensor before it runs a plan).
@@ -263,7 +265,7 @@ class FusedOptimizer(Optimizer):
                 self._rebuild()
                 if self._views and not self._sync_in():
                     raise RuntimeError("fusedopt_torch: internal error: a rebuilt proxy refused its gradient")
-                if not self._engine.step(hypers, grad_scale, found_inf, lrs, on_device):
+                if not self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas):
                     raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
             if self._views:
                 self._sync_out()
@@ -589,7 +591,7 @@ class Adam(FusedOptimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
-        _reject_unsupported(self._name, capturable, differentiable, betas)
+        _reject_unsupported(self._name, differentiable)
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -684,7 +686,7 @@ class RMSprop(FusedOptimizer):
             raise ValueError(f"Invalid momentum value: {momentum}")
         if not 0.0 <= alpha:
             raise ValueError(f"Invalid alpha value: {alpha}")
-        _reject_unsupported("RMSprop", capturable, differentiable)
+        _reject_unsupported("RMSprop", differentiable)
         defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps, centered=centered, weight_decay=weight_decay,
                         capturable=capturable, foreach=foreach, maximize=maximize, differentiable=differentiable)
         super().__init__(params, defaults)
@@ -711,7 +713,7 @@ class RAdam(FusedOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, decoupled_weight_decay=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False):
         _check_common(lr=lr, eps=eps, weight_decay=weight_decay, betas=betas)
-        _reject_unsupported("RAdam", capturable, differentiable)
+        _reject_unsupported("RAdam", differentiable)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach, maximize=maximize,
                         capturable=capturable, decoupled_weight_decay=decoupled_weight_decay,
                         differentiable=differentiable)
@@ -735,7 +737,7 @@ class Adamax(FusedOptimizer):
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *, maximize=False,
                  differentiable=False, capturable=False):
         _check_common(lr=lr, eps=eps, weight_decay=weight_decay, betas=betas)
-        _reject_unsupported("Adamax", capturable, differentiable)
+        _reject_unsupported("Adamax", differentiable)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach, maximize=maximize,
                         differentiable=differentiable, capturable=capturable)
         super().__init__(params, defaults)
@@ -759,7 +761,7 @@ class Adadelta(FusedOptimizer):
         _check_common(lr=lr, eps=eps, weight_decay=weight_decay)
         if not 0.0 <= rho <= 1.0:
             raise ValueError(f"Invalid rho value: {rho}")
-        _reject_unsupported("Adadelta", capturable, differentiable)
+        _reject_unsupported("Adadelta", differentiable)
         defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize, capturable=capturable,
                         foreach=foreach, differentiable=differentiable)
         super().__init__(params, defaults)
@@ -775,8 +777,9 @@ class NAdam(FusedOptimizer):
     """torch.optim.NAdam (momentum_decay, L2 or decoupled weight decay, maximize).
 
     State as torch's: 'step', 'mu_product' (scalar tensors of torch's step dtype), 'exp_avg',
-    'exp_avg_sq'. The engine keeps mu_product per bucket, advancing it with torch's rounding;
-    like 'step' it is written back into ``state`` by ``state_dict()``.
+    'exp_avg_sq'. The engine keeps mu_product per bucket, advancing it with torch's rounding (in
+    the bucket's memory, advanced by the step itself, under capturable=True); like 'step' it is
+    written back into ``state`` by ``state_dict()``.
     """
 
     _family = "nadam"
@@ -791,11 +794,7 @@ class NAdam(FusedOptimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if not 0.0 <= momentum_decay:
             raise ValueError(f"Invalid momentum_decay value: {momentum_decay}")
-        _reject_unsupported("NAdam", capturable, differentiable)
-        if capturable:
-            # Each step multiplies mu_product on the host: a captured graph would replay one value.
-            raise NotImplementedError("fusedopt_torch.NAdam: capturable=True is not supported (mu_product is kept "
-                                      "on the host)")
+        _reject_unsupported("NAdam", differentiable)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum_decay=momentum_decay,
                         decoupled_weight_decay=decoupled_weight_decay, maximize=maximize, foreach=foreach,
                         capturable=capturable, differentiable=differentiable)

@@ -667,6 +667,7 @@ CAPTURABLE = [
     (ft.RAdam, dict()),
     (ft.Adamax, dict()),
     (ft.Adadelta, dict()),
+    (ft.NAdam, dict(weight_decay=0.1, decoupled_weight_decay=True)),
 ]
 CAPTURABLE_IDS = [c.__name__ for c, _ in CAPTURABLE]
 
@@ -696,14 +697,32 @@ def test_capturable_with_a_tensor_lr_equals_a_float_lr(case, device):
     state = opt_t.state_dict()["state"][0]
     assert float(state["step"]) == 5
     assert opt_t.state[params_t[0]]["step"].device == params_t[0].device
+    if cls is ft.NAdam:
+        # mu_product advanced by the step itself (in the bucket's memory), read back by state_dict
+        assert torch.equal(state["mu_product"].cpu(), opt_f.state_dict()["state"][0]["mu_product"].cpu())
+        assert opt_t.state[params_t[0]]["mu_product"].device == params_t[0].device
 
 
-def test_capturable_rejections_are_clear():
-    p = [torch.zeros(3, requires_grad=True)]
-    with pytest.raises(NotImplementedError, match="mu_product"):
-        ft.NAdam(p, capturable=True)
-    with pytest.raises(NotImplementedError, match="betas as Tensors with capturable=True"):
-        ft.Adam(p, betas=(torch.tensor(0.9), torch.tensor(0.999)), capturable=True)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls", [ft.Adam, ft.AdamW], ids=["Adam", "AdamW"])
+def test_capturable_tensor_betas_equal_float_betas(cls, device):
+    """Tensor betas (torch allows them for Adam and AdamW) are read on the device at every step:
+    the bits of the same values given as floats, and a change of the tensors takes effect."""
+    need_device(device)
+    params_t, params_f = make_params(device), make_params(device)
+    betas = (torch.tensor(0.8, device=device), torch.tensor(0.99, device=device))
+    opt_t = cls(params_t, lr=torch.tensor(1e-2, device=device), betas=betas, capturable=True, weight_decay=0.1)
+    opt_f = cls(params_f, lr=1e-2, betas=(float(betas[0]), float(betas[1])), weight_decay=0.1)
+    for t in range(5):
+        if t == 3:
+            betas[0].fill_(0.85)
+            opt_f.param_groups[0]["betas"] = (float(betas[0]), float(betas[1]))
+        for a, b, g in zip(params_t, params_f, grads_of(t, params_t)):
+            a.grad, b.grad = g.clone(), g.clone()
+        opt_t.step()
+        opt_f.step()
+        for a, b in zip(params_t, params_f):
+            assert torch.equal(a, b), (t, cls.__name__)
 
 
 @pytest.mark.parametrize("case", CAPTURABLE, ids=CAPTURABLE_IDS)

@@ -41,15 +41,11 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau  # noqa: E402
 OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad, "RMSprop": ft.RMSprop,
         "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta}
 UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
-UNSUPPORTED_BY = {"NAdam": ("capturable",)}  # and per class
 
 
 def rejected(kwargs, name):
     """Whether fusedopt_torch raises NotImplementedError for these options (docs/pytorch.md)."""
-    if any(kwargs.get(k, False) for k in UNSUPPORTED + UNSUPPORTED_BY.get(name, ())):
-        return True
-    # capturable=True reads only lr from the device: Tensor betas are refused
-    return bool(kwargs.get("capturable", False)) and any(isinstance(b, torch.Tensor) for b in kwargs.get("betas", ()))
+    return any(kwargs.get(k, False) for k in UNSUPPORTED)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() and ft.with_cuda() else [])
 INFOS = [i for i in co.optim_db if i.optim_cls.__name__ in OURS]
