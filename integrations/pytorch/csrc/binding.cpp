@@ -655,14 +655,16 @@ class engine {
       for (std::int64_t k = 0; k < 4; ++k) { b.scalar_views[static_cast<std::size_t>(k)] = b.scalars.select(0, k); }
     }
     double* const memory = b.scalars.data_ptr<double>();
-    // Each value copied in stream order (a captured copy reads the tensor at every replay).
+    // Each value copied in stream order (a captured copy reads the tensor at every replay);
+    // torch allows any one-element shape ([1, 1, 1] betas in its own tests).
+    auto const scalar = [](at::Tensor const& t) { return t.dim() == 0 ? t : t.reshape({}); };
     if (tensors.lr != nullptr) {
-      b.scalar_views[0].copy_(*tensors.lr);
+      b.scalar_views[0].copy_(scalar(*tensors.lr));
       bucket_hyper_.lr_pointer = memory;
     }
     if (tensors.beta1 != nullptr) {
-      b.scalar_views[1].copy_(*tensors.beta1);
-      b.scalar_views[2].copy_(*tensors.beta2);
+      b.scalar_views[1].copy_(scalar(*tensors.beta1));
+      b.scalar_views[2].copy_(scalar(*tensors.beta2));
       bucket_hyper_.beta1_pointer = memory + 1;
       bucket_hyper_.beta2_pointer = memory + 2;
     }

@@ -1,4 +1,4 @@
-"""fusedopt_torch across ranks, one process per GPU (torchrun --nproc_per_node=N, N >= 2).
+"""fusedopt_torch across ranks, one process per GPU (torchrun --nproc_per_node=N, N >= 1).
 
 Each case trains the same small model from the same weights, each rank on its own batches, with
 fusedopt_torch and with torch's optimizers in the same run, then compares the full parameters:
@@ -16,7 +16,7 @@ alone, with its message. Rank 0 prints one line per case
 and writes a JSON summary to $FUSEDOPT_DISTRIBUTED_JSON when set; the exit status is 0 only when
 every case passed on every rank.
 
-Run by tests/test_distributed.py (skipped with fewer than two GPUs). On shared multi-GPU hosts set
+Run by tests/test_distributed.py with one rank and with two (each skipped without as many GPUs). On shared multi-GPU hosts set
 NCCL_NVLS_ENABLE=0 (the test wrapper does).
 """
 
