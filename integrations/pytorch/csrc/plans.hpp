@@ -83,6 +83,15 @@ struct hyper {
   bool use_nvlamb = false;              ///< LAMB
 };
 
+/// @brief The fields of `hyper` Python sets, by name: X(field) for the numbers, then for the
+/// flags (binding.cpp derives `_C.Hyper`'s attributes and `Hyper.of(**fields)` from them).
+#define FUSEDOPT_TORCH_HYPER_NUMBERS(X) \
+  X(lr) X(beta1) X(beta2) X(eps) X(weight_decay) X(momentum) X(dampening) X(alpha) X(lr_decay) X(rho) \
+  X(max_grad_norm) X(momentum_decay)
+#define FUSEDOPT_TORCH_HYPER_FLAGS(X) \
+  X(amsgrad) X(maximize) X(nesterov) X(centered) X(decoupled_weight_decay) X(bias_correction) X(grad_averaging) \
+  X(adam_w_mode) X(use_nvlamb)
+
 /// @brief Which optional state slots a plan binds: options that change the plan's lists (the
 /// other options are read at every step). A change of layout rebuilds the plan.
 struct layout {

@@ -21,16 +21,11 @@ from . import _ext
 
 def _hyper(group, **fields):
     """The group's hyperparameters as the extension's Hyper (csrc/plans.hpp's `hyper`), by field
-    name: lr from the group, the others as given (floats, and booleans for the options). A tensor
-    lr or Tensor betas are passed to the engine apart (FusedOptimizer.step's lrs and betas) and
-    read on the device: no synchronisation, capturable; their fields keep the defaults here."""
-    h = _ext.load().Hyper()
-    lr = group["lr"]
-    h.lr = 0.0 if isinstance(lr, torch.Tensor) else float(lr)
-    for name, value in fields.items():
-        if not isinstance(value, torch.Tensor):
-            setattr(h, name, value if isinstance(value, bool) else float(value))
-    return h
+    name, in one call (`_C.Hyper.of`): lr from the group, the others as given (numbers, and
+    booleans for the options). A tensor lr or Tensor betas are passed to the engine apart
+    (FusedOptimizer.step's lrs and betas) and read on the device: no synchronisation,
+    capturable; their fields keep the defaults here."""
+    return _ext.load().Hyper.of(lr=group["lr"], **fields)
 
 
 def _scalar_dtype():

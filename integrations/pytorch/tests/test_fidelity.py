@@ -797,3 +797,8 @@ def test_extension_registry_and_hyperparameters_by_name():
     assert (h.beta1, h.amsgrad, h.lr) == (0.5, True, 1e-3)
     with pytest.raises(AttributeError):
         h.no_such_option = 1.0
+    # One call per group and step: the fields by name, tensors left to the engine.
+    h = ext.Hyper.of(lr=torch.tensor(0.5), beta1=0.5, amsgrad=True, weight_decay=1)
+    assert (h.beta1, h.amsgrad, h.lr, h.weight_decay) == (0.5, True, 1e-3, 1.0)
+    with pytest.raises(AttributeError, match="no_such_option"):
+        ext.Hyper.of(no_such_option=1.0)
