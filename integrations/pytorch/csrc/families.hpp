@@ -180,232 +180,107 @@ inline fo::scalar<double> scalar_of(double value, double const* pointer)
   return pointer != nullptr ? fo::scalar<double>::from_pointer(pointer) : fo::scalar<double>(value);
 }
 
-inline fo::scalar<double> lr_of(hyper const& h) { return scalar_of(h.lr, h.lr_pointer); }
-inline fo::scalar<double> beta1_of(hyper const& h) { return scalar_of(h.beta1, h.beta1_pointer); }
-inline fo::scalar<double> beta2_of(hyper const& h) { return scalar_of(h.beta2, h.beta2_pointer); }
+// has_<field><R>: whether rule R has a member named as hyper's field (rules name their options
+// as torch does).
+#define FUSEDOPT_TORCH_HAS_MEMBER(name)                                                    \
+  template <class R, class = void>                                                         \
+  struct has_##name : std::false_type {};                                                  \
+  template <class R>                                                                       \
+  struct has_##name<R, std::void_t<decltype(std::declval<R&>().name)>> : std::true_type {};
+FUSEDOPT_TORCH_HYPER_NUMBERS(FUSEDOPT_TORCH_HAS_MEMBER)
+FUSEDOPT_TORCH_HYPER_FLAGS(FUSEDOPT_TORCH_HAS_MEMBER)
+FUSEDOPT_TORCH_HAS_MEMBER(mu_product)
+#undef FUSEDOPT_TORCH_HAS_MEMBER
 
-inline rules::sgd sgd_rule(hyper const& h)
-{
-  rules::sgd r;
-  r.lr = lr_of(h);
-  r.momentum = h.momentum;
-  r.dampening = h.dampening;
-  r.weight_decay = h.weight_decay;
-  r.nesterov = h.nesterov;
-  r.maximize = h.maximize;
-  return r;
-}
-
+/// Rule R from the hyperparameters: every member of R named as one of hyper's fields takes its
+/// value (the others keep R's defaults); lr, the betas and NAdam's mu_product are read from the
+/// engine's memory where it hands them over. A family needs no mapping of its own.
 template <class R>
-R adam_rule(hyper const& h)
+R rule_of(hyper const& h)
 {
   R r;
-  r.lr = lr_of(h);
-  r.beta1 = beta1_of(h);
-  r.beta2 = beta2_of(h);
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.amsgrad = h.amsgrad;
-  r.maximize = h.maximize;
+#define FUSEDOPT_TORCH_SET(name) \
+  if constexpr (has_##name<R>::value) { r.name = h.name; }
+  FUSEDOPT_TORCH_HYPER_NUMBERS(FUSEDOPT_TORCH_SET)
+  FUSEDOPT_TORCH_HYPER_FLAGS(FUSEDOPT_TORCH_SET)
+#undef FUSEDOPT_TORCH_SET
+  r.lr = scalar_of(h.lr, h.lr_pointer);
+  if constexpr (has_beta1<R>::value) { r.beta1 = scalar_of(h.beta1, h.beta1_pointer); }
+  if constexpr (has_beta2<R>::value) { r.beta2 = scalar_of(h.beta2, h.beta2_pointer); }
+  if constexpr (has_mu_product<R>::value) { r.mu_product = scalar_of(h.mu_product, h.mu_product_pointer); }
   return r;
 }
 
-inline rules::adagrad adagrad_rule(hyper const& h)
+inline auto clipped_lamb_rule(hyper const& h)
 {
-  rules::adagrad r;
-  r.lr = lr_of(h);
-  r.lr_decay = h.lr_decay;
-  r.weight_decay = h.weight_decay;
-  r.eps = h.eps;
-  r.maximize = h.maximize;
-  return r;
+  return fo::chain(rules::clip_by_global_norm{h.max_grad_norm}, rule_of<rules::lamb>(h));
 }
 
-inline rules::rmsprop rmsprop_rule(hyper const& h)
-{
-  rules::rmsprop r;
-  r.lr = lr_of(h);
-  r.alpha = h.alpha;
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.momentum = h.momentum;
-  r.centered = h.centered;
-  r.maximize = h.maximize;
-  return r;
-}
+/// A family's rule from the hyperparameters (`Make`), stored in the plan. `amp`: the family
+/// takes GradScaler's fused protocol (supports_amp), so its plans also instantiate the AMP rule.
+template <auto Make, bool Amp = false>
+struct builder {
+  static constexpr bool amp = Amp;
+  auto operator()(hyper const& h) const { return Make(h); }
+};
 
-inline rules::lamb lamb_rule(hyper const& h)
-{
-  rules::lamb r;
-  r.lr = lr_of(h);
-  r.beta1 = beta1_of(h);
-  r.beta2 = beta2_of(h);
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.bias_correction = h.bias_correction;
-  r.grad_averaging = h.grad_averaging;
-  r.adam_w_mode = h.adam_w_mode;
-  r.use_nvlamb = h.use_nvlamb;
-  return r;
-}
+using build_sgd = builder<rule_of<rules::sgd>, true>;
+using build_adam = builder<rule_of<rules::adam>, true>;
+using build_adamw = builder<rule_of<rules::adamw>, true>;
+using build_adagrad = builder<rule_of<rules::adagrad>, true>;
+using build_rmsprop = builder<rule_of<rules::rmsprop>>;
+using build_lamb = builder<rule_of<rules::lamb>>;
+using build_clipped_lamb = builder<clipped_lamb_rule>;
+using build_lion = builder<rule_of<rules::lion>>;
+using build_radam = builder<rule_of<rules::radam>>;
+using build_adamax = builder<rule_of<rules::adamax>>;
+using build_adadelta = builder<rule_of<rules::adadelta>>;
 
-inline rules::lion lion_rule(hyper const& h)
-{
-  rules::lion r;
-  r.lr = lr_of(h);
-  r.beta1 = beta1_of(h);
-  r.beta2 = beta2_of(h);
-  r.weight_decay = h.weight_decay;
-  r.maximize = h.maximize;
-  return r;
-}
-
-inline rules::radam radam_rule(hyper const& h)
-{
-  rules::radam r;
-  r.lr = lr_of(h);
-  r.beta1 = beta1_of(h);
-  r.beta2 = beta2_of(h);
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.decoupled_weight_decay = h.decoupled_weight_decay;
-  r.maximize = h.maximize;
-  return r;
-}
-
-inline rules::adamax adamax_rule(hyper const& h)
-{
-  rules::adamax r;
-  r.lr = lr_of(h);
-  r.beta1 = beta1_of(h);
-  r.beta2 = beta2_of(h);
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.maximize = h.maximize;
-  return r;
-}
-
-inline rules::adadelta adadelta_rule(hyper const& h)
-{
-  rules::adadelta r;
-  r.lr = lr_of(h);
-  r.rho = h.rho;
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.maximize = h.maximize;
-  return r;
-}
-
-inline rules::nadam nadam_rule(hyper const& h)
-{
-  rules::nadam r;
-  r.lr = lr_of(h);
-  r.beta1 = beta1_of(h);
-  r.beta2 = beta2_of(h);
-  r.eps = h.eps;
-  r.weight_decay = h.weight_decay;
-  r.momentum_decay = h.momentum_decay;
-  r.decoupled_weight_decay = h.decoupled_weight_decay;
-  r.maximize = h.maximize;
-  r.mu_product = scalar_of(h.mu_product, h.mu_product_pointer);
-  return r;
-}
-
-// Captureless lambdas: trivially copyable, stored in the plan. `amp`: the family takes
-// GradScaler's fused protocol (supports_amp), so its plans also instantiate the AMP rule.
-struct build_sgd {
-  static constexpr bool amp = true;
-  rules::sgd operator()(hyper const& h) const { return sgd_rule(h); }
-};
-struct build_adam {
-  static constexpr bool amp = true;
-  rules::adam operator()(hyper const& h) const { return adam_rule<rules::adam>(h); }
-};
-struct build_adamw {
-  static constexpr bool amp = true;
-  rules::adamw operator()(hyper const& h) const { return adam_rule<rules::adamw>(h); }
-};
-struct build_adagrad {
-  static constexpr bool amp = true;
-  rules::adagrad operator()(hyper const& h) const { return adagrad_rule(h); }
-};
-struct build_rmsprop {
-  static constexpr bool amp = false;
-  rules::rmsprop operator()(hyper const& h) const { return rmsprop_rule(h); }
-};
-struct build_lamb {
-  static constexpr bool amp = false;
-  rules::lamb operator()(hyper const& h) const { return lamb_rule(h); }
-};
-struct build_clipped_lamb {
-  static constexpr bool amp = false;
-  auto operator()(hyper const& h) const { return fo::chain(rules::clip_by_global_norm{h.max_grad_norm}, lamb_rule(h)); }
-};
-struct build_lion {
-  static constexpr bool amp = false;
-  rules::lion operator()(hyper const& h) const { return lion_rule(h); }
-};
-struct build_radam {
-  static constexpr bool amp = false;
-  rules::radam operator()(hyper const& h) const { return radam_rule(h); }
-};
-struct build_adamax {
-  static constexpr bool amp = false;
-  rules::adamax operator()(hyper const& h) const { return adamax_rule(h); }
-};
-struct build_adadelta {
-  static constexpr bool amp = false;
-  rules::adadelta operator()(hyper const& h) const { return adadelta_rule(h); }
-};
-struct build_nadam {
-  static constexpr bool amp = false;
-  rules::nadam operator()(hyper const& h) const { return nadam_rule(h); }
+struct build_nadam : builder<rule_of<rules::nadam>> {
   /// capturable=True: the product in the plan's memory, advanced there after the step.
   [[nodiscard]] static bool on_device(hyper const& h) { return h.mu_product_pointer != nullptr; }
   auto device_rule(hyper const& h) const
   {
-    rules::nadam const r = nadam_rule(h);
+    auto const r = rule_of<rules::nadam>(h);
     return fo::chain(r, rules::advance_mu_product{h.mu_product_pointer, r.beta1, r.momentum_decay, h.mu_product_single});
   }
 };
 
 // ---- plans per family (one function per .cu) -----------------------------------------------
-//
-// Each binds the family's slots through a captureless lambda (`auto const& x` -> bound lists),
-// kept by the plan to rebind it when the tensors move.
+
+/// Param, grad and the states of `x` (in the Python class's `_state_keys` order) bound to the
+/// slots `States...`.
+template <class T, class... States, std::size_t... K>
+auto bind_with_states(lists const& x, std::index_sequence<K...>)
+{
+  return fo::bind(param<T>(x), grad<T>(x), (States{} = state<T>(x, K))...);
+}
+
+/// A plan of backend B running `Build`'s rule over param, grad and `States...`. The binding is
+/// a captureless lambda, kept by the plan to bind moved tensors again.
+template <class B, class Build, class... States>
+std::unique_ptr<plan> plan_of(dtype t, lists const& x, void* s, int reduction_capacity = 0)
+{
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+    using T = typename decltype(tg)::type;
+    return wrap<B>(
+      [](lists const& y) { return bind_with_states<T, States...>(y, std::index_sequence_for<States...>{}); }, x,
+      Build{}, s, reduction_capacity);
+  });
+}
 
 template <class B>
 std::unique_ptr<plan> sgd_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    if (l.momentum) {
-      return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::momentum_buffer = state<T>(y, 0)); },
-                     x, build_sgd{}, s);
-    }
-    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y)); }, x, build_sgd{}, s);
-  });
+  return l.momentum ? plan_of<B, build_sgd, slot::momentum_buffer_t>(t, x, s) : plan_of<B, build_sgd>(t, x, s);
 }
 
 template <class B, class Build>
 std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    if (l.amsgrad) {
-      return wrap<B>(
-        [](lists const& y) {
-          return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1),
-                          slot::max_exp_avg_sq = state<T>(y, 2));
-        },
-        x, Build{}, s);
-    }
-    return wrap<B>(
-      [](lists const& y) {
-        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
-      },
-      x, Build{}, s);
-  });
+  using namespace slot;
+  return l.amsgrad ? plan_of<B, Build, exp_avg_t, exp_avg_sq_t, max_exp_avg_sq_t>(t, x, s)
+                   : plan_of<B, Build, exp_avg_t, exp_avg_sq_t>(t, x, s);
 }
 
 template <class B>
@@ -417,45 +292,20 @@ std::unique_ptr<plan> adam_plan(family f, dtype t, layout const& l, lists const&
 template <class B>
 std::unique_ptr<plan> adagrad_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::sum_sq = state<T>(y, 0)); }, x,
-                   build_adagrad{}, s);
-  });
+  return plan_of<B, build_adagrad, slot::sum_sq_t>(t, x, s);
 }
 
 template <class B>
 std::unique_ptr<plan> rmsprop_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
   // State order: square_avg, then momentum_buffer (with momentum), then grad_avg (centered).
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    if (l.momentum && l.centered) {
-      return wrap<B>(
-        [](lists const& y) {
-          return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0),
-                          slot::momentum_buffer = state<T>(y, 1), slot::grad_avg = state<T>(y, 2));
-        },
-        x, build_rmsprop{}, s);
-    }
-    if (l.momentum) {
-      return wrap<B>(
-        [](lists const& y) {
-          return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0),
-                          slot::momentum_buffer = state<T>(y, 1));
-        },
-        x, build_rmsprop{}, s);
-    }
-    if (l.centered) {
-      return wrap<B>(
-        [](lists const& y) {
-          return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0), slot::grad_avg = state<T>(y, 1));
-        },
-        x, build_rmsprop{}, s);
-    }
-    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0)); },
-                   x, build_rmsprop{}, s);
-  });
+  using namespace slot;
+  if (l.momentum && l.centered) {
+    return plan_of<B, build_rmsprop, square_avg_t, momentum_buffer_t, grad_avg_t>(t, x, s);
+  }
+  if (l.momentum) { return plan_of<B, build_rmsprop, square_avg_t, momentum_buffer_t>(t, x, s); }
+  if (l.centered) { return plan_of<B, build_rmsprop, square_avg_t, grad_avg_t>(t, x, s); }
+  return plan_of<B, build_rmsprop, square_avg_t>(t, x, s);
 }
 
 template <class B>
@@ -463,77 +313,40 @@ std::unique_ptr<plan> lamb_plan(family, dtype t, layout const& l, lists const& x
 {
   // The trust ratio needs two accumulators, the clip one more in its own pass.
   constexpr int capacity = 4;
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    auto bind = [](lists const& y) {
-      return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
-    };
-    if (l.clip) { return wrap<B>(bind, x, build_clipped_lamb{}, s, capacity); }
-    return wrap<B>(bind, x, build_lamb{}, s, capacity);
-  });
+  using namespace slot;
+  return l.clip ? plan_of<B, build_clipped_lamb, exp_avg_t, exp_avg_sq_t>(t, x, s, capacity)
+                : plan_of<B, build_lamb, exp_avg_t, exp_avg_sq_t>(t, x, s, capacity);
 }
 
 template <class B>
 std::unique_ptr<plan> lion_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    return wrap<B>([](lists const& y) { return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0)); }, x,
-                   build_lion{}, s);
-  });
+  return plan_of<B, build_lion, slot::exp_avg_t>(t, x, s);
 }
 
 template <class B>
 std::unique_ptr<plan> radam_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    return wrap<B>(
-      [](lists const& y) {
-        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
-      },
-      x, build_radam{}, s);
-  });
+  return plan_of<B, build_radam, slot::exp_avg_t, slot::exp_avg_sq_t>(t, x, s);
 }
 
 template <class B>
 std::unique_ptr<plan> adamax_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    return wrap<B>(
-      [](lists const& y) {
-        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_inf = state<T>(y, 1));
-      },
-      x, build_adamax{}, s);
-  });
+  return plan_of<B, build_adamax, slot::exp_avg_t, slot::exp_inf_t>(t, x, s);
 }
 
 template <class B>
 std::unique_ptr<plan> adadelta_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    return wrap<B>(
-      [](lists const& y) {
-        return fo::bind(param<T>(y), grad<T>(y), slot::square_avg = state<T>(y, 0), slot::acc_delta = state<T>(y, 1));
-      },
-      x, build_adadelta{}, s);
-  });
+  return plan_of<B, build_adadelta, slot::square_avg_t, slot::acc_delta_t>(t, x, s);
 }
 
 template <class B>
 std::unique_ptr<plan> nadam_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  // State order: exp_avg, exp_avg_sq (torch's mu_product is a scalar per bucket: hyper::mu_product).
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
-    using T = typename decltype(tg)::type;
-    return wrap<B>(
-      [](lists const& y) {
-        return fo::bind(param<T>(y), grad<T>(y), slot::exp_avg = state<T>(y, 0), slot::exp_avg_sq = state<T>(y, 1));
-      },
-      x, build_nadam{}, s);
-  });
+  // torch's mu_product is a scalar per bucket (hyper::mu_product), not a slot.
+  return plan_of<B, build_nadam, slot::exp_avg_t, slot::exp_avg_sq_t>(t, x, s);
 }
 
 }  // namespace detail
