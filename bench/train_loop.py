@@ -125,6 +125,8 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
     gen = torch.Generator(device="cpu").manual_seed(1)
     cuda = device.type == "cuda"
     step_s, host_s, calib_s = [], [], []
+    params = list(model.parameters())
+    address_sets = []  # the gradients' addresses at each timed step (how the allocator hands them out)
     loss = None
     scaler = torch.amp.GradScaler("cuda") if grad_scaler else None
     amp_dtype = torch.float16 if grad_scaler else torch.bfloat16
@@ -140,6 +142,8 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
             logits = model(idx[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, vocab), idx[:, 1:].reshape(-1))
         (scaler.scale(loss) if scaler else loss).backward()
+        if i >= args.warmup:
+            address_sets.append(tuple(p.grad.data_ptr() if p.grad is not None else 0 for p in params))
         if cuda:
             torch.cuda.synchronize()
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -172,6 +176,12 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
                gc_off=gc_off, step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
                host_us_median=statistics.median(host_s) * 1e6, calibration_us_median=statistics.median(calib_s) * 1e6,
                final_loss=float(loss))
+    # Distinct gradient address sets over the timed steps, and how many steps met a set seen before.
+    seen, repeats = set(), 0
+    for a in address_sets:
+        repeats += a in seen
+        seen.add(a)
+    row.update(address_sets=len(seen), address_repeats=repeats)
     if optimizer == "fusedopt":
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_rebinds=opt.plan_rebinds())
         if phases is not None:
@@ -192,12 +202,14 @@ def section(device, args, shape):
     n = sum(v.numel() for k, v in initial.items())
     print(f"\n{device.type}: GPT vocab {vocab}, d {d}, {layers} layers, batch {batch} x {seq}; {n / 1e6:.1f}M parameters; "
           f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
-    configurations = [(o, stn, False, False) for stn in (True, False) for o in ("torch_fused", "torch_foreach", "fusedopt")]
+    configurations = [(o, stn, False, False) for stn in (True, False) for o in ("torch_fused", "torch_foreach", "fusedopt")
+                      if o in args.optimizers.split(",")]
     if args.gc_off:
         # The same loops with Python's garbage collector off: whether collections land in the step.
-        configurations += [(o, stn, False, True) for stn in (True, False) for o in ("torch_fused", "fusedopt")]
+        configurations += [(o, stn, False, True) for stn in (True, False) for o in ("torch_fused", "fusedopt")
+                           if o in args.optimizers.split(",")]
     if device.type == "cuda" and hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        configurations += [(o, True, True, False) for o in ("torch_fused", "fusedopt")]
+        configurations += [(o, True, True, False) for o in ("torch_fused", "fusedopt") if o in args.optimizers.split(",")]
     rows = []
     for optimizer, set_to_none, grad_scaler, gc_off in configurations:
         label = (f"{optimizer:14s} set_to_none={set_to_none!s:5s}{' fp16+GradScaler' if grad_scaler else ''}"
@@ -212,6 +224,7 @@ def section(device, args, shape):
             print(f"  {label} FAILED {r['error']}", flush=True)
         else:
             extra = f"  rebuilds {r['plan_rebuilds']} rebinds {r['plan_rebinds']}" if "plan_rebuilds" in r else ""
+            extra += f"  gradient address sets {r['address_sets']} ({r['address_repeats']} repeats)"
             print(f"  {label} step {r['step_us_median']:9.1f} us (max {r['step_us_max']:9.1f})  host "
                   f"{r['host_us_median']:8.1f} us  calibration {r['calibration_us_median']:6.1f} us  "
                   f"loss {r['final_loss']:.5f}{extra}", flush=True)
@@ -268,6 +281,7 @@ def main():
     p.add_argument("--cpu-seq", type=int, default=64)
     p.add_argument("--out", default=None)
     p.add_argument("--gc-off", action="store_true", help="also run torch fused and fusedopt with gc disabled")
+    p.add_argument("--optimizers", default="torch_fused,torch_foreach,fusedopt", help="which of them to run")
     args = p.parse_args()
     results, verdicts = [], {}
     for name in [x for x in args.device.split(",") if x]:
