@@ -122,6 +122,8 @@ def main():
         if steps > 0:
             # The engine's own clocks (csrc/binding.cpp, host_times): mean per step.
             engine_phases[name] = {k[:-3]: round((after[k] - before[k]) / steps / 1e3, 1) for k in after if k.endswith("_ns")}
+            if "table_uploads" in after:
+                engine_phases[name]["table_uploads"] = round((after["table_uploads"] - before["table_uploads"]) / steps, 2)
             phases = "  engine: " + ", ".join(f"{k} {v}" for k, v in engine_phases[name].items())
         print(f"{name:28s} {rows[name]:9.1f} us{phases}", flush=True)
     rows["engine_phases_us"] = engine_phases

@@ -189,6 +189,8 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
             end = opt._engine.host_times()
             steps = max(1, end["steps"] - phases["steps"])
             row["engine_host_us"] = {k[:-3]: round((end[k] - phases[k]) / steps / 1e3, 1) for k in end if k.endswith("_ns")}
+            if "table_uploads" in end:  # address-table uploads per step (none for an address set seen recently)
+                row["table_uploads_per_step"] = round((end["table_uploads"] - phases["table_uploads"]) / steps, 2)
     del opt, model
     if cuda:
         torch.cuda.empty_cache()
@@ -229,7 +231,9 @@ def section(device, args, shape):
                   f"{r['host_us_median']:8.1f} us  calibration {r['calibration_us_median']:6.1f} us  "
                   f"loss {r['final_loss']:.5f}{extra}", flush=True)
             if "engine_host_us" in r:
-                print("      engine host us/step: " + ", ".join(f"{k} {v}" for k, v in r["engine_host_us"].items()), flush=True)
+                uploads = f"; table uploads/step {r['table_uploads_per_step']}" if "table_uploads_per_step" in r else ""
+                print("      engine host us/step: " + ", ".join(f"{k} {v}" for k, v in r["engine_host_us"].items()) + uploads,
+                      flush=True)
     return rows
 
 

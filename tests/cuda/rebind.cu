@@ -1,10 +1,14 @@
 // Plans follow moving addresses: a plan rebound to lists of the same geometry at new addresses
 // gives the bits of the host backend (every transport, every placement), a changed geometry is
 // a clear error that leaves the plan as it was, and a rebind under stream capture is replayed
-// with the captured addresses.
+// with the captured addresses; address sets seen recently switch device copies of the table
+// instead of uploading one.
 #include "support.cuh"
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 using namespace fusedopt_test;
 namespace fo = fusedopt;
@@ -248,4 +252,62 @@ TEST_CASE("many rebinds in a row on one stream (the upload ring wraps)", "[cuda]
   FO_TEST_CUDA(cudaStreamSynchronize(stream));
   a.require_same_bits("23 steps with gradients from alternating buffers (equal values)");
   FO_TEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("address sets seen recently switch device copies: no upload, the same bits", "[cuda][rebind]")
+{
+  // A caching allocator cycles through a few gradient buffers (PyTorch under
+  // zero_grad(set_to_none=True)). `sets` buffers in turn, with `copies` address tables.
+  auto const shape = GENERATE(std::pair{3, 4}, std::pair{3, 2}, std::pair{2, 1});
+  int const sets = shape.first;
+  int const copies = shape.second;
+  CAPTURE(sets, copies);
+  bool const by_slot = GENERATE(false, true);
+  CAPTURE(by_slot);
+  std::vector<std::int64_t> const sizes = edge_sizes();
+  adam_problem p(sizes, shift::same, 31);
+  std::vector<std::unique_ptr<adam_problem>> spares;
+  for (int k = 0; k < sets; ++k) { spares.push_back(std::make_unique<adam_problem>(sizes, shift::same, 40 + k)); }
+  auto host_plan = fo::host::make_plan(p.lists(false));
+  fo::cuda::options opts;
+  opts.address_tables = copies;
+  cudaStream_t stream = nullptr;
+  FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto plan = fo::cuda::make_plan(p.lists(true), opts, stream);
+  CHECK(plan.table_uploads() == 1);  // the plan's own
+  fo::rules::adamw rule;
+  int const steps = quick() ? 2 * sets : 4 * sets;
+  for (std::int64_t t = 1; t <= steps; ++t) {
+    p.refresh_inputs();
+    auto& g = spares[static_cast<std::size_t>(t % sets)]->slot_arena<1>();
+    auto& mine = p.slot_arena<1>();
+    FO_TEST_CUDA(cudaMemcpy(g.device, mine.device, mine.host.size() * sizeof(mine.host[0]), cudaMemcpyDeviceToDevice));
+    g.host = mine.host;
+    std::uint64_t const before = plan.table_uploads();
+    if (by_slot) {
+      auto const moved = addresses_of(g.list(true));
+      plan.rebind(slot::grad, moved.data(), moved.size(), stream);
+    } else {
+      plan.rebind(fo::bind(slot::param = p.slot_arena<0>().list(true), slot::grad = g.list(true),
+                           slot::exp_avg = p.slot_arena<2>().list(true), slot::exp_avg_sq = p.slot_arena<3>().list(true)),
+                  stream);
+    }
+    // The first round uploads each set; later rounds find them while there are copies enough.
+    bool const seen = t > sets && copies >= sets;
+    CHECK(plan.table_uploads() - before == (seen ? 0u : 1u));
+    host_plan.run(rule, fo::step_info{t});
+    plan.run(rule, fo::step_info{t}, stream);
+    FO_TEST_CUDA(cudaStreamSynchronize(stream));
+    p.require_same_bits("gradient set " + std::to_string(t % sets) + " at step " + std::to_string(t));
+  }
+  FO_TEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("address_tables below 1 is a clear error", "[cuda][rebind][errors]")
+{
+  adam_problem p({5, 64}, shift::none, 2);
+  fo::cuda::options opts;
+  opts.address_tables = 0;
+  CHECK(message_of([&] { (void)fo::cuda::make_plan(p.lists(true), opts); }).find("address_tables") !=
+        std::string::npos);
 }

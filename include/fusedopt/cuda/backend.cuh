@@ -28,9 +28,9 @@
 #include "../config.hpp"
 #include "../detail/rebind.hpp"
 #include "../scalar.hpp"
+#include "detail/address_tables.cuh"
 #include "detail/reduce.cuh"
 #include "detail/tables.cuh"
-#include "detail/upload_ring.cuh"
 #include "error.cuh"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -60,6 +60,12 @@ struct options {
   /// step's memory. A rule needing more is rejected by `run`; 0 allocates no workspace (then
   /// only rules without reduction passes run). Ignored by `apply`.
   int reduction_capacity = 8;
+  /// Plans with device tables: copies of the address table kept on the device, one per address
+  /// set seen recently (at least 1). A rebind to addresses one of them holds switches to it with
+  /// no upload and no work on the device; PyTorch's caching allocator cycles through a few sets
+  /// under `zero_grad(set_to_none=True)`. Each copy takes 8 bytes per tensor and slot (plus
+  /// 8 per tensor) of device memory. Ignored by `apply`.
+  int address_tables = 4;
 };
 
 /// @brief True when kernels can take 32 KB of parameters on `device`: the runtime and the
@@ -76,7 +82,8 @@ inline bool param_32k_available(int device);
 /// `rebind` points the plan at lists of the same geometry at new addresses (new gradient
 /// buffers every step, as PyTorch's `zero_grad(set_to_none=True)` or a caching allocator hand
 /// out) with O(tensors) host work, no allocation, no synchronisation and at most one
-/// asynchronous upload; only a change of geometry needs a new plan (`can_rebind` tells).
+/// asynchronous upload (none when the addresses are a set the plan was bound to recently:
+/// `options::address_tables`); only a change of geometry needs a new plan (`can_rebind` tells).
 ///
 /// Contract: the plan keeps a copy of the lists (pointers and sizes), never of the tensors.
 /// The caller keeps every tensor allocated, at the address last bound, while the plan is used;
@@ -135,14 +142,17 @@ class plan {
   /// `fusedopt::bind` like any lists). Host work is O(tensors) with no allocation and no
   /// synchronisation. With device tables, when an address changed, one cudaMemcpyAsync on
   /// `stream` uploads the new address table from a pinned staging buffer (the host waits
-  /// only when it runs four rebinds ahead of `stream`); by-value tables are updated on the
-  /// host. Runs enqueued on `stream` afterwards update the new tensors; runs enqueued before
+  /// only when it runs four rebinds ahead of `stream`) into the least recently used of the
+  /// plan's `options::address_tables` device copies, or, when one of them holds these
+  /// addresses already, the plan switches to it and enqueues nothing; by-value tables are
+  /// updated on the host. Runs enqueued on `stream` afterwards update the new tensors; runs enqueued before
   /// it still update the old ones. Lists at the addresses already bound cost a comparison and
   /// enqueue nothing. While `stream` is being captured (torch's CUDA-graph recipe captures a
   /// step whose gradients were just allocated), a device table is written by launches that
   /// carry the addresses in their parameters instead, so each replay writes the captured
-  /// addresses before the step reads them; the next `run` outside a capture writes the table
-  /// again before it launches.
+  /// addresses before the step reads them (into a copy the graph keeps: later rebinds leave it
+  /// alone while another copy is free); the next `run` outside a capture publishes the
+  /// addresses again (a switch or an upload) before it launches.
   /// @throws fusedopt::error, leaving the plan unchanged, if the geometry differs (the message
   /// names the first tensor and what differs: make a new plan), a slot's memory is pageable
   /// host memory, or a CUDA call fails.
@@ -160,7 +170,11 @@ class plan {
   /// the plan's alignment class; pageable memory as in `rebind(lists)`. Host work is
   /// O(k log n) for k changed addresses of n tensors, with no allocation and no list to
   /// bind; the table is then written as `rebind(lists)` writes it (one upload, or launches
-  /// under capture). A slot the rule writes moves with `rebind(lists)`.
+  /// under capture). Addresses the plan was bound to recently (one of its
+  /// `options::address_tables` device copies holds them, and the tensors the rule writes have
+  /// not moved since) passed those checks then: outside capture they cost a comparison with
+  /// each copy and a switch, with nothing enqueued. A slot the rule writes moves with
+  /// `rebind(lists)`.
   /// @throws fusedopt::error, leaving the plan unchanged, if `count` is not the number of
   /// tensors, an address fails a check (another alignment class: make a new plan), or a CUDA
   /// call fails.
@@ -175,6 +189,10 @@ class plan {
   /// after-step hooks and one for `step_info::advance` when `with_advance`.
   template <class Rule>
   [[nodiscard]] std::size_t launches_per_run(Rule const& rule, bool with_advance = false) const;
+  /// @brief Uploads of the address table so far, the plan's construction included (device
+  /// tables; 0 for by-value tables): a rebind to addresses one of the plan's
+  /// `options::address_tables` copies holds costs none.
+  [[nodiscard]] std::uint64_t table_uploads() const { return tables_.uploads(); }
   /// @brief The lists the plan was built from.
   [[nodiscard]] lists_type const& lists() const { return lists_; }
   /// @brief The transport in use (never `automatic`).
@@ -196,9 +214,8 @@ class plan {
   void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                 cudaStream_t stream) const;
 
-  // Writes tensors_ to the device table in stream order: an upload, or under stream capture
-  // launches that carry the entries (and a note that the next run writes them again).
-  void write_device_table(cudaStream_t stream) const;
+  // The kernels' table over device memory: the chunks, and the current copy of the addresses.
+  [[nodiscard]] detail::global_table<num_slots> device_table() const;
 
   // Empty when `lists` fit, else why not (the first difference found).
   [[nodiscard]] std::string geometry_mismatch(lists_type const& lists) const;
@@ -209,15 +226,14 @@ class plan {
   // The memory of every tensor the rule writes, sorted: rebind(slot, addresses) checks against it.
   ::fusedopt::detail::written_memory written_;
 
-  std::unique_ptr<void, device_free> memory_;
-  // The tensor entries of every non-empty tensor, as the host last uploaded or packed them.
+  std::unique_ptr<void, device_free> memory_;  // device tables: the chunk entries
+  // The tensor entries of every non-empty tensor, as the host last published or packed them.
   std::vector<detail::tensor_entry<num_slots>> tensors_;
-  detail::tensor_entry<num_slots>* device_tensors_ = nullptr;  // device tables: where tensors_ live on the device
-  // Mutable: run() re-uploads the table after a rebind under stream capture (see below).
-  mutable detail::upload_ring uploads_;
-  // The device table was last written by a rebind under stream capture: it holds those
-  // addresses only once the graph replays, so the next run writes it again first.
-  mutable bool table_from_capture_ = false;
+  std::vector<detail::tensor_entry<num_slots>> candidate_;  // rebind(slot, ...)'s entries before they are taken
+  // Device tables: the copies of tensors_ on the device. Mutable: a run after a rebind under
+  // stream capture publishes tensors_ again first (that copy holds them only when the graph
+  // replays).
+  mutable detail::address_tables<detail::tensor_entry<num_slots>> tables_;
   // Reduction workspace: pass results (capacity x (rows + 1) doubles), chunk partials
   // (capacity x chunks doubles), the chunk range of each row, the finalize counter.
   std::unique_ptr<void, device_free> workspace_;

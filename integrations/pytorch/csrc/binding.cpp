@@ -165,6 +165,7 @@ struct phase_times {
   std::int64_t rebuild_ns = 0;  // rebuilds
   std::int64_t launch_ns = 0;   // from step()'s entry to the last plan's launch (what delays the GPU)
   std::int64_t run_ns = 0;      // the runs (hyperparameters, launches) and version counters
+  std::int64_t table_uploads = 0;  // address-table uploads of plans no longer in use (CUDA)
 };
 
 /// Adds the time from its construction to its destruction to `total`.
@@ -215,6 +216,7 @@ class engine {
         }
       }
     }
+    times_.table_uploads = table_uploads();  // of the plans dropped here
     groups_ = std::move(next);
   }
 
@@ -350,7 +352,18 @@ class engine {
   {
     return {{"steps", times_.steps},          {"engine_ns", times_.engine_ns},   {"scan_ns", times_.scan_ns},
             {"rebind_ns", times_.rebind_ns}, {"rebuild_ns", times_.rebuild_ns}, {"launch_ns", times_.launch_ns},
-            {"run_ns", times_.run_ns}};
+            {"run_ns", times_.run_ns}, {"table_uploads", table_uploads()}};
+  }
+
+  /// Address-table uploads of every plan so far, retired plans included (CUDA plans: a rebind
+  /// to an address set seen recently costs none).
+  [[nodiscard]] std::int64_t table_uploads() const
+  {
+    std::int64_t n = times_.table_uploads;
+    for (auto const& d : groups_) {
+      for (auto const& b : d.buckets) { n += static_cast<std::int64_t>(b.p->table_uploads()); }
+    }
+    return n;
   }
 
   /// Plans built so far (tests: a changed parameter set rebuilds).
@@ -383,6 +396,7 @@ class engine {
   {
     auto& d = groups_[g];
     flush(d);
+    for (auto const& b : d.buckets) { times_.table_uploads += static_cast<std::int64_t>(b.p->table_uploads()); }
     d.buckets.clear();
     d.built = false;
     std::size_t const n = d.params.size();

@@ -36,6 +36,11 @@ struct cuda_backend {
   {
     p.rebind(s, addresses, n, static_cast<cudaStream_t>(stream));
   }
+  template <class Plan>
+  static std::uint64_t table_uploads(Plan const& p)
+  {
+    return p.table_uploads();
+  }
 };
 
 }  // namespace detail

@@ -144,6 +144,7 @@ class plan_impl final : public plan {
     }
     return true;
   }
+  [[nodiscard]] std::uint64_t table_uploads() const override { return B::table_uploads(plan_); }
   bool rebind_gradients(lists const& tensors, void* stream) override
   {
     grads_.resize(tensors.grad.size());  // allocates at the first call only

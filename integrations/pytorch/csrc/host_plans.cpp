@@ -31,6 +31,11 @@ struct host_backend {
   {
     p.rebind(s, addresses, n);
   }
+  template <class Plan>
+  static std::uint64_t table_uploads(Plan const&)
+  {
+    return 0;  // host plans read their addresses from host memory
+  }
 };
 
 }  // namespace detail

@@ -160,6 +160,9 @@ class plan {
   /// the memory the plan writes. Returns false, changing nothing, when the plan does not take
   /// them: then `rebind(tensors)` (which tells a new geometry from invalid lists).
   virtual bool rebind_gradients(lists const& tensors, void* stream) = 0;
+  /// @brief Uploads of the plan's address table so far (CUDA; a rebind to a recently bound
+  /// address set costs none: fusedopt::cuda::options::address_tables).
+  [[nodiscard]] virtual std::uint64_t table_uploads() const = 0;
 };
 
 /// @brief NAdam's momentum coefficient of step `t`, mu_t = beta1 (1 - 0.5 * 0.96^(t momentum_decay)),

@@ -256,6 +256,7 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
       transport_ = transport::param_32k;
       break;
   }
+  FUSEDOPT_EXPECTS(opts.address_tables >= 1, "cuda::options::address_tables must be at least 1");
   detail::check_device_memory(lists_);
   written_.assign(lists_);
   auto const layout = detail::make_layout(lists_, chunk, std::index_sequence_for<B...>{});
@@ -265,23 +266,17 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
   } else if (transport_ == transport::param_32k) {
     tables_32k_ = detail::pack_tables<detail::table_32k<num_slots>>(layout);
   } else if (!layout.chunks.empty()) {
-    // One allocation: chunk entries (16-byte aligned) first, then tensor entries.
+    // The chunk entries once; the address table in the first of its device copies.
     std::size_t const chunk_bytes = layout.chunks.size() * sizeof(detail::chunk_entry);
-    std::size_t const tensor_bytes = layout.tensors.size() * sizeof(detail::tensor_entry<num_slots>);
-    std::vector<unsigned char> staging(chunk_bytes + tensor_bytes);
-    std::memcpy(staging.data(), layout.chunks.data(), chunk_bytes);
-    std::memcpy(staging.data() + chunk_bytes, layout.tensors.data(), tensor_bytes);
     void* memory = nullptr;
-    FUSEDOPT_CUDA_TRY(cudaMalloc(&memory, staging.size()));
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&memory, chunk_bytes));
     memory_.reset(memory);
-    FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(memory, staging.data(), staging.size(), cudaMemcpyHostToDevice, stream));
+    FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(memory, layout.chunks.data(), chunk_bytes, cudaMemcpyHostToDevice, stream));
+    tables_ = detail::address_tables<detail::tensor_entry<num_slots>>(tensors_.size(), opts.address_tables);
+    tables_.publish(tensors_, stream);
     FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
-    auto* bytes = static_cast<unsigned char*>(memory);
-    global_.chunks = reinterpret_cast<detail::chunk_entry const*>(bytes);
-    device_tensors_ = reinterpret_cast<detail::tensor_entry<num_slots>*>(bytes + chunk_bytes);
-    global_.tensors = device_tensors_;
+    global_.chunks = static_cast<detail::chunk_entry const*>(memory);
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
-    uploads_ = detail::upload_ring(tensor_bytes);
   }
   FUSEDOPT_EXPECTS(opts.reduction_capacity >= 0, "cuda::options::reduction_capacity must not be negative");
   reduction_capacity_ = opts.reduction_capacity;
@@ -348,7 +343,8 @@ void plan<B...>::run_pass(Rule const& rule, step_info const& step, detail::pass_
       }
       break;
     default:
-      detail::launch_pass<policy, Rule, lists_type, J>(rule, step, global_, results, partials_, base, max_blocks_, stream);
+      detail::launch_pass<policy, Rule, lists_type, J>(rule, step, device_table(), results, partials_, base, max_blocks_,
+                                                       stream);
       break;
   }
   auto* const per_tensor = const_cast<double*>(results.r[J].per_tensor);
@@ -386,7 +382,7 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
                    "rule of " + std::to_string(sizeof(Rule)) +
                      " bytes is too large to travel next to a by-value launch table; use transport::device_table");
   // Every check is done: from here on work is enqueued.
-  if (table_from_capture_) { write_device_table(stream); }
+  if (tables_.current_from_capture()) { tables_.publish(tensors_, stream); }
   detail::advance_step(step, stream);
   using policy = detail::tuning;
   auto const results = detail::make_pass_results<Rule>(results_, rows_, std::make_integer_sequence<int, passes>{});
@@ -404,7 +400,7 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
         }
         break;
       default:
-        detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, global_, results, max_blocks_, stream);
+        detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, device_table(), results, max_blocks_, stream);
         break;
     }
   } else {
@@ -417,7 +413,9 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
         detail::launch_all<policy, Rule, lists_type>(rule, step, tables_32k_, max_blocks_, stream);
         break;
       default:
-        if (global_.num_chunks > 0) { detail::launch<policy, Rule, lists_type>(rule, step, global_, max_blocks_, stream); }
+        if (global_.num_chunks > 0) {
+          detail::launch<policy, Rule, lists_type>(rule, step, device_table(), max_blocks_, stream);
+        }
         break;
     }
   }
@@ -511,6 +509,27 @@ template <class Slot>
 void plan<B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count, cudaStream_t stream)
 {
   constexpr std::size_t K = ::fusedopt::detail::bound_position_v<lists_type, Slot>;
+  FUSEDOPT_EXPECTS(count == lists_.num_tensors(), "cuda::plan::rebind: " + std::to_string(count) +
+                                                    " addresses for a plan of " +
+                                                    std::to_string(lists_.num_tensors()) + " tensors");
+  if (transport_ == transport::device_table && !tensors_.empty()) {
+    // Addresses a device copy holds passed every check when they were bound (its entries hold
+    // the written tensors' addresses too, so those are where they were then): switch to it.
+    // Not under capture: the graph must write a copy of its own.
+    candidate_ = tensors_;  // equal lengths after the first time: no allocation
+    for (auto& e : candidate_) {
+      e.bases[K] = const_cast<void*>(static_cast<void const*>(addresses[static_cast<std::size_t>(e.index)]));
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone && tables_.select(candidate_) != nullptr) {
+      tensors_.swap(candidate_);
+      for (std::size_t t = 0; t < count; ++t) {
+        ::fusedopt::detail::bound_lists_access::repoint<K>(lists_, t, addresses[t]);
+      }
+      return;
+    }
+  }
   ::fusedopt::detail::check_rebound_addresses<K>(lists_, written_, addresses, count, "cuda::plan::rebind");
   constexpr int width = detail::vector_width<lists_type>::value;
   std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
@@ -553,24 +572,16 @@ void plan<B...>::publish_bases(cudaStream_t stream)
   switch (transport_) {
     case transport::param_4k: detail::rebase_tables(tables_4k_, tensors_); break;
     case transport::param_32k: detail::rebase_tables(tables_32k_, tensors_); break;
-    default: write_device_table(stream); break;
+    default: tables_.publish(tensors_, stream); break;
   }
 }
 
 template <class... B>
-void plan<B...>::write_device_table(cudaStream_t stream) const
+auto plan<B...>::device_table() const -> detail::global_table<num_slots>
 {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) {
-    uploads_.upload(device_tensors_, tensors_.data(), tensors_.size() * sizeof(detail::tensor_entry<num_slots>), stream);
-    table_from_capture_ = false;
-  } else {
-    // A graph replays a copy from a host buffer with whatever the buffer holds then: the
-    // addresses travel in kernel parameters instead, kept by the graph.
-    detail::write_table_by_value(device_tensors_, tensors_, stream);
-    table_from_capture_ = true;
-  }
+  detail::global_table<num_slots> table = global_;
+  table.tensors = tables_.current();
+  return table;
 }
 
 template <class... B>
