@@ -21,6 +21,7 @@
 #include "rules/adamax.hpp"
 #include "rules/amp.hpp"
 #include "rules/blocks.hpp"
+#include "rules/kahan.hpp"
 #include "rules/lamb.hpp"
 #include "rules/lars.hpp"
 #include "rules/lion.hpp"

@@ -3,7 +3,8 @@
 // param + int16 remainder; the joined pair is the fp32 trajectory of the same rule, bit for
 // bit, on the GPU too), and stochastic rounding (the same bits on host and device for the same
 // seed, step, tensor and element), through every scenario of the elementwise sweep; plus
-// with_master over a chain with a reduction pass (clip + AdamW), within the clip tolerance.
+// with_master over a chain with a reduction pass (clip + AdamW), within the clip tolerance;
+// with_kahan (bf16 and half params with a compensation of their type).
 #include "support.cuh"
 
 using namespace fusedopt_test;
@@ -135,4 +136,13 @@ TEST_CASE("stochastic rounding gives the same bits on host and device", "[cuda][
   sweep<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,
         spec<slot::exp_avg_t, fo::bfloat16>, spec<slot::exp_avg_sq_t, float, fill::positive>>(
     [&](std::int64_t) { return both; }, "adamw + stochastic rounding of param and exp_avg", 99);
+}
+
+TEMPLATE_TEST_CASE("with_kahan on the GPU equals the host bit for bit", "[cuda][kahan]", fo::bfloat16, fo::half)
+{
+  using P = TestType;
+  auto const rule = fo::rules::with_kahan<fo::rules::adamw, P>{make_adamw()};
+  sweep<spec<slot::param_t, P>, spec<slot::grad_t, P, fill::symmetric, true>, spec<slot::compensation_t, P>,
+        spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>(
+    [&](std::int64_t) { return rule; }, std::string("with_kahan<adamw> ") + fo::dtype_name<P>());
 }
