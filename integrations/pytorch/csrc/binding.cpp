@@ -82,6 +82,7 @@ layout layout_of(family f, hyper const& h)
   l.momentum = (f == family::sgd && h.momentum != 0.0) || (f == family::rmsprop && h.momentum > 0.0);
   l.centered = f == family::rmsprop && h.centered;
   l.clip = f == family::lamb && h.max_grad_norm > 0.0;
+  l.kahan = supports_low_precision(f) && h.kahan;
   return l;
 }
 

@@ -9,7 +9,6 @@
 namespace fusedopt_torch {
 namespace detail {
 
-// Adam and AdamW share cuda_adam: declaring it twice is allowed.
 #define FUSEDOPT_TORCH_DECLARE(name, plans) \
   std::unique_ptr<plan> cuda_##plans(family, dtype, layout const&, lists const&, void*);
 FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_DECLARE)

@@ -15,8 +15,10 @@
 #include <fusedopt/rules/adam.hpp>
 #include <fusedopt/rules/adamax.hpp>
 #include <fusedopt/rules/amp.hpp>
+#include <fusedopt/rules/kahan.hpp>
 #include <fusedopt/rules/lamb.hpp>
 #include <fusedopt/rules/lion.hpp>
+#include <fusedopt/rules/mixed_precision.hpp>
 #include <fusedopt/rules/nadam.hpp>
 #include <fusedopt/rules/norms.hpp>
 #include <fusedopt/rules/radam.hpp>
@@ -91,17 +93,11 @@ fo::tensor_list<T> state(lists const& x, std::size_t k)
   return writable<T>(x.states[k], x.sizes);
 }
 
-/// Whether a family's builder has a variant for state kept in the plan's memory (NAdam's
-/// mu_product under capturable=True): `on_device(h)` says when, `device_rule(h)` builds it.
-template <class Build, class = void>
-struct has_device_rule : std::false_type {};
-template <class Build>
-struct has_device_rule<Build, std::void_t<decltype(std::declval<Build const&>().device_rule(std::declval<hyper const&>()))>>
-  : std::true_type {};
-
 /// A plan of backend B over lists that `Bind` makes from the tensors (so that a step whose
 /// tensors moved rebinds the plan to new lists of the same geometry), running the rule `Build`
-/// makes from the hyperparameters.
+/// makes from the hyperparameters: `build.run_with(h, f)` calls `f(rule)` with the rule of this
+/// step (a builder may choose among rules at run time: NAdam's product on the device, stochastic
+/// rounding; each is its own kernel instantiation).
 template <class B, class Plan, class Bind, class Build>
 class plan_impl final : public plan {
  public:
@@ -114,24 +110,20 @@ class plan_impl final : public plan {
       info.step = fo::scalar<std::int64_t>::from_pointer(step.counter);
       info.advance = step.counter;
     }
-    if constexpr (Build::amp) {
-      if (amp.any()) {
-        // torch's fused kernels: grad / grad_scale, and nothing written when found_inf is set.
-        auto const flag = fo::flag_pointer(const_cast<float*>(amp.found_inf));  // only read
-        B::run(plan_, fo::chain(rules::divide_gradients{amp.grad_scale}, rules::skip_if_set(build_(h), flag)), info,
-               stream);
-        return;
-      }
-    } else {
+    if constexpr (!Build::amp) {
       FUSEDOPT_EXPECTS(!amp.any(), "fusedopt_torch: this optimizer does not take GradScaler's grad_scale and found_inf");
     }
-    if constexpr (has_device_rule<Build>::value) {
-      if (Build::on_device(h)) {
-        B::run(plan_, build_.device_rule(h), info, stream);
-        return;
+    build_.run_with(h, [&](auto const& rule) {
+      if constexpr (Build::amp) {
+        if (amp.any()) {
+          // torch's fused kernels: grad / grad_scale, and nothing written when found_inf is set.
+          auto const flag = fo::flag_pointer(const_cast<float*>(amp.found_inf));  // only read
+          B::run(plan_, fo::chain(rules::divide_gradients{amp.grad_scale}, rules::skip_if_set(rule, flag)), info, stream);
+          return;
+        }
       }
-    }
-    B::run(plan_, build_(h), info, stream);
+      B::run(plan_, rule, info, stream);
+    });
   }
   bool rebind(lists const& tensors, void* stream) override
   {
@@ -222,7 +214,56 @@ inline auto clipped_lamb_rule(hyper const& h)
 template <auto Make, bool Amp = false>
 struct builder {
   static constexpr bool amp = Amp;
-  auto operator()(hyper const& h) const { return Make(h); }
+  template <class F>
+  void run_with(hyper const& h, F&& f) const
+  {
+    f(Make(h));
+  }
+};
+
+/// Low-precision parameters of element type T (layout::kahan, hyper::stochastic_rounding):
+/// with a compensation slot bound (`Compensated`), the family's rule under rules::with_kahan;
+/// without, under stochastic rounding of the parameter when asked for (bfloat16 only). Other
+/// element types run the rule as it is (Python refuses both options for them).
+template <class Build, class T, bool Compensated>
+struct low_precision : Build {
+  template <class F>
+  void run_with(hyper const& h, F&& f) const
+  {
+    Build::run_with(h, [&](auto const& rule) {
+      using R = std::decay_t<decltype(rule)>;
+      if constexpr (Compensated && (std::is_same_v<T, fo::bfloat16> || std::is_same_v<T, fo::half>)) {
+        f(rules::with_kahan<R, T>{rule});
+      } else if constexpr (!Compensated && std::is_same_v<T, fo::bfloat16>) {
+        if (h.stochastic_rounding) {
+          f(fo::chain(rule, rules::stochastic_round_param{stochastic_rounding_seed}));
+        } else {
+          f(rule);
+        }
+      } else {
+        f(rule);
+      }
+    });
+  }
+  /// The seed of the parameters' stochastic rounding: the random bits of an element depend on
+  /// it, the step, the tensor and the element (rules::stochastic_round).
+  static constexpr std::uint64_t stochastic_rounding_seed = 0x5eed;
+};
+
+/// Marks a family's builder for low-precision options: plan_of resolves it per element type.
+template <class Build, bool Compensated>
+struct low_precision_of {};
+
+template <class Build, class T>
+struct builder_for {
+  using type = Build;
+  static constexpr bool enabled = true;
+};
+template <class Build, bool Compensated, class T>
+struct builder_for<low_precision_of<Build, Compensated>, T> {
+  using type = low_precision<Build, T, Compensated>;
+  // A compensation state only for 16-bit parameters: no kernels for the others.
+  static constexpr bool enabled = !Compensated || std::is_same_v<T, fo::bfloat16> || std::is_same_v<T, fo::half>;
 };
 
 using build_sgd = builder<rule_of<rules::sgd>, true>;
@@ -239,11 +280,15 @@ using build_adadelta = builder<rule_of<rules::adadelta>>;
 
 struct build_nadam : builder<rule_of<rules::nadam>> {
   /// capturable=True: the product in the plan's memory, advanced there after the step.
-  [[nodiscard]] static bool on_device(hyper const& h) { return h.mu_product_pointer != nullptr; }
-  auto device_rule(hyper const& h) const
+  template <class F>
+  void run_with(hyper const& h, F&& f) const
   {
     auto const r = rule_of<rules::nadam>(h);
-    return fo::chain(r, rules::advance_mu_product{h.mu_product_pointer, r.beta1, r.momentum_decay, h.mu_product_single});
+    if (h.mu_product_pointer == nullptr) {
+      f(r);
+    } else {
+      f(fo::chain(r, rules::advance_mu_product{h.mu_product_pointer, r.beta1, r.momentum_decay, h.mu_product_single}));
+    }
   }
 };
 
@@ -264,9 +309,14 @@ std::unique_ptr<plan> plan_of(dtype t, lists const& x, void* s, int reduction_ca
 {
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
-    return wrap<B>(
-      [](lists const& y) { return bind_with_states<T, States...>(y, std::index_sequence_for<States...>{}); }, x,
-      Build{}, s, reduction_capacity);
+    using builder = builder_for<Build, T>;
+    if constexpr (builder::enabled) {
+      return wrap<B>(
+        [](lists const& y) { return bind_with_states<T, States...>(y, std::index_sequence_for<States...>{}); }, x,
+        typename builder::type{}, s, reduction_capacity);
+    } else {
+      throw fo::error("fusedopt_torch: a Kahan compensation is for bfloat16 and float16 parameters");
+    }
   });
 }
 
@@ -279,15 +329,28 @@ std::unique_ptr<plan> sgd_plan(family, dtype t, layout const& l, lists const& x,
 template <class B, class Build>
 std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, void* s)
 {
+  // States: exp_avg, exp_avg_sq, [max_exp_avg_sq: amsgrad], [kahan_comp: kahan].
   using namespace slot;
-  return l.amsgrad ? plan_of<B, Build, exp_avg_t, exp_avg_sq_t, max_exp_avg_sq_t>(t, x, s)
-                   : plan_of<B, Build, exp_avg_t, exp_avg_sq_t>(t, x, s);
+  using plain = low_precision_of<Build, false>;
+  using compensated = low_precision_of<Build, true>;
+  if (l.kahan) {
+    return l.amsgrad ? plan_of<B, compensated, exp_avg_t, exp_avg_sq_t, max_exp_avg_sq_t, compensation_t>(t, x, s)
+                     : plan_of<B, compensated, exp_avg_t, exp_avg_sq_t, compensation_t>(t, x, s);
+  }
+  return l.amsgrad ? plan_of<B, plain, exp_avg_t, exp_avg_sq_t, max_exp_avg_sq_t>(t, x, s)
+                   : plan_of<B, plain, exp_avg_t, exp_avg_sq_t>(t, x, s);
 }
 
 template <class B>
-std::unique_ptr<plan> adam_plan(family f, dtype t, layout const& l, lists const& x, void* s)
+std::unique_ptr<plan> adam_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
-  return f == family::adamw ? adam_plan_of<B, build_adamw>(t, l, x, s) : adam_plan_of<B, build_adam>(t, l, x, s);
+  return adam_plan_of<B, build_adam>(t, l, x, s);
+}
+
+template <class B>
+std::unique_ptr<plan> adamw_plan(family, dtype t, layout const& l, lists const& x, void* s)
+{
+  return adam_plan_of<B, build_adamw>(t, l, x, s);
 }
 
 template <class B>

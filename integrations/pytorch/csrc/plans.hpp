@@ -18,12 +18,12 @@ namespace fusedopt_torch {
 enum class dtype : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
 
 /// @brief The optimizer families, once: X(name, plans) for each, where `plans` names the plan
-/// functions that serve it (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu;
-/// Adam and AdamW share Adam's). Python sees them as fusedopt_torch._C.Family.<name>.
+/// functions that serve it (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu).
+/// Python sees them as fusedopt_torch._C.Family.<name>.
 #define FUSEDOPT_TORCH_FAMILIES(X) \
   X(sgd, sgd)                      \
   X(adam, adam)                    \
-  X(adamw, adam)                   \
+  X(adamw, adamw)                  \
   X(adagrad, adagrad)              \
   X(rmsprop, rmsprop)              \
   X(lamb, lamb)                    \
@@ -81,6 +81,10 @@ struct hyper {
   bool grad_averaging = true;           ///< LAMB
   bool adam_w_mode = true;              ///< LAMB
   bool use_nvlamb = false;              ///< LAMB
+  /// Low-precision parameters (families with supports_low_precision): a Kahan compensation
+  /// state (rules::with_kahan; a layout), or stochastic rounding of bfloat16 parameters.
+  bool kahan = false;
+  bool stochastic_rounding = false;
 };
 
 /// @brief The fields of `hyper` Python sets, by name: X(field) for the numbers, then for the
@@ -90,7 +94,7 @@ struct hyper {
   X(max_grad_norm) X(momentum_decay)
 #define FUSEDOPT_TORCH_HYPER_FLAGS(X) \
   X(amsgrad) X(maximize) X(nesterov) X(centered) X(decoupled_weight_decay) X(bias_correction) X(grad_averaging) \
-  X(adam_w_mode) X(use_nvlamb)
+  X(adam_w_mode) X(use_nvlamb) X(kahan) X(stochastic_rounding)
 
 /// @brief Which optional state slots a plan binds: options that change the plan's lists (the
 /// other options are read at every step). A change of layout rebuilds the plan.
@@ -99,10 +103,12 @@ struct layout {
   bool momentum = false;  ///< SGD, RMSprop: momentum_buffer
   bool centered = false;  ///< RMSprop: grad_avg
   bool clip = false;      ///< LAMB: a clip_by_global_norm pass in front
+  bool kahan = false;     ///< a compensation state last (supports_low_precision families)
 
   friend bool operator==(layout const& a, layout const& b)
   {
-    return a.amsgrad == b.amsgrad && a.momentum == b.momentum && a.centered == b.centered && a.clip == b.clip;
+    return a.amsgrad == b.amsgrad && a.momentum == b.momentum && a.centered == b.centered && a.clip == b.clip &&
+           a.kahan == b.kahan;
   }
   friend bool operator!=(layout const& a, layout const& b) { return !(a == b); }
 };
@@ -134,6 +140,9 @@ struct amp_inputs {
   float const* found_inf = nullptr;
   [[nodiscard]] bool any() const { return grad_scale != nullptr || found_inf != nullptr; }
 };
+
+/// @brief The families that take `kahan` and `stochastic_rounding` for low-precision parameters.
+constexpr bool supports_low_precision(family f) { return f == family::adam || f == family::adamw; }
 
 /// @brief The families torch gives `_step_supports_amp_scaling` (its fused optimizers).
 constexpr bool supports_amp(family f)

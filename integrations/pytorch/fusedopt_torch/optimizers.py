@@ -21,10 +21,12 @@ from . import _ext
 
 def _hyper(group, **fields):
     """The group's hyperparameters as the extension's Hyper (csrc/plans.hpp's `hyper`), by field
-    name, in one call (`_C.Hyper.of`): lr from the group, the others as given (numbers, and
-    booleans for the options). A tensor lr or Tensor betas are passed to the engine apart
-    (FusedOptimizer.step's lrs and betas) and read on the device: no synchronisation,
-    capturable; their fields keep the defaults here."""
+    name, in one call (`_C.Hyper.of`): lr from the group, the low-precision options where the
+    group has them, the others as given (numbers, and booleans for the options). A tensor lr or
+    Tensor betas are passed to the engine apart (FusedOptimizer.step's lrs and betas) and read on
+    the device: no synchronisation, capturable; their fields keep the defaults here."""
+    if "kahan" in group:
+        fields.update(kahan=bool(group["kahan"]), stochastic_rounding=bool(group["stochastic_rounding"]))
     return _ext.load().Hyper.of(lr=group["lr"], **fields)
 
 
@@ -144,6 +146,11 @@ def _check_fused_flags(fused, foreach, differentiable):
             raise RuntimeError("`fused` does not support `differentiable`")
         if foreach:
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+
+
+def _check_low_precision(kahan, stochastic_rounding):
+    if kahan and stochastic_rounding:
+        raise ValueError("kahan and stochastic_rounding are two ways to keep low-precision updates: choose one")
 
 
 def _reject_unsupported(name, differentiable=False):
@@ -350,6 +357,20 @@ class FusedOptimizer(Optimizer):
                     self._set_scalar(param_of.get(t, t), self._mu_key, m)
         self._engine_ahead = False
 
+    def _check_low_precision_param(self, group, p):
+        """kahan needs bfloat16 or float16 parameters, stochastic_rounding bfloat16 ones."""
+        if group.get("kahan", False):
+            option, allowed = "kahan=True", (torch.bfloat16, torch.float16)
+        elif group.get("stochastic_rounding", False):
+            option, allowed = "stochastic_rounding=True", (torch.bfloat16,)
+        else:
+            return
+        if p.dtype not in allowed:
+            names = " or ".join(str(d).replace("torch.", "") for d in allowed)
+            raise ValueError(f"fusedopt_torch.{type(self).__name__}: {option} is for {names} parameters, but a "
+                             f"parameter of its group is {str(p.dtype).replace('torch.', '')} (give it a group "
+                             "without the option)")
+
     def _sparse_message(self):
         if self._sparse_error is not None:
             return self._sparse_error
@@ -459,6 +480,7 @@ class FusedOptimizer(Optimizer):
             proxies, states, steps, group_mus = [], [], [], []
             for p in group["params"]:
                 self._check_sparse(p.grad)
+                self._check_low_precision_param(group, p)
                 if not keeps:
                     # No torch state (SGD without momentum): nothing to create, nothing to count.
                     proxy, _ = self._route(p, None, ())
@@ -559,6 +581,12 @@ class Adam(FusedOptimizer):
 
     As in torch 2.11, ``decoupled_weight_decay=True`` is AdamW's formula: the groups then run on
     the AdamW engine (every group must agree on the option).
+
+    For bfloat16 or float16 parameters (pure low-precision training), two options torch does not
+    have keep the updates that rounding the parameter would lose: ``kahan=True`` keeps a
+    compensation state ``state[p]['kahan_comp']`` of the parameter's dtype, updated in the same
+    pass (fusedopt.rules.with_kahan: 2 more bytes read and written per bf16 parameter), and
+    ``stochastic_rounding=True`` rounds each new bfloat16 parameter stochastically (no state).
     """
 
     _family = "adam"
@@ -567,7 +595,9 @@ class Adam(FusedOptimizer):
     _sparse_error = "Adam does not support sparse gradients, please consider SparseAdam instead"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *, foreach=None,
-                 maximize=False, capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False):
+                 maximize=False, capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False,
+                 kahan=False, stochastic_rounding=False):
+        _check_low_precision(kahan, stochastic_rounding)
         if isinstance(lr, torch.Tensor):
             if foreach and not capturable:
                 raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
@@ -584,6 +614,8 @@ class Adam(FusedOptimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                         foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay)
+        if kahan or stochastic_rounding:  # absent otherwise: state_dict()'s groups stay torch's
+            defaults.update(kahan=kahan, stochastic_rounding=stochastic_rounding)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
         _reject_unsupported(self._name, differentiable)
@@ -605,7 +637,8 @@ class Adam(FusedOptimizer):
         return "adamw" if flags == {True} else "adam"
 
     def _state_keys(self, group):
-        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+        keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+        return keys + ("kahan_comp",) if group.get("kahan", False) else keys
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
@@ -620,10 +653,12 @@ class AdamW(Adam):
     _name = "AdamW"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, kahan=False,
+                 stochastic_rounding=False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                          foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
-                         fused=fused, decoupled_weight_decay=True)
+                         fused=fused, decoupled_weight_decay=True, kahan=kahan,
+                         stochastic_rounding=stochastic_rounding)
 
 
 class Adagrad(FusedOptimizer):

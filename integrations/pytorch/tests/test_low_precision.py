@@ -1,0 +1,132 @@
+"""Low-precision parameters (issue 16 item 3): Adam/AdamW(kahan=True) keeps a compensation state
+of the parameter's dtype and tracks the fp32 trajectory far closer than plain bfloat16;
+stochastic_rounding=True is unbiased where round-to-nearest loses every update; both are
+refused for parameters they do not apply to; the compensation travels in state_dict()."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fusedopt_torch as ft  # noqa: E402
+from test_parity import DEVICES, need_device  # noqa: E402
+
+
+def weights(device, dtype, n=20000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # bfloat16 values: the fp32 yardstick starts where the bf16 runs start
+    return (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).to(device=device, dtype=dtype)
+
+
+def train(opt_of, device, dtype, steps=100, seed=3):
+    """Trains one tensor with the same gradients (drawn in bf16, so every run sees the same ones):
+    the fp32 copy's trajectory is the yardstick."""
+    p = torch.nn.Parameter(weights(device, dtype))
+    opt = opt_of([p])
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        p.grad = (torch.randn(p.numel(), generator=g) * 0.1).to(torch.bfloat16).to(device=device, dtype=dtype)
+        opt.step()
+    return p, opt
+
+
+def distance(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+KW = dict(lr=1e-4, weight_decay=0.1)  # updates of ~1e-4 on weights of ~0.02: below a bf16 ulp there
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cls", [ft.Adam, ft.AdamW], ids=["Adam", "AdamW"])
+def test_kahan_tracks_fp32_far_closer_than_plain_bf16(cls, device):
+    need_device(device)
+    reference, _ = train(lambda ps: cls(ps, **KW), device, torch.float32)
+    plain, _ = train(lambda ps: cls(ps, **KW), device, torch.bfloat16)
+    kahan, opt = train(lambda ps: cls(ps, kahan=True, **KW), device, torch.bfloat16)
+    d_plain, d_kahan = distance(plain, reference), distance(kahan, reference)
+    print(f"LOW_PRECISION {cls.__name__} {device} kahan {d_kahan:.2e} plain bf16 {d_plain:.2e}")
+    assert d_kahan < 0.25 * d_plain
+    assert d_kahan < 5e-3  # about one bfloat16 rounding of the weights
+    comp = opt.state[kahan]["kahan_comp"]
+    assert comp.dtype == torch.bfloat16 and comp.shape == kahan.shape and comp.abs().max() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stochastic_rounding_moves_bf16_where_nearest_rounding_cannot(device):
+    """A constant gradient: AdamW moves every weight by about lr a step. Weights in [2^-6, 2^-5)
+    have a bfloat16 ulp of 2^-13 (1.2e-4), so steps of lr = 2e-5 round back to the weight with
+    round-to-nearest, and move it by an ulp with probability ~0.16 with stochastic rounding."""
+    need_device(device)
+    n, steps, lr = 20000, 100, 2e-5
+    g = torch.Generator().manual_seed(4)
+    start = (torch.rand(n, generator=g) * 0.0147 + 0.0157).to(device)
+
+    def run(dtype, **kw):
+        p = torch.nn.Parameter(start.to(dtype).clone())
+        opt = ft.AdamW([p], lr=lr, weight_decay=0.0, **kw)
+        for _ in range(steps):
+            p.grad = torch.full_like(p, 0.1)
+            opt.step()
+        return (p.detach().double() - start.to(dtype).double()).mean().item(), p
+
+    fp32, _ = run(torch.float32)
+    plain, _ = run(torch.bfloat16)
+    sr, p_sr = run(torch.bfloat16, stochastic_rounding=True)
+    _, p_again = run(torch.bfloat16, stochastic_rounding=True)
+    print(f"LOW_PRECISION AdamW SR {device}: mean move over {steps} steps fp32 {fp32:.3e}, "
+          f"bf16 nearest {plain:.3e}, bf16 stochastic {sr:.3e}")
+    assert torch.equal(p_sr, p_again)  # the same bits for the same steps (seeded by step, tensor, element)
+    assert abs(plain) < 0.01 * abs(fp32)  # nearest rounding loses every update
+    assert abs(sr - fp32) < 0.05 * abs(fp32)  # stochastic rounding is unbiased: 20000 weights average it
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kahan_state_dict_round_trip(device):
+    need_device(device)
+    p1 = torch.nn.Parameter(weights(device, torch.bfloat16, n=300))
+    p2 = torch.nn.Parameter(p1.detach().clone())
+    o1 = ft.AdamW([p1], kahan=True, **KW)
+    o2 = ft.AdamW([p2], kahan=True, **KW)
+    g = torch.Generator().manual_seed(9)
+    grads = [(torch.randn(300, generator=g) * 0.1).to(device=device, dtype=torch.bfloat16) for _ in range(10)]
+    for t in range(5):
+        p1.grad, p2.grad = grads[t].clone(), grads[t].clone()
+        o1.step()
+        o2.step()
+    saved = o2.state_dict()
+    assert saved["state"][0]["kahan_comp"].dtype == torch.bfloat16
+    assert saved["param_groups"][0]["kahan"] is True
+    o3 = ft.AdamW([p2], kahan=True, **KW)
+    o3.load_state_dict(saved)
+    for t in range(5, 10):
+        p1.grad, p2.grad = grads[t].clone(), grads[t].clone()
+        o1.step()
+        o3.step()
+    assert torch.equal(p1, p2)
+    # torch's AdamW takes the state dict too (it ignores the compensation and the options).
+    plain = torch.nn.Parameter(p2.detach().clone())
+    torch_opt = torch.optim.AdamW([plain], **KW)
+    torch_opt.load_state_dict(saved)
+    plain.grad = grads[0].clone()
+    torch_opt.step()
+
+
+def test_low_precision_options_refused_where_they_do_not_apply():
+    with pytest.raises(ValueError, match="choose one"):
+        ft.AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))], kahan=True, stochastic_rounding=True)
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.ones(3)
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match="kahan=True is for bfloat16 or float16 parameters"):
+        ft.AdamW([p], kahan=True).step()
+    half = torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))
+    half.grad = torch.ones(3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="stochastic_rounding=True is for bfloat16 parameters"):
+        ft.AdamW([half], stochastic_rounding=True).step()
+    assert torch.equal(p, before) and torch.equal(half, torch.zeros(3, dtype=torch.float16))
+    # Without the options a group stays torch's (no extra keys in state_dict()).
+    assert "kahan" not in ft.AdamW([torch.nn.Parameter(torch.zeros(3))]).state_dict()["param_groups"][0]
