@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "../../chain.hpp"
 #include "../../config.hpp"
 #include "../../detail/access.hpp"
+#include "../../detail/pack.hpp"
 #include "../../numeric/dtypes.hpp"
 #include "../../rule.hpp"
 #include "../../scalar.hpp"

@@ -17,7 +17,6 @@
 
 #include "../../config.hpp"
 #include "../../detail/access.hpp"
-#include "../../detail/meta.hpp"
 #include "../../detail/phases.hpp"
 #include "../../reduce.hpp"
 #include "../../rule.hpp"
