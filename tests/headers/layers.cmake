@@ -21,14 +21,17 @@ set(layers
   engine "detail/phases\\.hpp|detail/access\\.hpp|detail/rebind\\.hpp"
   # Rules and wrappers built on the engine, and the public traits of rules.
   rules "traits\\.hpp|groups\\.hpp|rules/[a-z_]+\\.hpp"
-  # CUDA backend, bottom-up as CUB layers it: errors and the tuning policy; launch tables and
-  # staging buffers; vector I/O; the per-block chunk worker (agent); the kernels.
-  cuda_policy "cuda/error\\.cuh|cuda/detail/tuning\\.cuh"
+  # CUDA backend, bottom-up as CUB layers it: errors and the tuning policy; what a launch
+  # reads (tables, pass results) and staging buffers; vector I/O; the per-block chunk worker
+  # (agent); the kernels.
+  cuda_policy "cuda/error\\.cuh|cuda/detail/policy\\.cuh"
   cuda_tables "cuda/detail/tables\\.cuh|cuda/detail/upload_ring\\.cuh"
   cuda_vector_io "cuda/detail/vector_io\\.cuh"
   cuda_agent "cuda/detail/agent\\.cuh"
-  cuda_kernels "cuda/detail/kernel\\.cuh|cuda/detail/reduce\\.cuh"
-  # The backends' facades and the CUDA dispatch (host launch logic) behind its facade.
+  cuda_kernels "cuda/detail/kernels\\.cuh"
+  # Host launch logic: checks, chunk length and grid from the policy, one launch per kernel.
+  cuda_dispatch "cuda/detail/dispatch\\.cuh"
+  # The backends' facades, and the definitions of the CUDA one (included at its end).
   backends "host/backend\\.hpp|cuda/backend\\.cuh|cuda/detail/backend\\.inl"
   # Umbrella headers.
   umbrellas "fusedopt\\.hpp|fusedopt\\.cuh")
