@@ -123,8 +123,9 @@ double copy_bandwidth()
   return 2.0 * static_cast<double>(bytes) / s;  // read + write
 }
 
+/// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1>
-struct policy {
+struct policy : fo::cuda::detail::default_policy {
   static constexpr int block_threads = Threads;
   static constexpr int bytes_per_slot = Bytes;
   static constexpr bool streaming_loads = StreamLoads;
@@ -132,28 +133,17 @@ struct policy {
   static constexpr int min_blocks_per_sm = MinBlocks;
 };
 
-/// Times the kernel with policy P (block size, unrolling) and the given chunk and block cap,
-/// over device tables built here the way a plan builds them.
+/// Times a plan with policy P (block size, unrolling) and the given chunk and block cap: the
+/// policy reaches the chunking and every kernel through make_plan<P>.
 template <class P, class Rule, class... B>
 double time_variant(Rule const& rule, fo::bound_lists<B...> const& lists, std::int64_t chunk, std::int64_t max_blocks,
                     int per_batch)
 {
-  namespace d = fo::cuda::detail;
-  constexpr std::size_t S = sizeof...(B);
-  auto const layout = d::make_layout(lists, chunk, std::index_sequence_for<B...>{});
-  std::size_t const cb = layout.chunks.size() * sizeof(d::chunk_entry);
-  std::size_t const tb = layout.tensors.size() * sizeof(d::tensor_entry<S>);
-  unsigned char* memory = nullptr;
-  FUSEDOPT_CUDA_TRY(cudaMalloc(&memory, cb + tb));
-  FUSEDOPT_CUDA_TRY(cudaMemcpy(memory, layout.chunks.data(), cb, cudaMemcpyHostToDevice));
-  FUSEDOPT_CUDA_TRY(cudaMemcpy(memory + cb, layout.tensors.data(), tb, cudaMemcpyHostToDevice));
-  d::global_table<S> table{reinterpret_cast<d::chunk_entry const*>(memory),
-                           reinterpret_cast<d::tensor_entry<S> const*>(memory + cb),
-                           static_cast<std::int64_t>(layout.chunks.size())};
-  double const s = time_gpu(
-    [&] { d::launch<P, Rule, fo::bound_lists<B...>>(rule, fo::step_info{3}, table, max_blocks, nullptr); }, per_batch);
-  FUSEDOPT_CUDA_TRY(cudaFree(memory));
-  return s;
+  fo::cuda::options opts;
+  opts.chunk_elements = chunk;
+  opts.max_blocks = max_blocks;
+  auto const plan = fo::cuda::make_plan<P>(lists, opts);
+  return time_gpu([&] { plan.run(rule, fo::step_info{3}); }, per_batch);
 }
 
 struct result {

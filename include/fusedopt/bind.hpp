@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "config.hpp"
-#include "detail/meta.hpp"
 #include "error.hpp"
+#include "meta.hpp"
 #include "slots.hpp"
 #include "tensor_list.hpp"
 
@@ -30,7 +30,7 @@ struct bound_lists_access;
 template <class... Bindings>
 class bound_lists {
   static_assert(sizeof...(Bindings) > 0, "fusedopt::bind needs at least one binding");
-  static_assert(!detail::has_duplicates<slots<typename Bindings::slot_type...>>::value,
+  static_assert(!has_duplicates_v<slots<typename Bindings::slot_type...>>,
                 "fusedopt::bind: a slot is bound twice");
   // Checked here, where every backend's lists pass, rather than in tensor_list: a list does
   // not know the slot it will be bound to.

@@ -8,71 +8,14 @@
 #include <utility>
 
 #include "config.hpp"
-#include "detail/meta.hpp"
+#include "detail/pack.hpp"
+#include "detail/rule_traits.hpp"
+#include "meta.hpp"
 #include "rule.hpp"
 #include "scalar.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {
-
-// A tuple that stays trivially copyable (std::tuple is not), so a chain can be a kernel argument.
-template <class... R>
-struct pack;
-template <>
-struct pack<> {};
-template <class Head, class... Tail>
-struct pack<Head, Tail...> {
-  Head head;
-  pack<Tail...> tail;
-};
-
-template <class Head, class... Tail>
-FUSEDOPT_HOST_DEVICE constexpr pack<Head, Tail...> make_pack(Head head, Tail... tail)
-{
-  if constexpr (sizeof...(Tail) == 0) {
-    return pack<Head>{head, {}};
-  } else {
-    return pack<Head, Tail...>{head, make_pack(tail...)};
-  }
-}
-
-template <std::size_t K, class Head, class... Tail>
-FUSEDOPT_HOST_DEVICE constexpr auto& pack_get(pack<Head, Tail...>& p)
-{
-  if constexpr (K == 0) { return p.head; } else { return pack_get<K - 1>(p.tail); }
-}
-template <std::size_t K, class Head, class... Tail>
-FUSEDOPT_HOST_DEVICE constexpr auto const& pack_get(pack<Head, Tail...> const& p)
-{
-  if constexpr (K == 0) { return p.head; } else { return pack_get<K - 1>(p.tail); }
-}
-
-// Union of two reads/writes declarations; "every bound slot" absorbs everything.
-template <class A, class B>
-struct merge_declared {
-  using type = set_union_t<A, B>;
-};
-template <class B>
-struct merge_declared<all_bound_slots, B> {
-  using type = all_bound_slots;
-};
-template <class A>
-struct merge_declared<A, all_bound_slots> {
-  using type = all_bound_slots;
-};
-template <>
-struct merge_declared<all_bound_slots, all_bound_slots> {
-  using type = all_bound_slots;
-};
-
-template <class... Declared>
-struct merge_all {
-  using type = slots<>;
-};
-template <class First, class... Rest>
-struct merge_all<First, Rest...> {
-  using type = typename merge_declared<First, typename merge_all<Rest...>::type>::type;
-};
 
 /// Prepared parts of a chain, called in order.
 template <class... P>

@@ -20,7 +20,9 @@
 
 #include "chain.hpp"
 #include "config.hpp"
+#include "detail/pack.hpp"
 #include "detail/phases.hpp"
+#include "detail/rule_traits.hpp"
 #include "error.hpp"
 #include "reduce.hpp"
 #include "rule.hpp"

@@ -34,9 +34,9 @@
 #include <utility>
 
 #include "config.hpp"
-#include "detail/meta.hpp"
 #include "detail/rule_traits.hpp"
 #include "error.hpp"
+#include "meta.hpp"
 #include "numeric/dtypes.hpp"
 #include "scalar.hpp"
 #include "slots.hpp"
@@ -47,7 +47,7 @@ FUSEDOPT_NAMESPACE_BEGIN
 template <class... Bound, class S>
 constexpr bool has_slot(slots<Bound...>, S)
 {
-  return detail::contains_v<slots<Bound...>, S>;
+  return contains_v<slots<Bound...>, S>;
 }
 
 /// @brief The registers of one tensor element while a rule runs: one value of type `O` per
@@ -70,25 +70,25 @@ class element<O, slots<Memory...>, slots<Registers...>> {
   template <class S>
   FUSEDOPT_HOST_DEVICE static constexpr bool has(S = {})
   {
-    return detail::contains_v<all_slots, S>;
+    return contains_v<all_slots, S>;
   }
 
   template <class S>
   FUSEDOPT_HOST_DEVICE O& operator[](S)
   {
-    static_assert(detail::contains_v<all_slots, S>,
+    static_assert(contains_v<all_slots, S>,
                   "fusedopt: this rule uses a slot that is not bound to a tensor list and is not a "
                   "register slot. Bind it (slot::name = list), declare it in the rule's "
                   "`registers`, or guard the use with `if constexpr (E::has(slot::name))`.");
-    return values_[detail::index_of<all_slots, S>::value];
+    return values_[index_of_v<all_slots, S>];
   }
   template <class S>
   FUSEDOPT_HOST_DEVICE O const& operator[](S) const
   {
-    static_assert(detail::contains_v<all_slots, S>,
+    static_assert(contains_v<all_slots, S>,
                   "fusedopt: this rule uses a slot that is not bound to a tensor list and is not a "
                   "register slot.");
-    return values_[detail::index_of<all_slots, S>::value];
+    return values_[index_of_v<all_slots, S>];
   }
 
   /// @brief Index of the tensor (in the bound lists) this element belongs to.

@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "config.hpp"
-#include "detail/meta.hpp"
+#include "meta.hpp"
 #include "tensor_list.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN

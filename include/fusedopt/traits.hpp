@@ -1,8 +1,9 @@
 /// @file traits.hpp
 /// @brief What a rule declares, as public traits: the slots it reads and writes, its reduction
-/// passes, the compute type of a set of element types, and the memory traffic of one element
-/// over given lists (the benchmarks' bytes, from the declarations the backends use to decide
-/// what to load and store).
+/// passes, its per-element body, the compute type of a set of element types, and the memory
+/// traffic of one element over given lists (the benchmarks' bytes, from the declarations the
+/// backends use to decide what to load and store). Slot-list algebra (contains_v, ...) is in
+/// meta.hpp.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +13,9 @@
 #include "bind.hpp"
 #include "config.hpp"
 #include "detail/access.hpp"
-#include "detail/meta.hpp"
 #include "detail/phases.hpp"
+#include "detail/rule_traits.hpp"
+#include "meta.hpp"
 #include "rule.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -26,10 +28,6 @@ using reads_t = detail::rule_reads_t<Rule>;
 template <class Rule>
 using writes_t = detail::rule_writes_t<Rule>;
 
-/// @brief Whether the type list `Slots` (a `slots<...>`) holds the slot type `Slot`.
-template <class Slots, class Slot>
-inline constexpr bool contains_v = detail::contains_v<Slots, Slot>;
-
 /// @brief The number of reduction passes a step of `Rule` makes before its update pass.
 template <class Rule>
 inline constexpr int pass_count_v = detail::pass_count_v<Rule>;
@@ -37,6 +35,17 @@ inline constexpr int pass_count_v = detail::pass_count_v<Rule>;
 /// @brief The slots reduction pass `J` of `Rule` reads.
 template <class Rule, int J>
 using pass_reads_t = typename detail::pass_traits<Rule, J>::reads;
+
+/// @brief The per-element body a step of `Rule` without reduction passes runs: what its
+/// `prepare(step)` returns, or the rule itself bound to the step where it has no `prepare`.
+template <class Rule>
+using body_t = decltype(detail::prepare_rule(std::declval<Rule const&>(), std::declval<step_info const&>()));
+
+/// @brief Whether a prepared body offers a per-tensor form, `for_tensor(std::int64_t) const`,
+/// which the backends call once per chunk (rule.hpp). A rule author can `static_assert` it: a
+/// `for_tensor` of another signature is not an error, only never called.
+template <class Body>
+inline constexpr bool has_tensor_body_v = detail::has_tensor_hook_v<Body>;
 
 /// @brief The type rules compute in for lists of these element types (float for half and
 /// bfloat16, double where a double list is bound): the widest of their `opmath_t`.

@@ -8,7 +8,7 @@
 //   rejected with fusedopt::error, and valid input never is;
 // - a rejected case leaves every byte of the arena as it was;
 // - an accepted step changes no byte outside the written tensors, and every written value is
-//   within its rounding bound of a double-precision reference (tests/host/reference_rv.hpp,
+//   within its rounding bound of a double-precision reference (tests/reference/rv.hpp,
 //   torch's formulas, fed with the values the backend held before the step).
 // A finding prints what failed and aborts, which libFuzzer reports with the input.
 //
@@ -31,7 +31,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../host/reference_rv.hpp"
+#include "../reference/rv.hpp"
 
 namespace {
 

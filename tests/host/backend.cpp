@@ -12,7 +12,7 @@
 
 #include "catch.hpp"
 #include "edge_sizes.hpp"
-#include "reference_harness.hpp"
+#include "reference/harness.hpp"
 
 namespace fo = fusedopt;
 using fo::slot::exp_avg;

@@ -150,8 +150,9 @@ TEST_CASE("backends run a body's per-tensor form, through every wrapper", "[core
     }
   };
   using tagged = tagged_by_tensor;
-  STATIC_REQUIRE(fo::detail::has_tensor_hook_v<tagged::prepared>);
-  STATIC_REQUIRE_FALSE(fo::detail::has_tensor_hook_v<decltype(fo::detail::prepare_rule(scale_param{}, {}))>);
+  STATIC_REQUIRE(fo::has_tensor_body_v<tagged::prepared>);
+  STATIC_REQUIRE(fo::has_tensor_body_v<fo::body_t<tagged>>);
+  STATIC_REQUIRE_FALSE(fo::has_tensor_body_v<fo::body_t<scale_param>>);
 
   plan.run(tagged{});
   require_tagged("the rule alone");

@@ -29,7 +29,7 @@
 #include "../detail/rebind.hpp"
 #include "../scalar.hpp"
 #include "detail/address_tables.cuh"
-#include "detail/reduce.cuh"
+#include "detail/policy.cuh"
 #include "detail/tables.cuh"
 #include "error.cuh"
 
@@ -92,10 +92,15 @@ inline bool param_32k_available(int device);
 /// every `run`). A CUDA graph that captured `run` reads the plan's device tables: keep the plan
 /// alive while the graph may be launched, and do not rebind it while a graph that captured it
 /// may still be replayed (the graph would follow the new addresses of a device table).
-template <class... B>
-class plan {
+///
+/// @tparam Policy the tuning policy (cuda/detail/policy.cuh) that cuts the chunks, sizes the
+/// grid and shapes every kernel of the plan; `plan<B...>` takes the default. Not a stable
+/// interface: it is there for tuning sweeps and for a policy chosen per compute capability.
+template <class Policy, class... B>
+class basic_plan {
  public:
   using lists_type = bound_lists<B...>;
+  using policy_type = Policy;
   static constexpr std::size_t num_slots = sizeof...(B);
 
   /// @brief Validates the lists, decides vector alignment per tensor, cuts the tensors into
@@ -104,13 +109,13 @@ class plan {
   /// @throws fusedopt::error if a pointer is not aligned to its element size, a slot's memory
   /// is pageable host memory, an option is out of range, the transport forced is not
   /// available, or a CUDA call fails.
-  explicit plan(lists_type lists, options opts = {}, cudaStream_t stream = nullptr);
+  explicit basic_plan(lists_type lists, options opts = {}, cudaStream_t stream = nullptr);
 
-  plan(plan&&) noexcept = default;
-  plan& operator=(plan&&) noexcept = default;
-  plan(plan const&) = delete;
-  plan& operator=(plan const&) = delete;
-  ~plan() = default;
+  basic_plan(basic_plan&&) noexcept = default;
+  basic_plan& operator=(basic_plan&&) noexcept = default;
+  basic_plan(basic_plan const&) = delete;
+  basic_plan& operator=(basic_plan const&) = delete;
+  ~basic_plan() = default;
 
   /// @brief Enqueues one step of `rule` over every element on `stream`: no allocation, no
   /// copy, no synchronisation; one launch with device tables (launches_per_run() in all cases).
@@ -214,8 +219,15 @@ class plan {
   void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                 cudaStream_t stream) const;
 
-  // The kernels' table over device memory: the chunks, and the current copy of the addresses.
-  [[nodiscard]] detail::global_table<num_slots> device_table() const;
+  // Calls f(table) for every launch table of the transport in use, in chunk order: each
+  // by-value table, or the device table (when it has chunks). Every launch and every table
+  // rewrite of the plan goes through it.
+  template <class F>
+  void for_each_table(F&& f) const;
+  template <class F>
+  void for_each_table(F&& f);
+  template <class Self, class F>
+  static void visit_tables(Self& self, F&& f);
 
   // Empty when `lists` fit, else why not (the first difference found).
   [[nodiscard]] std::string geometry_mismatch(lists_type const& lists) const;
@@ -249,9 +261,15 @@ class plan {
   std::vector<detail::table_32k<num_slots>> tables_32k_;
 };
 
-/// @brief Makes a plan over `lists` (see plan).
+/// @brief A plan with the default tuning policy: what make_plan returns.
 template <class... B>
-[[nodiscard]] plan<B...> make_plan(bound_lists<B...> lists, options opts = {}, cudaStream_t stream = nullptr);
+using plan = basic_plan<detail::default_policy, B...>;
+
+/// @brief Makes a plan over `lists` (see basic_plan), with the default tuning policy unless
+/// another is named (`make_plan<my_policy>(lists)`).
+template <class Policy = detail::default_policy, class... B>
+[[nodiscard]] basic_plan<Policy, B...> make_plan(bound_lists<B...> lists, options opts = {},
+                                                 cudaStream_t stream = nullptr);
 
 /// @brief One-shot: enqueues one step of `rule` over `lists` on `stream`, carrying the launch
 /// tables by value (32 KB where available, else 4 KB; as many launches as the lists need), so
@@ -263,7 +281,8 @@ template <class... B>
 /// is enqueued), misaligned
 /// or pageable pointers, `transport::device_table` (apply has no tables to own), a transport
 /// that is not available, or a failed launch.
-template <class Rule, class... B>
+/// @tparam Policy the tuning policy (see basic_plan).
+template <class Policy = detail::default_policy, class Rule, class... B>
 void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& step = {}, options opts = {},
            cudaStream_t stream = nullptr);
 

@@ -12,8 +12,8 @@
 #include "../config.hpp"
 #include "../numeric/dtypes.hpp"
 #include "../rule.hpp"
+#include "../meta.hpp"
 #include "../slots.hpp"
-#include "meta.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {

@@ -12,10 +12,11 @@
 
 #include "../chain.hpp"
 #include "../config.hpp"
+#include "../meta.hpp"
 #include "../reduce.hpp"
 #include "../rule.hpp"
 #include "../scalar.hpp"
-#include "meta.hpp"
+#include "pack.hpp"
 #include "rule_traits.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN

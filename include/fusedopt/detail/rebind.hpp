@@ -16,14 +16,14 @@
 #include "../bind.hpp"
 #include "../config.hpp"
 #include "../error.hpp"
-#include "meta.hpp"
+#include "../meta.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {
 
 /// Position of `Slot` among the bound slots of `Lists`; a compile error when it is not bound.
 template <class Lists, class Slot>
-inline constexpr std::size_t bound_position_v = index_of<typename Lists::memory_slots, Slot>::value;
+inline constexpr std::size_t bound_position_v = index_of_v<typename Lists::memory_slots, Slot>;
 
 /// The memory of every written (non-const) tensor of some bound lists, sorted by address. The
 /// spans do not overlap (fusedopt::bind rejects lists where they do), so the only one that

@@ -23,10 +23,9 @@
 #include <utility>
 
 #include "../config.hpp"
+#include "../meta.hpp"
 #include "../reduce.hpp"
 #include "../scalar.hpp"
-#include "../slots.hpp"
-#include "meta.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 
@@ -37,10 +36,47 @@ namespace detail {
 
 /// Marks the default of `reads`/`writes`: every bound slot.
 struct all_bound_slots {};
+}  // namespace detail
+
 /// "Every bound slot" contains every slot: keeps contains_v (and declares_v) well-formed for
 /// rules that declare no reads/writes (contains has no primary definition).
 template <class S>
-struct contains<all_bound_slots, S> : std::true_type {};
+struct contains<detail::all_bound_slots, S> : std::true_type {};
+/// ... and stays every bound slot without one of them.
+template <class S>
+struct without<detail::all_bound_slots, S> {
+  using type = detail::all_bound_slots;
+};
+
+namespace detail {
+
+/// Union of two reads/writes declarations; "every bound slot" absorbs everything.
+template <class A, class B>
+struct merge_declared {
+  using type = set_union_t<A, B>;
+};
+template <class B>
+struct merge_declared<all_bound_slots, B> {
+  using type = all_bound_slots;
+};
+template <class A>
+struct merge_declared<A, all_bound_slots> {
+  using type = all_bound_slots;
+};
+template <>
+struct merge_declared<all_bound_slots, all_bound_slots> {
+  using type = all_bound_slots;
+};
+
+/// The union of any number of declarations (slots<> for none).
+template <class... Declared>
+struct merge_all {
+  using type = slots<>;
+};
+template <class First, class... Rest>
+struct merge_all<First, Rest...> {
+  using type = typename merge_declared<First, typename merge_all<Rest...>::type>::type;
+};
 
 template <class R, class = void>
 struct rule_reads {

@@ -31,9 +31,10 @@
 
 #include "../chain.hpp"
 #include "../config.hpp"
-#include "../detail/meta.hpp"
 #include "../detail/phases.hpp"
+#include "../detail/rule_traits.hpp"
 #include "../error.hpp"
+#include "../meta.hpp"
 #include "../reduce.hpp"
 #include "../rule.hpp"
 #include "../scalar.hpp"

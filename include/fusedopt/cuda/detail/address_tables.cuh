@@ -20,7 +20,7 @@
 #include "../../config.hpp"
 #include "../../error.hpp"
 #include "../error.cuh"
-#include "kernel.cuh"
+#include "dispatch.cuh"
 #include "upload_ring.cuh"
 
 FUSEDOPT_NAMESPACE_BEGIN

@@ -1,4 +1,7 @@
-// Definitions of cuda/backend.cuh (included at its end).
+/// @file cuda/detail/backend.inl
+/// @brief Definitions of cuda/backend.cuh (included at its end, as cuco does): the plan's
+/// construction, its steps (through the launch functions of dispatch.cuh, over the tables
+/// for_each_table visits) and its rebinding, and `apply`.
 #pragma once
 
 #include <algorithm>
@@ -8,11 +11,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "../../detail/access.hpp"
 #include "../../detail/phases.hpp"
+#include "../../detail/rebind.hpp"
 #include "../../rule.hpp"
-#include "kernel.cuh"
-#include "tuning.cuh"
+#include "dispatch.cuh"
+#include "policy.cuh"
+#include "tables.cuh"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
@@ -31,221 +35,19 @@ inline bool param_32k_available(int device)
 #endif
 }
 
-namespace detail {
-
-inline int current_device()
-{
-  int device = 0;
-  FUSEDOPT_CUDA_TRY(cudaGetDevice(&device));
-  return device;
-}
-
-/// Chunk length after the policy default and rounding up to a vector multiple.
-template <class Bound>
-std::int64_t chunk_length(options const& opts)
-{
-  constexpr std::int64_t width = vector_width<Bound>::value;
-  FUSEDOPT_EXPECTS(opts.chunk_elements >= 0, "cuda::options::chunk_elements must not be negative");
-  FUSEDOPT_EXPECTS(opts.max_blocks >= 0, "cuda::options::max_blocks must not be negative");
-  std::int64_t const chunk = opts.chunk_elements > 0 ? opts.chunk_elements : tuning::chunk_elements;
-  FUSEDOPT_EXPECTS(chunk <= (std::int64_t{1} << 30), "cuda::options::chunk_elements must be at most 2^30");
-  return (chunk + width - 1) / width * width;
-}
-
-/// Rejects pageable host memory, which kernels cannot read. One query per slot (its first
-/// non-empty tensor) catches the usual mistake without a query per tensor.
-template <class... B, std::size_t... K>
-void check_device_memory(bound_lists<B...> const& lists, std::index_sequence<K...>)
-{
-  static constexpr char const* names[] = {B::slot_type::name...};
-  for (std::size_t t = 0; t < lists.num_tensors(); ++t) {
-    if (lists.tensor_size(t) == 0) { continue; }
-    void* const bases[] = {lists.template address<K>(t)...};
-    for (std::size_t k = 0; k < sizeof...(B); ++k) {
-      cudaPointerAttributes attributes{};
-      FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, bases[k]));
-      FUSEDOPT_EXPECTS(attributes.type != cudaMemoryTypeUnregistered,
-                       "tensor " + std::to_string(t) + " of slot '" + names[k] +
-                         "' is pageable host memory; the CUDA backend needs device, managed or mapped memory");
-    }
-    return;
-  }
-}
-
-template <class... B>
-void check_device_memory(bound_lists<B...> const& lists)
-{
-  if (lists.num_tensors() > 0) { check_device_memory(lists, std::index_sequence_for<B...>{}); }
-}
-
-/// Kernel parameters of a launch: the rule, the step and the table, with room for alignment.
-template <class Rule, class Table>
-inline constexpr std::size_t param_bytes = sizeof(Rule) + sizeof(step_info) + sizeof(Table) + 32;
-
-template <class Table>
-inline constexpr std::size_t param_limit = param_limit_4k;
-template <std::size_t S>
-inline constexpr std::size_t param_limit<table_32k<S>> = param_limit_32k;
-
-/// Enqueues the kernel over one table.
-template <class Policy, class Rule, class Bound, class Table>
-void launch(Rule const& rule, step_info const& step, Table const& table, std::int64_t max_blocks, cudaStream_t stream)
-{
-  static_assert(sizeof(Rule) + sizeof(step_info) + sizeof(global_table<Bound::num_slots>) + 32 <= param_limit_4k,
-                "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
-                "memory and give the rule a pointer to it");
-  if constexpr (param_bytes<Rule, Table> <= param_limit<Table>) {
-    std::int64_t blocks = table.num_chunks;
-    if (max_blocks > 0) { blocks = std::min(blocks, max_blocks); }
-    blocks = std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max());
-    void* args[] = {const_cast<Rule*>(&rule), const_cast<step_info*>(&step), const_cast<Table*>(&table)};
-    FUSEDOPT_CUDA_TRY(cudaLaunchKernel(&multi_tensor_kernel<Policy, Rule, Bound, Table>,
-                                       dim3(static_cast<unsigned>(blocks)), dim3(Policy::block_threads), args, 0,
-                                       stream));
-  } else {
-    (void)step, (void)max_blocks, (void)stream;
-    FUSEDOPT_FAIL("rule of " + std::to_string(sizeof(Rule)) +
-                    " bytes is too large to travel next to a by-value launch table; use "
-                    "transport::device_table (a plan)");
-  }
-}
-
-/// Whether a rule's kernels (its passes' and its update's) can take it next to a by-value
-/// table of type `Table`.
-template <class Rule, class Bound, class Table>
-inline constexpr bool fits_by_value =
-  param_bytes<Rule, Table> +
-    (::fusedopt::detail::pass_count_v<Rule> > 0
-       ? sizeof(pass_results<::fusedopt::detail::pass_count_v<Rule>>) + 16
-       : 0) <=
-  param_limit<Table>;
-
-/// What every step checks before it enqueues anything. A step given as a pointer is device
-/// memory: not checked (reading it would synchronise).
-template <class Rule, class Bound>
-void check_rule(Rule const& rule, step_info const& step)
-{
-  static_assert(is_rule_v<Rule>, "fusedopt: a rule must be trivially copyable (it is passed to kernels by value)");
-  ::fusedopt::detail::validate_rule(rule, typename Bound::memory_slots{});
-  ::fusedopt::detail::validate_step(step, false);
-}
-
-/// The results of a rule's passes in a workspace of `rows` rows: pass J's rows
-/// (`rows x N_J` doubles) then its totals (`N_J`), after those of the passes before it.
-template <class Rule, int... J>
-pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* base, std::int64_t rows,
-                                                                std::integer_sequence<int, J...>)
-{
-  pass_results<static_cast<int>(sizeof...(J))> results{};
-  std::int64_t offset = 0;
-  (((results.r[J] = reduced{base + offset, base + offset + rows * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size,
-                             ::fusedopt::detail::pass_traits<Rule, J>::reduction::size, rows}),
-    (offset += (rows + 1) * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size)),
-   ...);
-  (void)base, (void)rows, (void)offset;
-  return results;
-}
-
-/// Enqueues `kernel` with arguments of exactly the kernel's parameter types.
-template <class... Params, class... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args)
-{
-  static_assert(sizeof...(Params) == sizeof...(Args), "fusedopt: wrong number of kernel arguments");
-  static_assert((std::is_same_v<std::remove_const_t<Params>, Args> && ...), "fusedopt: kernel argument types");
-  void* pointers[] = {static_cast<void*>(&args)...};
-  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
-}
-
-/// Blocks of a launch over `table`: one per chunk, at most `max_blocks` when set.
-template <class Table>
-unsigned grid_of(Table const& table, std::int64_t max_blocks)
-{
-  std::int64_t blocks = table.num_chunks;
-  if (max_blocks > 0) { blocks = std::min(blocks, max_blocks); }
-  return static_cast<unsigned>(std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max()));
-}
-
-/// Enqueues reduction pass J over one table; its chunks are chunks chunk_base... of the plan.
-template <class Policy, class Rule, class Bound, int J, int P, class Table>
-void launch_pass(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
-                 double* partials, std::int64_t chunk_base, std::int64_t max_blocks, cudaStream_t stream)
-{
-  if (table.num_chunks == 0) { return; }
-  if constexpr (param_bytes<Rule, Table> + sizeof(pass_results<P>) + 16 <= param_limit<Table>) {
-    launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>, dim3(grid_of(table, max_blocks)),
-                  dim3(Policy::block_threads), stream, rule, step, table, results, partials, chunk_base);
-  } else {
-    (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream;
-    FUSEDOPT_FAIL("rule of " + std::to_string(sizeof(Rule)) +
-                    " bytes is too large to travel next to a by-value launch table and its "
-                    "reduction results; use transport::device_table");
-  }
-}
-
-/// Enqueues the update of a rule with reduction passes over one table.
-template <class Policy, class Rule, class Bound, int P, class Table>
-void launch_reduced_update(Rule const& rule, step_info const& step, Table const& table,
-                           pass_results<P> const& results, std::int64_t max_blocks, cudaStream_t stream)
-{
-  static_assert(sizeof(Rule) + sizeof(step_info) + sizeof(global_table<Bound::num_slots>) + sizeof(pass_results<P>) +
-                    32 <=
-                  param_limit_4k,
-                "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
-                "memory and give the rule a pointer to it");
-  if (table.num_chunks == 0) { return; }
-  if constexpr (param_bytes<Rule, Table> + sizeof(pass_results<P>) <= param_limit<Table>) {
-    launch_kernel(&reduced_update_kernel<Policy, Rule, Bound, Table, P>, dim3(grid_of(table, max_blocks)),
-                  dim3(Policy::block_threads), stream, rule, step, table, results);
-  } else {
-    (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream;
-    FUSEDOPT_FAIL("rule of " + std::to_string(sizeof(Rule)) +
-                    " bytes is too large to travel next to a by-value launch table and its "
-                    "reduction results; use transport::device_table");
-  }
-}
-
-/// Enqueues the rule's after-step hooks (one thread), if it has any.
-template <class Rule, int P>
-void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> const& results, cudaStream_t stream)
-{
-  if constexpr (::fusedopt::detail::needs_after_step<Rule>::value) {
-    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), stream, rule, step, results);
-  } else {
-    (void)rule, (void)step, (void)results, (void)stream;
-  }
-}
-
-/// step_info::advance: the counter (device memory) gains 1 in stream order before the step.
-inline void advance_step(step_info const& step, cudaStream_t stream)
-{
-  if (step.advance == nullptr) { return; }
-  std::int64_t* counter = step.advance;
-  void* args[] = {&counter};
-  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), args, 0, stream));
-}
-
-template <class Policy, class Rule, class Bound, class Table>
-void launch_all(Rule const& rule, step_info const& step, std::vector<Table> const& tables, std::int64_t max_blocks,
-                cudaStream_t stream)
-{
-  for (Table const& table : tables) { launch<Policy, Rule, Bound>(rule, step, table, max_blocks, stream); }
-}
-
-}  // namespace detail
-
-template <class... B>
-void plan<B...>::device_free::operator()(void* p) const noexcept
+template <class Policy, class... B>
+void basic_plan<Policy, B...>::device_free::operator()(void* p) const noexcept
 {
   // A destructor must not throw; freeing only fails when the context is already gone.
   (void)cudaFree(p);
 }
 
-template <class... B>
-plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(std::move(lists))
+template <class Policy, class... B>
+basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_t stream) : lists_(std::move(lists))
 {
   device_ = detail::current_device();
-  max_blocks_ = opts.max_blocks > 0 ? opts.max_blocks : detail::tuning::max_blocks;
-  std::int64_t const chunk = detail::chunk_length<lists_type>(opts);
+  max_blocks_ = detail::max_blocks_of<Policy>(opts);
+  std::int64_t const chunk = detail::chunk_length<Policy, lists_type>(opts);
   switch (opts.metadata) {
     case transport::automatic:
     case transport::device_table: transport_ = transport::device_table; break;
@@ -311,58 +113,33 @@ plan<B...>::plan(lists_type lists, options opts, cudaStream_t stream) : lists_(s
   }
 }
 
-template <class... B>
+template <class Policy, class... B>
 template <class Rule, int P, int... J>
-void plan<B...>::run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
+void basic_plan<Policy, B...>::run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                             cudaStream_t stream, std::integer_sequence<int, J...>) const
 {
   (run_pass<Rule, J>(rule, step, results, stream), ...);
 }
 
-template <class... B>
+template <class Policy, class... B>
 template <class Rule, int J, int P>
-void plan<B...>::run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
-                          cudaStream_t stream) const
+void basic_plan<Policy, B...>::run_pass(Rule const& rule, step_info const& step,
+                                        detail::pass_results<P> const& results, cudaStream_t stream) const
 {
-  using policy = detail::tuning;
   using reduction = typename ::fusedopt::detail::pass_traits<Rule, J>::reduction;
   // Chunk partials of every pass share one area: pass J's are consumed by its finalize
   // kernel before pass J + 1 runs (stream order).
   std::int64_t base = 0;
-  switch (transport_) {
-    case transport::param_4k:
-      for (auto const& table : tables_4k_) {
-        detail::launch_pass<policy, Rule, lists_type, J>(rule, step, table, results, partials_, base, max_blocks_, stream);
-        base += table.num_chunks;
-      }
-      break;
-    case transport::param_32k:
-      for (auto const& table : tables_32k_) {
-        detail::launch_pass<policy, Rule, lists_type, J>(rule, step, table, results, partials_, base, max_blocks_, stream);
-        base += table.num_chunks;
-      }
-      break;
-    default:
-      detail::launch_pass<policy, Rule, lists_type, J>(rule, step, device_table(), results, partials_, base, max_blocks_,
-                                                       stream);
-      break;
-  }
-  auto* const per_tensor = const_cast<double*>(results.r[J].per_tensor);
-  auto* const all = const_cast<double*>(results.r[J].all);
-  // Wide blocks only where a row is long: the choice depends on the plan alone, so the fold
-  // order (and the bits) is the same at every run.
-  bool const wide = longest_row_ > policy::finalize_wide_after;
-  detail::launch_kernel(wide ? &detail::finalize_kernel<policy::finalize_threads_wide, reduction>
-                             : &detail::finalize_kernel<policy::finalize_threads, reduction>,
-                        dim3(static_cast<unsigned>(std::max<std::int64_t>(rows_, 1))),
-                        dim3(wide ? policy::finalize_threads_wide : policy::finalize_threads),
-                        stream, static_cast<double const*>(partials_), static_cast<detail::chunk_range const*>(ranges_),
-                        rows_, per_tensor, all, counter_);
+  for_each_table([&](auto const& table) {
+    detail::launch_pass<Policy, Rule, lists_type, J>(rule, step, table, results, partials_, base, max_blocks_, stream);
+    base += table.num_chunks;
+  });
+  detail::launch_finalize<Policy, reduction>(partials_, ranges_, rows_, longest_row_, results.r[J], counter_, stream);
 }
 
-template <class... B>
+template <class Policy, class... B>
 template <class Rule>
-void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream) const
+void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   detail::check_rule<Rule, lists_type>(rule, step);
@@ -384,46 +161,52 @@ void plan<B...>::run(Rule const& rule, step_info const& step, cudaStream_t strea
   // Every check is done: from here on work is enqueued.
   if (tables_.current_from_capture()) { tables_.publish(tensors_, stream); }
   detail::advance_step(step, stream);
-  using policy = detail::tuning;
   auto const results = detail::make_pass_results<Rule>(results_, rows_, std::make_integer_sequence<int, passes>{});
-  if constexpr (passes > 0) {
-    run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{});
-    switch (transport_) {
-      case transport::param_4k:
-        for (auto const& table : tables_4k_) {
-          detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, table, results, max_blocks_, stream);
-        }
-        break;
-      case transport::param_32k:
-        for (auto const& table : tables_32k_) {
-          detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, table, results, max_blocks_, stream);
-        }
-        break;
-      default:
-        detail::launch_reduced_update<policy, Rule, lists_type>(rule, step, device_table(), results, max_blocks_, stream);
-        break;
-    }
-  } else {
-    // Rules without passes: the kernel of the elementwise path, unchanged.
-    switch (transport_) {
-      case transport::param_4k:
-        detail::launch_all<policy, Rule, lists_type>(rule, step, tables_4k_, max_blocks_, stream);
-        break;
-      case transport::param_32k:
-        detail::launch_all<policy, Rule, lists_type>(rule, step, tables_32k_, max_blocks_, stream);
-        break;
-      default:
-        if (global_.num_chunks > 0) {
-          detail::launch<policy, Rule, lists_type>(rule, step, device_table(), max_blocks_, stream);
-        }
-        break;
-    }
-  }
+  if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
+  for_each_table([&](auto const& table) {
+    detail::launch_update<Policy, Rule, lists_type>(rule, step, table, results, max_blocks_, stream);
+  });
   detail::launch_after_step(rule, step, results, stream);
 }
 
-template <class... B>
-std::string plan<B...>::geometry_mismatch(lists_type const& lists) const
+template <class Policy, class... B>
+template <class Self, class F>
+void basic_plan<Policy, B...>::visit_tables(Self& self, F&& f)
+{
+  switch (self.transport_) {
+    case transport::param_4k:
+      for (auto& table : self.tables_4k_) { f(table); }
+      break;
+    case transport::param_32k:
+      for (auto& table : self.tables_32k_) { f(table); }
+      break;
+    default:
+      if (self.global_.num_chunks > 0) {
+        // The chunks, and the copy of the address table that is current now.
+        detail::global_table<num_slots> table = self.global_;
+        table.tensors = self.tables_.current();
+        f(table);
+      }
+      break;
+  }
+}
+
+template <class Policy, class... B>
+template <class F>
+void basic_plan<Policy, B...>::for_each_table(F&& f) const
+{
+  visit_tables(*this, f);
+}
+
+template <class Policy, class... B>
+template <class F>
+void basic_plan<Policy, B...>::for_each_table(F&& f)
+{
+  visit_tables(*this, f);
+}
+
+template <class Policy, class... B>
+std::string basic_plan<Policy, B...>::geometry_mismatch(lists_type const& lists) const
 {
   static constexpr char const* names[] = {B::slot_type::name...};
   std::size_t const n = lists.num_tensors();
@@ -455,14 +238,14 @@ std::string plan<B...>::geometry_mismatch(lists_type const& lists) const
   return {};
 }
 
-template <class... B>
-bool plan<B...>::can_rebind(lists_type const& lists) const
+template <class Policy, class... B>
+bool basic_plan<Policy, B...>::can_rebind(lists_type const& lists) const
 {
   return geometry_mismatch(lists).empty();
 }
 
-template <class... B>
-void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
+template <class Policy, class... B>
+void basic_plan<Policy, B...>::rebind(lists_type const& lists, cudaStream_t stream)
 {
   std::string const mismatch = geometry_mismatch(lists);
   FUSEDOPT_EXPECTS(mismatch.empty(), "cuda::plan::rebind: " + mismatch + "; make a new plan when the geometry changes");
@@ -504,9 +287,9 @@ void plan<B...>::rebind(lists_type const& lists, cudaStream_t stream)
   publish_bases(stream);
 }
 
-template <class... B>
+template <class Policy, class... B>
 template <class Slot>
-void plan<B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count, cudaStream_t stream)
+void basic_plan<Policy, B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t count, cudaStream_t stream)
 {
   constexpr std::size_t K = ::fusedopt::detail::bound_position_v<lists_type, Slot>;
   FUSEDOPT_EXPECTS(count == lists_.num_tensors(), "cuda::plan::rebind: " + std::to_string(count) +
@@ -566,37 +349,30 @@ void plan<B...>::rebind(Slot, slot_pointer_t<Slot> const* addresses, std::size_t
   publish_bases(stream);
 }
 
-template <class... B>
-void plan<B...>::publish_bases(cudaStream_t stream)
+template <class Policy, class... B>
+void basic_plan<Policy, B...>::publish_bases(cudaStream_t stream)
 {
-  switch (transport_) {
-    case transport::param_4k: detail::rebase_tables(tables_4k_, tensors_); break;
-    case transport::param_32k: detail::rebase_tables(tables_32k_, tensors_); break;
-    default: tables_.publish(tensors_, stream); break;
-  }
+  std::size_t cursor = 0;  // by-value tables hold the tensors in list order, split ones twice
+  for_each_table([&](auto& table) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(table)>, detail::global_table<num_slots>>) {
+      tables_.publish(tensors_, stream);  // a switch to a copy that holds them, or one upload
+    } else {
+      detail::rebase_table(table, tensors_, cursor);
+    }
+  });
 }
 
-template <class... B>
-auto plan<B...>::device_table() const -> detail::global_table<num_slots>
+template <class Policy, class... B>
+std::size_t basic_plan<Policy, B...>::launches_per_run() const
 {
-  detail::global_table<num_slots> table = global_;
-  table.tensors = tables_.current();
-  return table;
+  std::size_t launches = 0;
+  for_each_table([&](auto const&) { ++launches; });
+  return launches;
 }
 
-template <class... B>
-std::size_t plan<B...>::launches_per_run() const
-{
-  switch (transport_) {
-    case transport::param_4k: return tables_4k_.size();
-    case transport::param_32k: return tables_32k_.size();
-    default: return global_.num_chunks > 0 ? 1 : 0;
-  }
-}
-
-template <class... B>
+template <class Policy, class... B>
 template <class Rule>
-std::size_t plan<B...>::launches_per_run(Rule const&, bool with_advance) const
+std::size_t basic_plan<Policy, B...>::launches_per_run(Rule const&, bool with_advance) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   std::size_t const update = launches_per_run();
@@ -605,13 +381,13 @@ std::size_t plan<B...>::launches_per_run(Rule const&, bool with_advance) const
          (::fusedopt::detail::needs_after_step<Rule>::value ? 1 : 0) + (with_advance ? 1 : 0);
 }
 
-template <class... B>
-plan<B...> make_plan(bound_lists<B...> lists, options opts, cudaStream_t stream)
+template <class Policy, class... B>
+basic_plan<Policy, B...> make_plan(bound_lists<B...> lists, options opts, cudaStream_t stream)
 {
-  return plan<B...>(std::move(lists), opts, stream);
+  return basic_plan<Policy, B...>(std::move(lists), opts, stream);
 }
 
-template <class Rule, class... B>
+template <class Policy, class Rule, class... B>
 void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& step, options opts, cudaStream_t stream)
 {
   using lists_type = bound_lists<B...>;
@@ -628,22 +404,24 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   bool const large = param_32k_available(device);
   FUSEDOPT_EXPECTS(opts.metadata != transport::param_32k || large,
                    "transport::param_32k needs CUDA 12.1 (runtime and driver) and an sm_70 or newer GPU");
-  std::int64_t const chunk = detail::chunk_length<lists_type>(opts);
-  std::int64_t const max_blocks = opts.max_blocks > 0 ? opts.max_blocks : detail::tuning::max_blocks;
+  std::int64_t const chunk = detail::chunk_length<Policy, lists_type>(opts);
+  std::int64_t const max_blocks = detail::max_blocks_of<Policy>(opts);
   detail::check_device_memory(lists);
   auto const layout = detail::make_layout(lists, chunk, std::index_sequence_for<B...>{});
   detail::advance_step(step, stream);
-  using policy = detail::tuning;
-  bool const use_32k = opts.metadata == transport::param_32k || (opts.metadata == transport::automatic && large);
-  // A rule too large for a 32 KB table cannot fit a 4 KB one either; launch() reports it.
-  if (use_32k) {
-    detail::launch_all<policy, Rule, lists_type>(rule, step, detail::pack_tables<detail::table_32k<S>>(layout),
-                                                 max_blocks, stream);
+  detail::pass_results<0> const none{};
+  auto const launch_all = [&](auto const& tables) {
+    // A rule too large for a 32 KB table cannot fit a 4 KB one either; launch_update reports it.
+    for (auto const& table : tables) {
+      detail::launch_update<Policy, Rule, lists_type>(rule, step, table, none, max_blocks, stream);
+    }
+  };
+  if (opts.metadata == transport::param_32k || (opts.metadata == transport::automatic && large)) {
+    launch_all(detail::pack_tables<detail::table_32k<S>>(layout));
   } else {
-    detail::launch_all<policy, Rule, lists_type>(rule, step, detail::pack_tables<detail::table_4k<S>>(layout),
-                                                 max_blocks, stream);
+    launch_all(detail::pack_tables<detail::table_4k<S>>(layout));
   }
-  detail::launch_after_step(rule, step, detail::pass_results<0>{}, stream);
+  detail::launch_after_step(rule, step, none, stream);
 }
 
 }  // namespace cuda

@@ -1,7 +1,8 @@
 /// @file cuda/detail/tables.cuh
-/// @brief The launch tables of the CUDA backend (what a block reads to find its work) and the
-/// host-side planning that fills them: alignment and vector head per tensor, chunks, and the
-/// packing of by-value tables under the kernel-parameter limits.
+/// @brief What a launch of the CUDA backend reads besides the rule: the launch tables (where a
+/// block finds its work), the results of reduction passes and the chunk ranges of their
+/// rows; and the host-side planning that fills the tables: alignment and vector head per
+/// tensor, chunks, and the packing of by-value tables under the kernel-parameter limits.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "../../bind.hpp"
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../reduce.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
@@ -76,6 +78,28 @@ struct inline_table {
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
+};
+
+/// The results of a rule's P passes as kernels receive them: by value (pointers into the
+/// plan's workspace, known when the plan is built). Kernels take it `__grid_constant__`: the
+/// bodies index it through a pointer, which would otherwise copy it to local memory.
+template <int P>
+struct pass_results {
+  reduced r[P];
+  FUSEDOPT_HOST_DEVICE reduced const* data() const { return r; }
+};
+/// A rule without passes: no results (one byte of kernel parameters, where `reduced[1]` would
+/// take 32 from the room a by-value table leaves the rule).
+template <>
+struct pass_results<0> {
+  FUSEDOPT_HOST_DEVICE reduced const* data() const { return nullptr; }
+};
+
+/// Where the chunk partials of one row of the bound lists are: `count` chunks from `first`
+/// in the plan's chunk order (the layout's order, which every transport keeps).
+struct chunk_range {
+  std::int64_t first;
+  std::int64_t count;
 };
 
 /// Kernel-parameter limits: 4 KB everywhere, 32 764 bytes from CUDA 12.1 on Volta and newer.
@@ -199,19 +223,17 @@ std::vector<Table> pack_tables(layout<S> const& plan)
   return tables;
 }
 
-/// Copies the addresses of `tensors` (a plan's entries, in list order) into by-value tables
-/// packed from the same layout (each table's entries in list order; a tensor split between
-/// two tables appears in both).
+/// Copies the addresses of `tensors` (a plan's entries, in list order) into a by-value table
+/// packed from the same layout; `cursor` walks `tensors` across the tables of the plan, taken
+/// in order (each table's entries are in list order; a tensor split between two tables
+/// appears in both).
 template <class Table, std::size_t S>
-void rebase_tables(std::vector<Table>& tables, std::vector<tensor_entry<S>> const& tensors)
+void rebase_table(Table& table, std::vector<tensor_entry<S>> const& tensors, std::size_t& cursor)
 {
-  std::size_t cursor = 0;
-  for (Table& table : tables) {
-    for (std::int32_t k = 0; k < table.num_tensors; ++k) {
-      tensor_entry<S>& entry = table.tensors[k];
-      while (tensors[cursor].index != entry.index) { ++cursor; }
-      std::copy(std::begin(tensors[cursor].bases), std::end(tensors[cursor].bases), std::begin(entry.bases));
-    }
+  for (std::int32_t k = 0; k < table.num_tensors; ++k) {
+    tensor_entry<S>& entry = table.tensors[k];
+    while (tensors[cursor].index != entry.index) { ++cursor; }
+    std::copy(std::begin(tensors[cursor].bases), std::end(tensors[cursor].bases), std::begin(entry.bases));
   }
 }
 

@@ -1,5 +1,5 @@
 // Independent double-precision references for SGD, Adam, AdamW, NAdam, RAdam and Lion, and
-// the harness that compares fusedopt's host backend with them.
+// the harness that compares a backend's results with them (tests/rules/ runs it on each).
 //
 // The references follow torch.optim's `_single_tensor_*` code (torch 2.x) and, for Lion,
 // the paper's reference implementation (lion-pytorch), statement by statement, on one
@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "catch.hpp"
-#include "reference_rv.hpp"
+#include "rv.hpp"
 
 namespace fusedopt_test {
 
@@ -94,6 +94,8 @@ class slot_data {
     for (auto const& t : tensors_) { l.push_back(t.data(), static_cast<std::int64_t>(t.size())); }
     return l;
   }
+  /// The tensors themselves (what an executor binds, tests/rules/executor.hpp).
+  [[nodiscard]] std::vector<std::vector<T>>& tensors() { return tensors_; }
   [[nodiscard]] std::size_t num_tensors() const { return tensors_.size(); }
   [[nodiscard]] std::size_t size(std::size_t t) const { return tensors_[t].size(); }
   [[nodiscard]] T raw(std::size_t t, std::size_t i) const { return tensors_[t][i]; }
@@ -112,6 +114,15 @@ class slot_data {
  private:
   std::vector<std::vector<T>> tensors_;
 };
+
+/// Calls f(tensor, index) for every element of `data` (a slot_data), tensor by tensor.
+template <class Data, class F>
+void for_each_element(Data const& data, F&& f)
+{
+  for (std::size_t k = 0; k < data.num_tensors(); ++k) {
+    for (std::size_t i = 0; i < data.size(k); ++i) { f(k, i); }
+  }
+}
 
 // ---- comparison -----------------------------------------------------------------------
 
@@ -187,5 +198,15 @@ class checker {
   std::size_t checked_ = 0;
   double worst_ratio_ = 0;
 };
+
+/// Steps of the trajectories checked against the references.
+inline constexpr std::int64_t reference_steps = 12;
+
+/// "name<dtype> options": what a checker reports its failures in.
+template <class T>
+std::string context(char const* name, std::string const& options)
+{
+  return std::string(name) + "<" + fusedopt::dtype_name<T>() + "> " + options;
+}
 
 }  // namespace fusedopt_test

@@ -1,10 +1,10 @@
-/// @file cuda/detail/reduce.cuh
-/// @brief The kernels behind reduction passes and after-step hooks on the CUDA backend:
-/// the pass kernel (the update kernel's chunks and vector path, accumulating instead of
-/// storing, one partial per chunk), the finalize kernel (chunk partials to per-tensor rows to
-/// totals, in a fixed order), the update kernel that reads the passes' results, and the
-/// one-thread after-step kernel. Every combine happens in an order fixed by the plan (never
-/// by timing), so a step gives the same bits every run, with every transport and grid size.
+/// @file cuda/detail/kernels.cuh
+/// @brief The `__global__` entry points of the CUDA backend. A step of a rule is: per reduction
+/// pass, reduce_kernel (the chunk worker accumulating, one partial per chunk) and
+/// finalize_kernel (chunk partials to per-tensor rows to totals); then multi_tensor_kernel
+/// (the chunk worker updating, with the passes' results); then, where the rule has after-step
+/// hooks, after_step_kernel. Every combine happens in an order fixed by the plan (never by
+/// timing), so a step gives the same bits every run, with every transport and grid size.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,51 +13,35 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include "../../config.hpp"
 #include "../../detail/access.hpp"
-#include "../../detail/meta.hpp"
 #include "../../detail/phases.hpp"
 #include "../../reduce.hpp"
 #include "../../rule.hpp"
 #include "../../scalar.hpp"
-#include "kernel.cuh"
+#include "agent.cuh"
 #include "tables.cuh"
+
+#if defined(__GNUC__) || defined(__clang__)
+/// Kernels of a header-only library get hidden visibility, so two shared libraries built from
+/// different versions of fusedopt never share (and mix up) their instantiations (as CUB does).
+#  define FUSEDOPT_KERNEL __global__ __attribute__((visibility("hidden")))
+#else
+#  define FUSEDOPT_KERNEL __global__
+#endif
+
+#if defined(__CUDACC__) && (__CUDACC_VER_MAJOR__ > 11 || (__CUDACC_VER_MAJOR__ == 11 && __CUDACC_VER_MINOR__ >= 7))
+// The table stays in parameter space and is indexed there; without it a kernel that indexes
+// a by-value array with a run-time index may copy the whole table to local memory.
+#  define FUSEDOPT_GRID_CONSTANT __grid_constant__
+#else
+#  define FUSEDOPT_GRID_CONSTANT
+#endif
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
-
-/// The results of a rule's P passes as kernels receive them: by value (pointers into the
-/// plan's workspace, known when the plan is built), at least one entry so that a rule without
-/// passes still gets a valid (empty) array. Kernels take it `__grid_constant__`: the bodies
-/// index it through a pointer, which would otherwise copy it to local memory.
-template <int P>
-struct pass_results {
-  reduced r[P > 0 ? P : 1];
-};
-
-/// Where the chunk partials of one row of the bound lists are: `count` chunks from `first`
-/// in the plan's chunk order (the layout's order, which every transport keeps).
-struct chunk_range {
-  std::int64_t first;
-  std::int64_t count;
-};
-
-template <class>
-inline constexpr bool never = false;
-
-/// The access plan of a reduction pass: loads only the slots the pass reads (`Reads`), stores
-/// nothing; everything else (element type, registers) is the rule's access plan.
-template <class Access, class Reads, class Memory = typename Access::memory>
-struct pass_access;
-template <class Access, class Reads, class... S>
-struct pass_access<Access, Reads, slots<S...>> : Access {
-  using reads = Reads;
-  static constexpr bool loads[sizeof...(S)] = {::fusedopt::detail::declares_v<Reads, S>...};
-  static constexpr bool stores[sizeof...(S)] = {never<S>...};
-};
 
 /// Folds two accumulator sets with the reduction's operations (the block reduction's operator).
 template <class Reduction>
@@ -81,71 +65,6 @@ __device__ __forceinline__ accumulator<T, Reduction::size> identities()
   return a;
 }
 
-/// Loads the pass's slots for one iteration and accumulates every valid element, in a fixed
-/// order (vector u, then element j of the vector).
-template <class PAccess, int W, int U, int Threads, bool StreamLoads, class Body, class Acc, std::size_t... K>
-__device__ __forceinline__ void vector_accumulate(Body const& body, void* const* bases, std::int64_t index,
-                                                  iteration<U> const& it, Acc& acc, std::index_sequence<K...>)
-{
-  typename tile_of<PAccess, W, U, std::index_sequence<K...>>::type tile;
-  (load_slot<K, PAccess, W, U, Threads, StreamLoads>(tile, bases, it), ...);
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (!it.valid[u]) { continue; }
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      typename PAccess::element_type e;
-      e.set_position(index, it.first + (it.v0 + u * Threads + it.tid) * W + j);
-      (to_register<K, PAccess>(e, ::fusedopt::detail::pack_get<K>(tile).p[u].v[j]), ...);
-      PAccess::clear_registers(e);
-      body(e, acc);
-    }
-  }
-}
-
-/// Accumulates elements [begin, begin + count) of one tensor into this thread's `acc`: the
-/// same split into scalar head, vector body and scalar tail as process_chunk.
-template <class Policy, class PAccess, int W, std::size_t Widest, class Body, class Acc, std::size_t S>
-__device__ __forceinline__ void accumulate_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                                 std::int32_t count, Acc& acc)
-{
-  constexpr int threads = Policy::block_threads;
-  constexpr int unroll = vectors_per_thread<Policy, W, Widest>;
-  using reads = typename PAccess::reads;
-  int const tid = static_cast<int>(threadIdx.x);
-  std::int64_t const end = begin + count;
-  std::int64_t const index = te.index;
-
-  if (te.head < 0) {
-    for (std::int64_t i = begin + tid; i < end; i += threads) {
-      PAccess::template accumulate<reads>(body, te.bases, index, i, acc);
-    }
-    return;
-  }
-  std::int64_t first = begin + ((static_cast<std::int64_t>(te.head) - begin) & (W - 1));
-  if (first > end) { first = end; }
-  std::int64_t const vectors = (end - first) / W;
-  std::int64_t const vector_end = first + vectors * W;
-  int const heads = static_cast<int>(first - begin);
-  int const tails = static_cast<int>(end - vector_end);
-  if (tid < heads) {
-    PAccess::template accumulate<reads>(body, te.bases, index, begin + tid, acc);
-  } else if (tid < heads + tails) {
-    PAccess::template accumulate<reads>(body, te.bases, index, vector_end + (tid - heads), acc);
-  }
-  constexpr std::int64_t step = static_cast<std::int64_t>(threads) * unroll;
-  for (std::int64_t v0 = 0; v0 < vectors; v0 += step) {
-    iteration<unroll> it;
-    it.first = first;
-    it.v0 = v0;
-    it.tid = tid;
-#pragma unroll
-    for (int u = 0; u < unroll; ++u) { it.valid[u] = v0 + u * threads + tid < vectors; }
-    vector_accumulate<PAccess, W, unroll, threads, Policy::streaming_loads>(body, te.bases, index, it, acc,
-                                                                            std::make_index_sequence<S>{});
-  }
-}
-
 /// Folds items tid, tid + Threads, tid + 2 Threads, ... (< count) of a strided sequence into
 /// `a`, in that order, with `Batch` loads in flight before they are folded: the order (and so
 /// the bits) of a plain loop, without one memory latency per item. `load(i)` gives item i.
@@ -167,10 +86,35 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
   return a;
 }
 
+// A kernel instantiated for a rule of internal linkage (a rule in an anonymous namespace, a
+// lambda's type) has internal linkage itself, and nvcc warns that it cannot be hidden; hidden
+// visibility only matters for kernels other libraries could also instantiate, so the warning
+// says nothing useful there.
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
 #  pragma nv_diagnostic push
 #  pragma nv_diag_suppress 1407
 #endif
+
+/// The update: `rule` prepared once per thread for `step` with the results of its P reduction
+/// passes (prepare_final: device scalars and the results are read here, so a captured launch
+/// picks up new values; without passes it is the rule's own prepare), then each block takes
+/// chunks `blockIdx.x`, `blockIdx.x + gridDim.x`, ... of `table`.
+template <class Policy, class Rule, class Bound, class Table, int P>
+FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
+  multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
+                      FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
+{
+  using access = ::fusedopt::detail::access<Rule, Bound>;
+  constexpr int width = vector_width<Bound>::value;
+  constexpr std::size_t widest = vector_width<Bound>::widest;
+  auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
+  for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
+    chunk_entry const chunk = table.chunk(c);
+    tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
+    process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                 chunk.begin, chunk.count);
+  }
+}
 
 /// Reduction pass J of `Rule`: each block takes chunks as the update kernel does; each thread
 /// accumulates its elements in the rule's arithmetic type (what the rule's accumulating body
@@ -194,13 +138,13 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   using block_reduce = cub::BlockReduce<accumulator<double, n>, Policy::block_threads>;
   __shared__ typename block_reduce::TempStorage temp;
 
-  auto const body = ::fusedopt::detail::prepare_pass<J>(rule, step, results.r);
+  auto const body = ::fusedopt::detail::prepare_pass<J>(rule, step, results.data());
   for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
     auto acc = identities<reduction, value_type>();
-    accumulate_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                      chunk.begin, chunk.count, acc);
+    process_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                  chunk.begin, chunk.count, acc);
     accumulator<double, n> wide;
 #pragma unroll
     for (int k = 0; k < n; ++k) { wide[k] = static_cast<double>(acc[k]); }
@@ -210,8 +154,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
       // chunk, and no FP64 work unless a sum overflowed or an input is not finite.
       if (!::fusedopt::detail::sums_finite<reduction>(acc)) {
         wide = identities<reduction, double>();
-        accumulate_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index),
-                                                          tensor, chunk.begin, chunk.count, wide);
+        process_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                      chunk.begin, chunk.count, wide);
       }
     }
     accumulator<double, n> const total = block_reduce(temp).Reduce(wide, combine_all<reduction>{});
@@ -282,37 +226,48 @@ FUSEDOPT_KERNEL void __launch_bounds__(Threads)
   }
 }
 
-/// The update kernel of a rule with reduction passes: the body is prepare_final(rule, step,
-/// results) (the rule's prepare(step, reduced) runs on the device, reading the results the
-/// passes left in the workspace); otherwise multi_tensor_kernel.
-template <class Policy, class Rule, class Bound, class Table, int P>
-FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
-  reduced_update_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
-                        FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
-{
-  using access = ::fusedopt::detail::access<Rule, Bound>;
-  constexpr int width = vector_width<Bound>::value;
-  constexpr std::size_t widest = vector_width<Bound>::widest;
-  auto const body = ::fusedopt::detail::prepare_final(rule, step, results.r);
-  for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
-    chunk_entry const chunk = table.chunk(c);
-    tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-    process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                 chunk.begin, chunk.count);
-  }
-}
-
 /// The rule's after-step hooks, once, in one thread, after the update in stream order.
 template <class Rule, int P>
 FUSEDOPT_KERNEL void after_step_kernel(Rule const rule, step_info const step,
                                       FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {
-  ::fusedopt::detail::after_step(rule, step, results.r);
+  ::fusedopt::detail::after_step(rule, step, results.data());
 }
 
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
 #  pragma nv_diagnostic pop
 #endif
+
+/// step_info::advance on the device: one thread adds 1 in stream order, before the step's
+/// kernel reads the counter (a template only so that a header can define it in every
+/// translation unit).
+template <class Counter>
+FUSEDOPT_KERNEL void advance_counter(Counter* counter)
+{
+  *counter += 1;
+}
+
+/// Entries [first, first + count) of a device table, carried by value in kernel parameters
+/// (under 4 KB with the table pointer).
+template <class Entry>
+struct table_piece {
+  static constexpr int capacity = static_cast<int>((4000 - 2 * sizeof(std::int32_t) - sizeof(void*)) / sizeof(Entry));
+  Entry entries[capacity];
+  std::int32_t first;
+  std::int32_t count;
+};
+
+/// Writes a table piece into the device table. A plan rebound while its stream is captured
+/// writes its table this way: the graph keeps the parameters, so every replay writes the
+/// captured addresses before the step's kernels read them (a copy from a host buffer would
+/// replay whatever the buffer holds then).
+template <class Entry>
+FUSEDOPT_KERNEL void write_table_piece(Entry* table, table_piece<Entry> const piece)
+{
+  for (int i = static_cast<int>(threadIdx.x); i < piece.count; i += static_cast<int>(blockDim.x)) {
+    table[piece.first + i] = piece.entries[i];
+  }
+}
 
 }  // namespace detail
 }  // namespace cuda

@@ -1,8 +1,11 @@
-/// @file cuda/detail/tuning.cuh
+/// @file cuda/detail/policy.cuh
 /// @brief The tuning policy of the CUDA backend: one constexpr struct that the host (when it
-/// cuts tensors into chunks and sizes the grid) and the kernel (block size, unrolling) both
-/// read, so they cannot disagree (CUB's tuning_*.cuh idea). Values and the measurements behind
-/// them are in docs/tuning.md.
+/// cuts tensors into chunks and sizes the grid) and the kernels (block size, unrolling) both
+/// read, so they cannot disagree (CUB's tuning_*.cuh idea). The facade (cuda::basic_plan,
+/// cuda::apply) takes it as a template parameter and passes it down to every launch, so a
+/// policy chosen per compute capability (a selector, as CUB's policy hubs) or a variant under
+/// test (scripts/gpu-throughput.cu) reaches host and kernels alike. Values and the
+/// measurements behind them are in docs/tuning.md.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +16,10 @@ FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
 
-/// @brief Default policy. Not part of the public API: benchmarks override the run-time
-/// values through `cuda::options`.
-struct tuning {
+/// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
+/// benchmarks override the run-time values through `cuda::options`; a policy of one's own is
+/// a struct with the same members.
+struct default_policy {
   /// Threads per block.
   static constexpr int block_threads = 128;
   /// Bytes of its widest slot a thread loads per iteration, before it computes: the

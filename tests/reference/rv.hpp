@@ -1,6 +1,6 @@
 // The arithmetic of the double-precision references (values carrying a bound on their
 // rounding error, and the tolerances that follow from it) and the references of SGD, Adam,
-// AdamW, NAdam, RAdam and Lion, one element at a time. Split from reference_harness.hpp, which adds
+// AdamW, NAdam, RAdam and Lion, one element at a time. Split from harness.hpp, which adds
 // the Catch2 harness, so that code without Catch2 (the fuzz target, tests/fuzz/) uses the same
 // references and tolerances.
 #pragma once

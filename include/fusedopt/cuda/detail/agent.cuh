@@ -1,0 +1,138 @@
+/// @file cuda/detail/agent.cuh
+/// @brief The per-block chunk worker (CUB's "agent"): a block's threads take the elements of
+/// one chunk of one tensor, scalar at the tensor's unaligned head and tail, in 16-byte vectors
+/// in between. One worker serves both passes of a step: the update pass (load, run the body,
+/// store) and a reduction pass (load what the pass reads, accumulate, store nothing).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "../../config.hpp"
+#include "../../detail/access.hpp"
+#include "../../detail/rule_traits.hpp"
+#include "../../meta.hpp"
+#include "tables.cuh"
+#include "vector_io.cuh"
+
+FUSEDOPT_NAMESPACE_BEGIN
+namespace cuda {
+namespace detail {
+
+template <class>
+inline constexpr bool never = false;
+
+/// The access plan of a reduction pass: loads only the slots the pass reads (`Reads`), stores
+/// nothing; everything else (element type, registers) is the rule's access plan.
+template <class Access, class Reads, class Memory = typename Access::memory>
+struct pass_access;
+template <class Access, class Reads, class... S>
+struct pass_access<Access, Reads, slots<S...>> : Access {
+  using reads = Reads;
+  static constexpr bool loads[sizeof...(S)] = {::fusedopt::detail::declares_v<Reads, S>...};
+  static constexpr bool stores[sizeof...(S)] = {never<S>...};
+};
+
+/// Vectors a thread loads per iteration: Policy::bytes_per_slot of its widest slot (one
+/// vector of a slot of `widest`-byte elements is W * widest bytes), at least one.
+template <class Policy, int W, std::size_t Widest>
+inline constexpr int vectors_per_thread =
+  Policy::bytes_per_slot / (W * static_cast<int>(Widest)) > 1 ? Policy::bytes_per_slot / (W * static_cast<int>(Widest)) : 1;
+
+/// One element on the scalar path (a tensor's head and tail, or a tensor whose slots are
+/// misaligned differently): updated when no accumulator is given, else accumulated into it
+/// (`Access` is then a pass_access).
+template <class Access, class Body, class... Acc>
+__device__ __forceinline__ void scalar_element(Body const& body, void* const* bases, std::int64_t tensor,
+                                               std::int64_t i, Acc&... acc)
+{
+  if constexpr (sizeof...(Acc) == 0) {
+    Access::update(body, bases, tensor, i);
+  } else {
+    Access::template accumulate<typename Access::reads>(body, bases, tensor, i, acc...);
+  }
+}
+
+/// One iteration of the vector path: every slot `Access` loads is loaded for the iteration,
+/// the body runs on each valid element (as `body(e)`, or `body(e, acc)` in a reduction pass),
+/// in a fixed order (vector u, then element j of the vector), then every slot `Access` stores
+/// is stored: the same per-element semantics as detail::access::update and ::accumulate.
+template <class Access, int W, int U, int Threads, bool StreamLoads, bool StreamStores, class Body,
+          std::size_t... K, class... Acc>
+__device__ __forceinline__ void vector_iteration(Body const& body, void* const* bases, std::int64_t index,
+                                                 iteration<U> const& it, std::index_sequence<K...>, Acc&... acc)
+{
+  typename tile_of<Access, W, U, std::index_sequence<K...>>::type tile;
+  // Every load of the iteration is issued before the first use: several independent 16-byte
+  // loads per slot in flight per thread.
+  (load_slot<K, Access, W, U, Threads, StreamLoads>(tile, bases, it), ...);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (!it.valid[u]) { continue; }
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      typename Access::element_type e;
+      e.set_position(index, it.first + (it.v0 + u * Threads + it.tid) * W + j);
+      (to_register<K, Access>(e, ::fusedopt::detail::pack_get<K>(tile).p[u].v[j]), ...);
+      Access::clear_registers(e);
+      body(e, acc...);
+      (from_register<K, Access>(e, ::fusedopt::detail::pack_get<K>(tile).p[u].v[j]), ...);
+    }
+  }
+  (store_slot<K, Access, W, U, Threads, StreamStores>(tile, bases, it), ...);
+}
+
+/// The chunk worker: elements [begin, begin + count) of one tensor, updated (no `acc`) or
+/// accumulated into this thread's `acc` (a reduction pass, `Access` a pass_access). Scalar
+/// head elements up to the first vector-aligned one, then vectors of `W` elements, then a
+/// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar.
+template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
+__device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
+                                              std::int32_t count, Acc&... acc)
+{
+  static_assert(sizeof...(Acc) <= 1, "one accumulator set per pass");
+  constexpr int threads = Policy::block_threads;
+  constexpr int unroll = vectors_per_thread<Policy, W, Widest>;
+  static_assert((W & (W - 1)) == 0, "vector widths are powers of two");
+  int const tid = static_cast<int>(threadIdx.x);
+  std::int64_t const end = begin + count;
+  std::int64_t const index = te.index;
+
+  if (te.head < 0) {
+    // The slots are misaligned differently: no element is aligned in all of them at once.
+    for (std::int64_t i = begin + tid; i < end; i += threads) { scalar_element<Access>(body, te.bases, index, i, acc...); }
+    return;
+  }
+
+  // First vector-aligned element at or after `begin` (the elements congruent to head mod W).
+  std::int64_t first = begin + ((static_cast<std::int64_t>(te.head) - begin) & (W - 1));
+  if (first > end) { first = end; }
+  std::int64_t const vectors = (end - first) / W;
+  std::int64_t const vector_end = first + vectors * W;
+  int const heads = static_cast<int>(first - begin);
+  int const tails = static_cast<int>(end - vector_end);
+  if (tid < heads) {
+    scalar_element<Access>(body, te.bases, index, begin + tid, acc...);
+  } else if (tid < heads + tails) {
+    scalar_element<Access>(body, te.bases, index, vector_end + (tid - heads), acc...);
+  }
+
+  constexpr std::int64_t step = static_cast<std::int64_t>(threads) * unroll;
+  for (std::int64_t v0 = 0; v0 < vectors; v0 += step) {
+    iteration<unroll> it;
+    it.first = first;
+    it.v0 = v0;
+    it.tid = tid;
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) { it.valid[u] = v0 + u * threads + tid < vectors; }
+    vector_iteration<Access, W, unroll, threads, Policy::streaming_loads, Policy::streaming_stores>(
+      body, te.bases, index, it, std::make_index_sequence<S>{}, acc...);
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+FUSEDOPT_NAMESPACE_END

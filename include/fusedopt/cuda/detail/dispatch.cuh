@@ -1,0 +1,260 @@
+/// @file cuda/detail/dispatch.cuh
+/// @brief Host launch logic of the CUDA backend (CUB's "dispatch"): the checks every step makes
+/// before it enqueues anything, the chunk length and grid size a policy gives, and one launch
+/// function per kernel of kernels.cuh, each checking that its parameters fit the kernel
+/// parameter space beside the table it carries. Every function takes the tuning `Policy` from
+/// the facade; none names a policy itself.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../../bind.hpp"
+#include "../../config.hpp"
+#include "../../detail/phases.hpp"
+#include "../../error.hpp"
+#include "../../rule.hpp"
+#include "../../scalar.hpp"
+#include "../error.cuh"
+#include "kernels.cuh"
+#include "tables.cuh"
+
+FUSEDOPT_NAMESPACE_BEGIN
+namespace cuda {
+
+/// @brief Options of a plan or of `apply` (cuda/backend.cuh documents them).
+struct options;
+
+namespace detail {
+
+inline int current_device()
+{
+  int device = 0;
+  FUSEDOPT_CUDA_TRY(cudaGetDevice(&device));
+  return device;
+}
+
+/// Chunk length: the policy's unless overridden, rounded up to a vector multiple.
+template <class Policy, class Bound, class Options>
+std::int64_t chunk_length(Options const& opts)
+{
+  constexpr std::int64_t width = vector_width<Bound>::value;
+  FUSEDOPT_EXPECTS(opts.chunk_elements >= 0, "cuda::options::chunk_elements must not be negative");
+  FUSEDOPT_EXPECTS(opts.max_blocks >= 0, "cuda::options::max_blocks must not be negative");
+  std::int64_t const chunk = opts.chunk_elements > 0 ? opts.chunk_elements : Policy::chunk_elements;
+  FUSEDOPT_EXPECTS(chunk <= (std::int64_t{1} << 30), "cuda::options::chunk_elements must be at most 2^30");
+  return (chunk + width - 1) / width * width;
+}
+
+/// Most blocks per launch: the policy's unless overridden.
+template <class Policy, class Options>
+std::int64_t max_blocks_of(Options const& opts)
+{
+  return opts.max_blocks > 0 ? opts.max_blocks : Policy::max_blocks;
+}
+
+/// Rejects pageable host memory, which kernels cannot read. One query per slot (its first
+/// non-empty tensor) catches the usual mistake without a query per tensor.
+template <class... B, std::size_t... K>
+void check_device_memory(bound_lists<B...> const& lists, std::index_sequence<K...>)
+{
+  static constexpr char const* names[] = {B::slot_type::name...};
+  for (std::size_t t = 0; t < lists.num_tensors(); ++t) {
+    if (lists.tensor_size(t) == 0) { continue; }
+    void* const bases[] = {lists.template address<K>(t)...};
+    for (std::size_t k = 0; k < sizeof...(B); ++k) {
+      cudaPointerAttributes attributes{};
+      FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, bases[k]));
+      FUSEDOPT_EXPECTS(attributes.type != cudaMemoryTypeUnregistered,
+                       "tensor " + std::to_string(t) + " of slot '" + names[k] +
+                         "' is pageable host memory; the CUDA backend needs device, managed or mapped memory");
+    }
+    return;
+  }
+}
+
+template <class... B>
+void check_device_memory(bound_lists<B...> const& lists)
+{
+  if (lists.num_tensors() > 0) { check_device_memory(lists, std::index_sequence_for<B...>{}); }
+}
+
+/// What every step checks before it enqueues anything. A step given as a pointer is device
+/// memory: not checked (reading it would synchronise).
+template <class Rule, class Bound>
+void check_rule(Rule const& rule, step_info const& step)
+{
+  static_assert(is_rule_v<Rule>, "fusedopt: a rule must be trivially copyable (it is passed to kernels by value)");
+  ::fusedopt::detail::validate_rule(rule, typename Bound::memory_slots{});
+  ::fusedopt::detail::validate_step(step, false);
+}
+
+// ---- kernel parameters ---------------------------------------------------------------------
+
+template <class Table>
+inline constexpr std::size_t param_limit = param_limit_4k;
+template <std::size_t S>
+inline constexpr std::size_t param_limit<table_32k<S>> = param_limit_32k;
+
+/// Parameter bytes of the results of P passes where a kernel takes them (none without passes:
+/// pass_results<0> is one byte, within the alignment room below).
+template <int P>
+inline constexpr std::size_t results_bytes = P > 0 ? sizeof(pass_results<P>) : 0;
+
+/// Kernel parameters of a launch: the rule, the step, the table and `Extra` bytes of other
+/// arguments, with room for alignment.
+template <class Rule, class Table, std::size_t Extra = 0>
+inline constexpr std::size_t param_bytes = sizeof(Rule) + sizeof(step_info) + sizeof(Table) + Extra + 32;
+
+/// Whether a launch over `Table` carries the rule and `Extra` bytes within the parameter limit.
+template <class Rule, class Table, std::size_t Extra = 0>
+inline constexpr bool fits_params = param_bytes<Rule, Table, Extra> <= param_limit<Table>;
+
+/// Whether a rule's kernels (its passes' and its update's) can take it next to a by-value
+/// table of type `Table`.
+template <class Rule, class Bound, class Table>
+inline constexpr bool fits_by_value =
+  param_bytes<Rule, Table> +
+    (::fusedopt::detail::pass_count_v<Rule> > 0 ? results_bytes<::fusedopt::detail::pass_count_v<Rule>> + 16 : 0) <=
+  param_limit<Table>;
+
+/// Fails a launch whose rule does not fit beside a by-value table (plans check fits_by_value
+/// before a step enqueues anything; apply meets it here).
+[[noreturn]] inline void rule_too_large(std::size_t rule_bytes, bool with_results)
+{
+  FUSEDOPT_FAIL("rule of " + std::to_string(rule_bytes) + " bytes is too large to travel next to a by-value launch table" +
+                (with_results ? " and its reduction results; use transport::device_table"
+                              : "; use transport::device_table (a plan)"));
+}
+
+/// The results of a rule's passes in a workspace of `rows` rows: pass J's rows
+/// (`rows x N_J` doubles) then its totals (`N_J`), after those of the passes before it.
+template <class Rule, int... J>
+pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* base, std::int64_t rows,
+                                                                std::integer_sequence<int, J...>)
+{
+  pass_results<static_cast<int>(sizeof...(J))> results{};
+  std::int64_t offset = 0;
+  (((results.r[J] = reduced{base + offset, base + offset + rows * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size,
+                             ::fusedopt::detail::pass_traits<Rule, J>::reduction::size, rows}),
+    (offset += (rows + 1) * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size)),
+   ...);
+  (void)base, (void)rows, (void)offset;
+  return results;
+}
+
+// ---- launches ------------------------------------------------------------------------------
+
+/// Enqueues `kernel` with arguments of exactly the kernel's parameter types.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args)
+{
+  static_assert(sizeof...(Params) == sizeof...(Args), "fusedopt: wrong number of kernel arguments");
+  static_assert((std::is_same_v<std::remove_const_t<Params>, Args> && ...), "fusedopt: kernel argument types");
+  void* pointers[] = {static_cast<void*>(&args)...};
+  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
+}
+
+/// Blocks of a launch over `table`: one per chunk, at most `max_blocks` when set.
+template <class Table>
+unsigned grid_of(Table const& table, std::int64_t max_blocks)
+{
+  std::int64_t blocks = table.num_chunks;
+  if (max_blocks > 0) { blocks = std::min(blocks, max_blocks); }
+  return static_cast<unsigned>(std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max()));
+}
+
+/// Enqueues the update over one table, with the results of the rule's P passes.
+template <class Policy, class Rule, class Bound, int P, class Table>
+void launch_update(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
+                   std::int64_t max_blocks, cudaStream_t stream)
+{
+  static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
+                "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
+                "memory and give the rule a pointer to it");
+  if (table.num_chunks == 0) { return; }
+  if constexpr (fits_params<Rule, Table, results_bytes<P>>) {
+    launch_kernel(&multi_tensor_kernel<Policy, Rule, Bound, Table, P>, dim3(grid_of(table, max_blocks)),
+                  dim3(Policy::block_threads), stream, rule, step, table, results);
+  } else {
+    (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream;
+    rule_too_large(sizeof(Rule), P > 0);
+  }
+}
+
+/// Enqueues reduction pass J over one table; its chunks are chunks chunk_base... of the plan.
+template <class Policy, class Rule, class Bound, int J, int P, class Table>
+void launch_pass(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
+                 double* partials, std::int64_t chunk_base, std::int64_t max_blocks, cudaStream_t stream)
+{
+  if (table.num_chunks == 0) { return; }
+  if constexpr (fits_params<Rule, Table, results_bytes<P> + 16>) {
+    launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>, dim3(grid_of(table, max_blocks)),
+                  dim3(Policy::block_threads), stream, rule, step, table, results, partials, chunk_base);
+  } else {
+    (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream;
+    rule_too_large(sizeof(Rule), true);
+  }
+}
+
+/// Enqueues the fold of reduction pass J's chunk partials into its rows and totals.
+template <class Policy, class Reduction>
+void launch_finalize(double const* partials, chunk_range const* ranges, std::int64_t rows, std::int64_t longest_row,
+                     reduced const& into, unsigned int* counter, cudaStream_t stream)
+{
+  // Wide blocks only where a row is long: the choice depends on the plan alone, so the fold
+  // order (and the bits) is the same at every run.
+  bool const wide = longest_row > Policy::finalize_wide_after;
+  launch_kernel(wide ? &finalize_kernel<Policy::finalize_threads_wide, Reduction>
+                     : &finalize_kernel<Policy::finalize_threads, Reduction>,
+                dim3(static_cast<unsigned>(std::max<std::int64_t>(rows, 1))),
+                dim3(wide ? Policy::finalize_threads_wide : Policy::finalize_threads), stream, partials, ranges, rows,
+                const_cast<double*>(into.per_tensor), const_cast<double*>(into.all), counter);
+}
+
+/// Enqueues the rule's after-step hooks (one thread), if it has any.
+template <class Rule, int P>
+void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> const& results, cudaStream_t stream)
+{
+  if constexpr (::fusedopt::detail::needs_after_step<Rule>::value) {
+    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), stream, rule, step, results);
+  } else {
+    (void)rule, (void)step, (void)results, (void)stream;
+  }
+}
+
+/// step_info::advance: the counter (device memory) gains 1 in stream order before the step.
+inline void advance_step(step_info const& step, cudaStream_t stream)
+{
+  if (step.advance == nullptr) { return; }
+  std::int64_t* counter = step.advance;
+  void* args[] = {&counter};
+  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), args, 0, stream));
+}
+
+/// Enqueues the writes of `entries` into `table` on `stream`, one launch per table_piece.
+template <class Entry>
+void write_table_by_value(Entry* table, std::vector<Entry> const& entries, cudaStream_t stream)
+{
+  table_piece<Entry> piece{};
+  auto const n = static_cast<std::int32_t>(entries.size());
+  for (std::int32_t first = 0; first < n; first += table_piece<Entry>::capacity) {
+    piece.first = first;
+    piece.count = std::min<std::int32_t>(table_piece<Entry>::capacity, n - first);
+    for (std::int32_t i = 0; i < piece.count; ++i) { piece.entries[i] = entries[static_cast<std::size_t>(first + i)]; }
+    write_table_piece<Entry><<<1, 128, 0, stream>>>(table, piece);
+    FUSEDOPT_CUDA_TRY(cudaGetLastError());
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+FUSEDOPT_NAMESPACE_END

@@ -1,0 +1,69 @@
+// What the backend-generic rule tests (tests/rules/<rule>.hpp) run their steps with. A test
+// keeps its tensors in host memory, one std::vector per tensor, names them per slot with
+// writes(slot, data) or reads(slot, data), and asks its executor for a plan:
+// - host_executor binds the vectors themselves (fusedopt::host);
+// - cuda_executor (cuda_executor.cuh) mirrors them in device memory, uploads every slot
+//   before a step and downloads the written ones after it (fusedopt::cuda).
+// Either way a test reads its results where it wrote its inputs, so one test body serves both
+// backends. CMake compiles each tests/rules/<rule>.hpp twice, from tests/rules/rule_test.in:
+// host_<rule> with host_executor, cuda_<rule> with cuda_executor (Kokkos' IncrementalTest
+// pattern); the test cases name the backend in their tags.
+#pragma once
+
+#include <fusedopt/fusedopt.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace fusedopt_test {
+
+/// A slot bound to the tensors of `Data` (anything whose `tensors()` gives a
+/// std::vector<std::vector<T>>&), read-only (bound as `T const`) when `ReadOnly`.
+template <class Slot, class Data, bool ReadOnly>
+struct data_binding {
+  Data* data;
+  using slot_type = Slot;
+  using value_type = typename std::decay_t<decltype(std::declval<Data&>().tensors())>::value_type::value_type;
+  using element_type = std::conditional_t<ReadOnly, value_type const, value_type>;
+  static constexpr bool read_only = ReadOnly;
+
+  [[nodiscard]] std::vector<std::vector<value_type>>& tensors() const { return data->tensors(); }
+  /// The list over the host vectors.
+  [[nodiscard]] fusedopt::tensor_list<element_type> host_list() const
+  {
+    fusedopt::tensor_list<element_type> list;
+    for (auto& t : tensors()) { list.push_back(t.data(), static_cast<std::int64_t>(t.size())); }
+    return list;
+  }
+};
+
+/// A slot the rule updates: `writes(fusedopt::slot::param, param)`.
+template <class Slot, class Data>
+data_binding<Slot, Data, false> writes(Slot, Data& data)
+{
+  return {&data};
+}
+/// A slot the rule only reads, bound const: `reads(fusedopt::slot::grad, grad)`.
+template <class Slot, class Data>
+data_binding<Slot, Data, true> reads(Slot, Data& data)
+{
+  return {&data};
+}
+
+/// The host backend over the vectors themselves.
+struct host_executor {
+  static constexpr char const* name = "host";
+
+  /// A plan over the bindings; `chunk_elements` 0 takes the backend's default.
+  template <class... Bindings>
+  static auto make_plan(std::int64_t chunk_elements, Bindings... bindings)
+  {
+    fusedopt::host::options opts;
+    if (chunk_elements > 0) { opts.chunk_elements = chunk_elements; }
+    return fusedopt::host::make_plan(fusedopt::bind((typename Bindings::slot_type{} = bindings.host_list())...), opts);
+  }
+};
+
+}  // namespace fusedopt_test
