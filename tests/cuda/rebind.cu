@@ -281,7 +281,10 @@ TEST_CASE("address sets seen recently switch device copies: no upload, the same 
     p.refresh_inputs();
     auto& g = spares[static_cast<std::size_t>(t % sets)]->slot_arena<1>();
     auto& mine = p.slot_arena<1>();
-    FO_TEST_CUDA(cudaMemcpy(g.device, mine.device, mine.host.size() * sizeof(mine.host[0]), cudaMemcpyDeviceToDevice));
+    // On the plan's stream: a device-to-device cudaMemcpy may return before the copy is done,
+    // and the non-blocking stream does not wait for the legacy one.
+    FO_TEST_CUDA(cudaMemcpyAsync(g.device, mine.device, mine.host.size() * sizeof(mine.host[0]),
+                                 cudaMemcpyDeviceToDevice, stream));
     g.host = mine.host;
     std::uint64_t const before = plan.table_uploads();
     if (by_slot) {
