@@ -199,9 +199,11 @@ void bm_copy(benchmark::State& state)
   }
 }
 
-// GPU time of one step of Case over workload w through a plan.
-template <class Case>
-void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options opts)
+/// Calls `body(plan, timer)` with a plan over Case's tensors for workload w on the timer's stream,
+/// or marks the benchmark skipped: when the device lacks the memory, or with the message of
+/// an error.
+template <class Case, class Body>
+void with_plan(benchmark::State& state, fb::workload const& w, fo::cuda::options opts, Body&& body)
 {
   using memory_type = fb::case_state<Case, device_memory>;
   try {
@@ -212,6 +214,17 @@ void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options o
     memory_type memory(w.sizes);
     stream_and_events timer;
     auto const plan = fo::cuda::make_plan(memory.lists(), opts, timer.stream);
+    body(plan, timer);
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// GPU time of one step of Case over workload w through a plan.
+template <class Case>
+void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options opts)
+{
+  with_plan<Case>(state, w, opts, [&](auto const& plan, stream_and_events& timer) {
     device_memory<fb::step_scalars> scalars(1);
     fb::step_scalars const initial{};
     FUSEDOPT_CUDA_TRY(cudaMemcpy(scalars.data(), &initial, sizeof initial, cudaMemcpyHostToDevice));
@@ -253,9 +266,7 @@ void bm_step(benchmark::State& state, fb::workload const& w, fo::cuda::options o
     state.counters["tensors"] = static_cast<double>(w.sizes.size());
     state.counters["elements"] = static_cast<double>(w.elements());
     state.SetLabel(transport_name(plan.metadata()));
-  } catch (std::exception const& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 /// Host wall time of each `call()` (one iteration each), median and largest as counters. The
@@ -303,15 +314,7 @@ void bm_launch_floor(benchmark::State& state)
 template <class Case>
 void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::options opts)
 {
-  using memory_type = fb::case_state<Case, device_memory>;
-  try {
-    if (!enough_memory(memory_type::bytes_needed(w.sizes))) {
-      state.SkipWithError("not enough free device memory for this workload");
-      return;
-    }
-    memory_type memory(w.sizes);
-    stream_and_events timer;
-    auto const plan = fo::cuda::make_plan(memory.lists(), opts, timer.stream);
+  with_plan<Case>(state, w, opts, [&](auto const& plan, stream_and_events& timer) {
     auto const rule = Case::rule();
     std::int64_t step = 1;
     for (int i = 0; i < 10; ++i) { plan.run(rule, fo::step_info{step++}, timer.stream); }
@@ -321,9 +324,7 @@ void bm_host_run(benchmark::State& state, fb::workload const& w, fo::cuda::optio
     state.counters["launches"] = static_cast<double>(plan.launches_per_run());
     state.counters["tensors"] = static_cast<double>(w.sizes.size());
     state.SetLabel(transport_name(plan.metadata()));
-  } catch (std::exception const& e) {
-    state.SkipWithError(e.what());
-  }
+  });
 }
 
 /// How bm_host_rebind hands the plan the moved gradients.

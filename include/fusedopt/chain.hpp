@@ -30,19 +30,12 @@ struct prepared_chain {
 
   /// Each part's per-tensor body (offered only when some part has one).
   template <bool Hooked = (has_tensor_hook_v<P> || ...), std::enable_if_t<Hooked, int> = 0>
-  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  FUSEDOPT_HOST_DEVICE prepared_chain<tensor_body_t<P>...> for_tensor(std::int64_t tensor) const
   {
-    return parts_for_tensor(tensor, std::index_sequence_for<P...>{});
+    return {bodies_for_tensor(parts, tensor)};
   }
 
  private:
-  template <std::size_t... K>
-  FUSEDOPT_HOST_DEVICE auto parts_for_tensor(std::int64_t tensor, std::index_sequence<K...>) const
-  {
-    return prepared_chain<tensor_body_t<P>...>{
-      make_pack(tensor_body_t<P>(::fusedopt::detail::body_for_tensor(pack_get<K>(parts), tensor))...)};
-  }
-
   template <class E, class... Q>
   FUSEDOPT_HOST_DEVICE static void call(E& e, pack<Q...> const& p)
   {

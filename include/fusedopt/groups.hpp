@@ -72,17 +72,9 @@ struct group_dispatch {
 
   /// The tensor's group, looked up once per chunk rather than per element, with every group's
   /// per-tensor body.
-  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  FUSEDOPT_HOST_DEVICE group_of_tensor<tensor_body_t<Bodies>...> for_tensor(std::int64_t tensor) const
   {
-    return bodies_for_tensor(tensor, std::index_sequence_for<Bodies...>{});
-  }
-
- private:
-  template <std::size_t... K>
-  FUSEDOPT_HOST_DEVICE auto bodies_for_tensor(std::int64_t tensor, std::index_sequence<K...>) const
-  {
-    return group_of_tensor<tensor_body_t<Bodies>...>{
-      make_pack(tensor_body_t<Bodies>(::fusedopt::detail::body_for_tensor(pack_get<K>(bodies), tensor))...), group_of[tensor]};
+    return {::fusedopt::detail::bodies_for_tensor(bodies, tensor), group_of[tensor]};
   }
 };
 

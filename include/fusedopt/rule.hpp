@@ -26,6 +26,7 @@
 ///   rule's run-time options need a slot that is not bound (test with `fusedopt::has_slot`).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -34,6 +35,7 @@
 #include <utility>
 
 #include "config.hpp"
+#include "detail/pack.hpp"
 #include "detail/rule_traits.hpp"
 #include "error.hpp"
 #include "meta.hpp"
@@ -156,11 +158,67 @@ template <class B>
 using tensor_body_t =
   std::decay_t<decltype(::fusedopt::detail::body_for_tensor(std::declval<B const&>(), std::int64_t{}))>;
 
+/// The per-tensor bodies of a pack of bodies (a chain's parts, the groups' bodies).
+template <class... B, std::size_t... K>
+FUSEDOPT_HOST_DEVICE pack<tensor_body_t<B>...> bodies_for_tensor(pack<B...> const& bodies, std::int64_t tensor,
+                                                                  std::index_sequence<K...>)
+{
+  return make_pack(tensor_body_t<B>(::fusedopt::detail::body_for_tensor(pack_get<K>(bodies), tensor))...);
+}
+template <class... B>
+FUSEDOPT_HOST_DEVICE pack<tensor_body_t<B>...> bodies_for_tensor(pack<B...> const& bodies, std::int64_t tensor)
+{
+  return bodies_for_tensor(bodies, tensor, std::index_sequence_for<B...>{});
+}
+
+/// The per-element body `slot *= factor`, the factor formed once per step (a learning rate, a
+/// clipping coefficient) or per tensor (a trust ratio): what most blocks' prepare returns.
+template <class Slot>
+struct scale_slot {
+  double factor;
+  template <class E>
+  FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+  {
+    e[Slot{}] *= static_cast<typename E::value_type>(factor);
+  }
+};
+
 /// Runs the rule's run-time check of its options against the bound slots, if it has one.
 template <class R, class Bound>
 void validate_rule(R const& rule, Bound bound)
 {
   if constexpr (has_validate<R, Bound>::value) { rule.validate(bound); }
+}
+
+/// Where a hyperparameter's value may lie, and how a message says so.
+struct value_range {
+  double low, high;
+  bool low_included, high_included;
+  char const* text;  ///< "must ...", after the option's name
+
+  [[nodiscard]] constexpr bool holds(double v) const
+  {
+    return (low_included ? v >= low : v > low) && (high_included ? v <= high : v < high);
+  }
+};
+inline constexpr value_range non_negative{0, HUGE_VAL, true, true, "must not be negative"};
+inline constexpr value_range positive{0, HUGE_VAL, false, true, "must be positive"};
+inline constexpr value_range above_one{1, HUGE_VAL, false, true, "must be > 1"};
+inline constexpr value_range unit_interval{0, 1, true, false, "must be in [0, 1)"};          ///< betas
+inline constexpr value_range closed_unit_interval{0, 1, true, true, "must be in [0, 1]"};
+inline constexpr value_range open_unit_interval{0, 1, false, false, "must be in (0, 1)"};
+inline constexpr value_range half_open_unit_interval{0, 1, false, true, "must be in (0, 1]"};
+
+/// Checks an option of a rule's `validate`: "<name> <range's text>[ (<note>)]" when the value is
+/// outside `range` (NaN included). A value read through a pointer is not checked: on the CUDA
+/// backend it is device memory, which the host does not read (rules keep defined behaviour for
+/// any value read there).
+/// @throws fusedopt::error
+template <class T>
+void expect_range(char const* name, scalar<T> const& option, value_range const& range, char const* note = nullptr)
+{
+  FUSEDOPT_EXPECTS(option.is_pointer() || range.holds(static_cast<double>(option.value)),
+                   std::string(name) + " " + range.text + (note != nullptr ? std::string(" (") + note + ")" : ""));
 }
 
 /// Checks the step a run is about to take, for every rule: steps are 1-based (step_info's

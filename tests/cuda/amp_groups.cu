@@ -13,13 +13,10 @@
 #include <limits>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 
-using adam_problem = problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>,
-                             spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>;
+using adam_problem = adam_problem_of<float, float>;
 
 std::vector<std::int64_t> many_sizes(std::size_t count, std::uint64_t seed)
 {

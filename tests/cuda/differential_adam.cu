@@ -3,8 +3,6 @@
 #include "support.cuh"
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 struct variant {
@@ -29,18 +27,16 @@ Rule configure(variant v, bool amsgrad)
 template <class Rule, class D>
 void adam_sweep(variant v, char const* label)
 {
-  using P = typename D::param;
   using S = typename D::state;
-  sweep<spec<slot::param_t, P>, spec<slot::grad_t, P, fill::symmetric, true>, spec<slot::exp_avg_t, S>,
+  sweep_optimizer<D, spec<slot::exp_avg_t, S>,
         spec<slot::exp_avg_sq_t, S, fill::positive>>([&](std::int64_t) { return configure<Rule>(v, false); }, label);
 }
 
 template <class Rule, class D>
 void amsgrad_sweep(variant v, char const* label)
 {
-  using P = typename D::param;
   using S = typename D::state;
-  sweep<spec<slot::param_t, P>, spec<slot::grad_t, P, fill::symmetric, true>, spec<slot::exp_avg_t, S>,
+  sweep_optimizer<D, spec<slot::exp_avg_t, S>,
         spec<slot::exp_avg_sq_t, S, fill::positive>, spec<slot::max_exp_avg_sq_t, S, fill::positive>>(
     [&](std::int64_t) { return configure<Rule>(v, true); }, label);
 }

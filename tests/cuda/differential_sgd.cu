@@ -3,15 +3,12 @@
 #include "support.cuh"
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 TEMPLATE_TEST_CASE("sgd without momentum matches the host backend bit for bit", "[cuda][sgd]", f32, f64, f16, bf16)
 {
-  using P = typename TestType::param;
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.01);
-  sweep<spec<slot::param_t, P>, spec<slot::grad_t, P, fill::symmetric, true>>(
+  sweep_optimizer<TestType>(
     [&](std::int64_t) {
       fo::rules::sgd opt;
       opt.lr = 0.05;
@@ -25,7 +22,6 @@ TEMPLATE_TEST_CASE("sgd without momentum matches the host backend bit for bit", 
 TEMPLATE_TEST_CASE("sgd with momentum matches the host backend bit for bit", "[cuda][sgd]", f32, f64, f16, bf16,
                    bf16_f32)
 {
-  using P = typename TestType::param;
   using S = typename TestType::state;
   struct variant {
     double momentum, dampening, weight_decay;
@@ -33,7 +29,7 @@ TEMPLATE_TEST_CASE("sgd with momentum matches the host backend bit for bit", "[c
   };
   auto const v = GENERATE(variant{0.9, 0.0, 0.0, false, false}, variant{0.9, 0.1, 0.01, false, true},
                           variant{0.8, 0.0, 0.001, true, false});
-  sweep<spec<slot::param_t, P>, spec<slot::grad_t, P, fill::symmetric, true>, spec<slot::momentum_buffer_t, S>>(
+  sweep_optimizer<TestType, spec<slot::momentum_buffer_t, S>>(
     [&](std::int64_t) {
       fo::rules::sgd opt;
       opt.lr = 0.01;

@@ -5,24 +5,8 @@
 #include <string>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
-namespace {
-using adam_problem = problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>,
-                             spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>;
-
-template <class F>
-std::string message_of(F&& f)
-{
-  try {
-    f();
-  } catch (fo::error const& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using adam_problem = adam_problem_of<float, float>;
 
 TEST_CASE("invalid rule options are rejected before anything is enqueued", "[cuda][errors]")
 {

@@ -6,8 +6,6 @@
 #include <cmath>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 // |a - b| in units of the last place of max(|a|, |b|, floor): a relative ulp distance that

@@ -4,12 +4,9 @@
 #include "support.cuh"
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
-using adam_problem = problem<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,
-                             spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>;
+using adam_problem = adam_problem_of<fo::bfloat16, float>;
 
 double lr_at(std::int64_t t) { return 1e-2 / static_cast<double>(t); }  // a schedule that changes every step
 }  // namespace

@@ -9,13 +9,10 @@
 #include <limits>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 
-using adam_problem = problem<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,
-                             spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>;
+using adam_problem = adam_problem_of<fo::bfloat16, float>;
 
 struct step_state {
   double lr;

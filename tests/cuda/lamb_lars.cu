@@ -16,8 +16,6 @@
 #include <cfloat>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 

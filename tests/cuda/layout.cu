@@ -7,8 +7,6 @@
 #include <limits>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 

@@ -8,8 +8,6 @@
 #include "support.cuh"
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 

@@ -11,23 +11,10 @@
 #include <vector>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
-using adam_problem = problem<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,
-                             spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>;
+using adam_problem = adam_problem_of<fo::bfloat16, float>;
 
-template <class F>
-std::string message_of(F&& f)
-{
-  try {
-    f();
-  } catch (fo::error const& e) {
-    return e.what();
-  }
-  return "";
-}
 
 /// Copies every device arena of `from` into `to` (same layout): the tensors "move".
 template <std::size_t... K>

@@ -8,8 +8,6 @@
 #include <limits>
 
 using namespace fusedopt_test;
-namespace fo = fusedopt;
-namespace slot = fusedopt::slot;
 
 namespace {
 

@@ -29,6 +29,7 @@
 
 namespace fusedopt_test {
 namespace fo = ::fusedopt;
+namespace slot = ::fusedopt::slot;
 
 #define FO_TEST_CUDA(call)                                                                            \
   do {                                                                                                \
@@ -328,6 +329,29 @@ using f16 = dtypes<fo::half, fo::half>;
 using bf16 = dtypes<fo::bfloat16, fo::bfloat16>;
 using bf16_f32 = dtypes<fo::bfloat16, float>;  // bf16 param/grad, fp32 states: the usual mixed case
 
+/// The specs every optimizer binds: the parameter (of type P) and its read-only gradient.
+template <class P>
+using param_spec = spec<slot::param_t, P>;
+template <class P>
+using grad_spec = spec<slot::grad_t, P, fill::symmetric, true>;
+
+/// Adam's four slots: param and grad of type P, exp_avg and exp_avg_sq of type S.
+template <class P, class S>
+using adam_problem_of =
+  problem<param_spec<P>, grad_spec<P>, spec<slot::exp_avg_t, S>, spec<slot::exp_avg_sq_t, S, fill::positive>>;
+
+/// The message of the fusedopt::error `f()` throws, or "" when it throws none.
+template <class F>
+std::string message_of(F&& f)
+{
+  try {
+    f();
+  } catch (fo::error const& e) {
+    return e.what();
+  }
+  return "";
+}
+
 /// The whole sweep for one optimizer configuration: every scenario over edge_sizes().
 template <class... Specs, class MakeRule>
 void sweep(MakeRule&& make_rule, std::string const& label, std::uint64_t seed = 1234)
@@ -336,6 +360,23 @@ void sweep(MakeRule&& make_rule, std::string const& label, std::uint64_t seed = 
     problem<Specs...> p(edge_sizes(), how.placement, seed++);
     check_trajectory(p, make_rule, how, trajectory_steps(), label);
   }
+}
+
+/// The make_rule of a sweep whose rule is the same at every step: a Rule with its defaults
+/// changed by `change`.
+template <class Rule, class Change>
+auto every_step(Change change)
+{
+  Rule rule;
+  change(rule);
+  return [rule](std::int64_t) { return rule; };
+}
+
+/// sweep() of an optimizer over param and grad of `D::param` and the state specs `States...`.
+template <class D, class... States, class MakeRule>
+void sweep_optimizer(MakeRule&& make_rule, std::string const& label)
+{
+  sweep<param_spec<typename D::param>, grad_spec<typename D::param>, States...>(make_rule, label);
 }
 
 // ---- helpers of the issue-5 tests (reductions, AMP, mixed precision) -------------------------

@@ -11,14 +11,10 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "prelude.hpp"
 #include "edge_sizes.hpp"
 #include "reference/harness.hpp"
 
-namespace fo = fusedopt;
-using fo::slot::exp_avg;
-using fo::slot::exp_avg_sq;
-using fo::slot::grad;
-using fo::slot::param;
 
 namespace {
 
@@ -278,22 +274,6 @@ TEST_CASE("results do not depend on the number of threads or the chunk size", "[
 // ---- bad input ---------------------------------------------------------------------------------
 
 namespace {
-
-/// Calls `f`, which must throw fusedopt::error whose message contains every one of `words`.
-void expect_error(std::function<void()> const& f, std::vector<std::string> const& words)
-{
-  try {
-    f();
-    FAIL("no fusedopt::error thrown");
-  } catch (fo::error const& e) {
-    std::string const what = e.what();
-    INFO("message: " << what);
-    for (auto const& w : words) {
-      INFO("expected in the message: " << w);
-      CHECK(what.find(w) != std::string::npos);
-    }
-  }
-}
 
 /// Memory of four slots, poisoned with a pattern that any write would change.
 struct poisoned {

@@ -8,10 +8,8 @@
 
 #include "bits.hpp"
 #include "catch.hpp"
+#include "prelude.hpp"
 
-namespace fo = fusedopt;
-using fo::slot::grad;
-using fo::slot::param;
 
 namespace {
 struct scale_param {

@@ -20,22 +20,11 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "prelude.hpp"
 
-namespace fo = fusedopt;
-using fo::slot::exp_avg;
-using fo::slot::exp_avg_sq;
-using fo::slot::grad;
-using fo::slot::momentum_buffer;
-using fo::slot::param;
 
 namespace {
 
-// Compares without Catch's decomposition: a failure would print megabytes of elements.
-template <class A, class B>
-bool same(A const& a, B const& b)
-{
-  return a == b;
-}
 
 constexpr std::int64_t steps = 12;
 using dvec = std::vector<std::vector<double>>;

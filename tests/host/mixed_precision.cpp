@@ -16,16 +16,8 @@
 
 #include "bits.hpp"
 #include "catch.hpp"
+#include "prelude.hpp"
 
-namespace fo = fusedopt;
-using fo::slot::exp_avg;
-using fo::slot::exp_avg_sq;
-using fo::slot::grad;
-using fo::slot::master;
-using fo::slot::max_exp_avg_sq;
-using fo::slot::momentum_buffer;
-using fo::slot::param;
-// fo::slot::remainder is spelled out: `remainder` at global scope is <cmath>'s function.
 
 namespace {
 

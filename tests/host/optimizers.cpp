@@ -13,9 +13,8 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "prelude.hpp"
 #include "reference/harness.hpp"
-
-namespace fo = fusedopt;
 
 // ---- defaults -------------------------------------------------------------------------------
 
@@ -94,6 +93,15 @@ TEST_CASE("nadam, radam and lion declare what their chains touch", "[optimizers]
 // ---- options rejected -----------------------------------------------------------------------
 
 namespace {
+/// A rule of type Rule with its defaults changed by `change`.
+template <class Rule, class Change>
+Rule changed(Change change)
+{
+  Rule rule;
+  change(rule);
+  return rule;
+}
+
 // Runs `opt` once over poisoned tensors (every state any of these optimizers takes bound) and
 // expects a fusedopt::error mentioning `words`, with the memory left as it was.
 template <class Rule>
@@ -118,133 +126,38 @@ void expect_rejected(Rule const& opt, std::string const& words)
 
 TEST_CASE("sgd, adam and adamw reject bad options as torch does", "[optimizers][errors]")
 {
-  {
-    fo::rules::sgd o;
-    o.lr = -0.1;
-    expect_rejected(o, "learning rate");
-  }
-  {
-    fo::rules::sgd o;
-    o.momentum = -0.5;
-    expect_rejected(o, "momentum");
-  }
-  {
-    fo::rules::sgd o;
-    o.weight_decay = -0.5;
-    expect_rejected(o, "weight_decay");
-  }
-  {
-    fo::rules::sgd o;  // nesterov without momentum
-    o.nesterov = true;
-    expect_rejected(o, "nesterov");
-  }
-  {
-    fo::rules::sgd o;  // nesterov with dampening
-    o.nesterov = true;
-    o.momentum = 0.9;
-    o.dampening = 0.1;
-    expect_rejected(o, "nesterov");
-  }
-  {
-    fo::rules::adam o;
-    o.beta1 = 1.0;
-    expect_rejected(o, "beta1");
-  }
-  {
-    fo::rules::adam o;
-    o.beta2 = -0.1;
-    expect_rejected(o, "beta2");
-  }
-  {
-    fo::rules::adam o;
-    o.eps = -1.0;
-    expect_rejected(o, "eps");
-  }
-  {
-    fo::rules::adam o;
-    o.weight_decay = -1.0;
-    expect_rejected(o, "weight_decay");
-  }
-  {
-    fo::rules::adamw o;
-    o.lr = -1.0;
-    expect_rejected(o, "learning rate");
-  }
-  {
-    fo::rules::adamw o;
-    o.beta2 = 1.5;
-    expect_rejected(o, "beta2");
-  }
-  {
-    fo::rules::adamw o;  // decoupled decay: torch.optim.AdamW rejects it too
-    o.weight_decay = -0.01;
-    expect_rejected(o, "weight_decay");
-  }
+  expect_rejected(changed<fo::rules::sgd>([](auto& o) { o.lr = -0.1; }), "learning rate");
+  expect_rejected(changed<fo::rules::sgd>([](auto& o) { o.momentum = -0.5; }), "momentum");
+  expect_rejected(changed<fo::rules::sgd>([](auto& o) { o.weight_decay = -0.5; }), "weight_decay");
+  // nesterov without momentum, then with dampening
+  expect_rejected(changed<fo::rules::sgd>([](auto& o) { o.nesterov = true; }), "nesterov");
+  expect_rejected(changed<fo::rules::sgd>([](auto& o) { o.nesterov = true; o.momentum = 0.9; o.dampening = 0.1; }),
+                  "nesterov");
+  expect_rejected(changed<fo::rules::adam>([](auto& o) { o.beta1 = 1.0; }), "beta1");
+  expect_rejected(changed<fo::rules::adam>([](auto& o) { o.beta2 = -0.1; }), "beta2");
+  expect_rejected(changed<fo::rules::adam>([](auto& o) { o.eps = -1.0; }), "eps");
+  expect_rejected(changed<fo::rules::adam>([](auto& o) { o.weight_decay = -1.0; }), "weight_decay");
+  expect_rejected(changed<fo::rules::adamw>([](auto& o) { o.lr = -1.0; }), "learning rate");
+  expect_rejected(changed<fo::rules::adamw>([](auto& o) { o.beta2 = 1.5; }), "beta2");
+  // decoupled decay: torch.optim.AdamW rejects a negative one too
+  expect_rejected(changed<fo::rules::adamw>([](auto& o) { o.weight_decay = -0.01; }), "weight_decay");
 }
 
 TEST_CASE("nadam, radam and lion reject bad options as torch does", "[optimizers][errors]")
 {
-  {
-    fo::rules::nadam o;
-    o.beta1 = 1.0;
-    expect_rejected(o, "beta1");
-  }
-  {
-    fo::rules::nadam o;
-    o.beta2 = -0.1;
-    expect_rejected(o, "beta2");
-  }
-  {
-    fo::rules::nadam o;
-    o.eps = -1e-8;
-    expect_rejected(o, "eps");
-  }
-  {
-    fo::rules::nadam o;
-    o.momentum_decay = -1e-3;
-    expect_rejected(o, "momentum_decay");
-  }
-  {
-    fo::rules::nadam o;
-    o.weight_decay = -0.1;
-    expect_rejected(o, "weight_decay");
-  }
-  {
-    fo::rules::nadam o;
-    o.lr = -1e-3;
-    expect_rejected(o, "learning rate");
-  }
-  {
-    fo::rules::nadam o;
-    o.mu_product = 0.0;
-    expect_rejected(o, "mu_product");
-  }
-  {
-    fo::rules::radam o;
-    o.beta2 = 1.0;
-    expect_rejected(o, "beta2");
-  }
-  {
-    fo::rules::radam o;
-    o.weight_decay = -0.1;
-    o.decoupled_weight_decay = true;
-    expect_rejected(o, "weight_decay");
-  }
-  {
-    fo::rules::radam o;
-    o.eps = -1.0;
-    expect_rejected(o, "eps");
-  }
-  {
-    fo::rules::lion o;
-    o.beta1 = 1.5;
-    expect_rejected(o, "beta1");
-  }
-  {
-    fo::rules::lion o;
-    o.beta2 = -0.5;
-    expect_rejected(o, "beta2");
-  }
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.beta1 = 1.0; }), "beta1");
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.beta2 = -0.1; }), "beta2");
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.eps = -1e-8; }), "eps");
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.momentum_decay = -1e-3; }), "momentum_decay");
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.weight_decay = -0.1; }), "weight_decay");
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.lr = -1e-3; }), "learning rate");
+  expect_rejected(changed<fo::rules::nadam>([](auto& o) { o.mu_product = 0.0; }), "mu_product");
+  expect_rejected(changed<fo::rules::radam>([](auto& o) { o.beta2 = 1.0; }), "beta2");
+  expect_rejected(changed<fo::rules::radam>([](auto& o) { o.weight_decay = -0.1; o.decoupled_weight_decay = true; }),
+                  "weight_decay");
+  expect_rejected(changed<fo::rules::radam>([](auto& o) { o.eps = -1.0; }), "eps");
+  expect_rejected(changed<fo::rules::lion>([](auto& o) { o.beta1 = 1.5; }), "beta1");
+  expect_rejected(changed<fo::rules::lion>([](auto& o) { o.beta2 = -0.5; }), "beta2");
 }
 
 namespace {

@@ -9,10 +9,8 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "prelude.hpp"
 
-namespace fo = fusedopt;
-using fo::slot::grad;
-using fo::slot::param;
 
 namespace {
 

@@ -13,12 +13,8 @@
 
 #include "bits.hpp"
 #include "catch.hpp"
+#include "prelude.hpp"
 
-namespace fo = fusedopt;
-using fo::slot::exp_avg;
-using fo::slot::exp_avg_sq;
-using fo::slot::grad;
-using fo::slot::param;
 
 namespace {
 

@@ -209,4 +209,24 @@ std::string context(char const* name, std::string const& options)
   return std::string(name) + "<" + fusedopt::dtype_name<T>() + "> " + options;
 }
 
+/// The hyperparameters of the Adam-family trajectories (Adam, AdamW, NAdam, RAdam): steps
+/// large enough that every term of the update shows within 12 steps; a rule of type Rule
+/// with them, and the options that vary between cases.
+namespace adam_family {
+inline constexpr double lr = 0.05, beta1 = 0.85, beta2 = 0.99, eps = 1e-3;
+
+template <class Rule>
+Rule rule(double weight_decay, bool maximize)
+{
+  Rule opt;
+  opt.lr = lr;
+  opt.beta1 = beta1;
+  opt.beta2 = beta2;
+  opt.eps = eps;
+  opt.weight_decay = weight_decay;
+  opt.maximize = maximize;
+  return opt;
+}
+}  // namespace adam_family
+
 }  // namespace fusedopt_test

@@ -150,6 +150,30 @@ rv lerp(rv self, rv end, double weight)
   return end - (end - self) * coefficient<T>(1 - weight);
 }
 
+/// What torch's Adam, NAdam and RAdam steps share: maximize, then weight decay (decoupled:
+/// param *= 1 - lr * weight_decay; else L2 into the gradient, only when not 0), then the
+/// moments (exp_avg by lerp, exp_avg_sq as an EMA of squares). Returns the gradient used
+/// (NAdam's update reads it).
+struct adam_family_options {
+  double lr, beta1, beta2, weight_decay;
+  bool decoupled, maximize;
+};
+template <class T>
+rv adam_opening(rv& param, rv grad, rv& exp_avg, rv& exp_avg_sq, adam_family_options const& o)
+{
+  rv g = o.maximize ? -grad : grad;
+  if (o.weight_decay != 0) {
+    if (o.decoupled) {
+      param = param * coefficient<T>(exact(1) - exact(o.lr) * exact(o.weight_decay));
+    } else {
+      g = g + coefficient<T>(o.weight_decay) * param;
+    }
+  }
+  exp_avg = lerp<T>(exp_avg, g, 1 - o.beta1);
+  exp_avg_sq = exp_avg_sq * coefficient<T>(o.beta2) + coefficient<T>(1 - o.beta2) * g * g;
+  return g;
+}
+
 /// torch.optim.Adam and torch.optim.AdamW (_single_tensor_adam; AdamW is Adam with decoupled
 /// weight decay: param *= 1 - lr * weight_decay).
 struct adam_reference {
@@ -159,16 +183,7 @@ struct adam_reference {
   template <class T>
   void step(std::int64_t t, rv& param, rv grad, rv& exp_avg, rv& exp_avg_sq, rv& max_exp_avg_sq) const
   {
-    rv g = maximize ? -grad : grad;
-    if (weight_decay != 0) {
-      if (decoupled) {
-        param = param * coefficient<T>(exact(1) - exact(lr) * exact(weight_decay));
-      } else {
-        g = g + coefficient<T>(weight_decay) * param;
-      }
-    }
-    exp_avg = lerp<T>(exp_avg, g, 1 - beta1);
-    exp_avg_sq = exp_avg_sq * coefficient<T>(beta2) + coefficient<T>(1 - beta2) * g * g;
+    adam_opening<T>(param, grad, exp_avg, exp_avg_sq, {lr, beta1, beta2, weight_decay, decoupled, maximize});
     rv const bias_correction1 = exact(1) - power(beta1, t);
     rv const bias_correction2 = exact(1) - power(beta2, t);
     rv const step_size = coefficient<T>(exact(lr) / bias_correction1);
@@ -211,19 +226,11 @@ struct nadam_reference {
   template <class T>
   void step(std::int64_t t, rv mu_product, rv& param, rv grad, rv& exp_avg, rv& exp_avg_sq) const
   {
-    rv g = maximize ? -grad : grad;
     rv const bias_correction2 = exact(1) - power(beta2, t);
-    if (weight_decay != 0) {
-      if (decoupled_weight_decay) {
-        param = param * coefficient<T>(exact(1) - exact(lr) * exact(weight_decay));
-      } else {
-        g = g + coefficient<T>(weight_decay) * param;
-      }
-    }
+    rv const g = adam_opening<T>(param, grad, exp_avg, exp_avg_sq,
+                                 {lr, beta1, beta2, weight_decay, decoupled_weight_decay, maximize});
     rv const mu_t = mu(t);
     rv const mu_next = mu(t + 1);
-    exp_avg = lerp<T>(exp_avg, g, 1 - beta1);
-    exp_avg_sq = exp_avg_sq * coefficient<T>(beta2) + coefficient<T>(1 - beta2) * g * g;
     rv const denom = sqrt(exp_avg_sq / coefficient<T>(bias_correction2)) + coefficient<T>(eps);
     rv const mu_product_next = mu_product * mu_next;
     param = param + coefficient<T>(-exact(lr) * (exact(1) - mu_t) / (exact(1) - mu_product)) * (g / denom);
@@ -248,16 +255,8 @@ struct radam_reference {
   template <class T>
   bool step(std::int64_t t, rv& param, rv grad, rv& exp_avg, rv& exp_avg_sq) const
   {
-    rv g = maximize ? -grad : grad;
-    if (weight_decay != 0) {
-      if (decoupled_weight_decay) {
-        param = param * coefficient<T>(exact(1) - exact(lr) * exact(weight_decay));
-      } else {
-        g = g + coefficient<T>(weight_decay) * param;
-      }
-    }
-    exp_avg = lerp<T>(exp_avg, g, 1 - beta1);
-    exp_avg_sq = exp_avg_sq * coefficient<T>(beta2) + coefficient<T>(1 - beta2) * g * g;
+    adam_opening<T>(param, grad, exp_avg, exp_avg_sq,
+                    {lr, beta1, beta2, weight_decay, decoupled_weight_decay, maximize});
     rv const bias_correction1 = exact(1) - power(beta1, t);
     rv const bias_correction2 = exact(1) - power(beta2, t);
     rv const bias_corrected_exp_avg = exp_avg / coefficient<T>(bias_correction1);

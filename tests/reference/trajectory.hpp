@@ -2,25 +2,33 @@
 // (reference/adaptive.hpp): whole trajectories compared with the references at the end, with
 // a tolerance that grows with the steps, on the backend an executor gives
 // (tests/rules/executor.hpp). harness.hpp instead checks every step on its own (teacher
-// forcing), with tolerances from running error analysis.
+// forcing), with tolerances from running error analysis. The tests of tests/rules/ that use
+// it include it (and through it the executors) in place of rules/executor.hpp.
 #pragma once
 
 #include <fusedopt/fusedopt.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "catch.hpp"
+#include "reference/adaptive.hpp"
+#include "reference/harness.hpp"
+#include "rules/executor.hpp"
 
 namespace fusedopt_test::trajectory {
 
 namespace fo = fusedopt;
+using ::fusedopt_test::from_double;
+using ::fusedopt_test::to_double;
 
 // ---- tolerances -----------------------------------------------------------------------------
 // One place for every dtype. An element is accepted when
@@ -87,15 +95,22 @@ class random_source {
   std::uint64_t state_;
 };
 
-template <class T>
-double to_double(T x)
+/// Every combination of the values of some options, in the order of nested loops over them
+/// (the first option varies slowest): `for (auto [a, b] : combinations({false, true}, {0.0, 0.1}))`.
+template <class First, class... Rest>
+std::vector<std::tuple<First, Rest...>> combinations(std::initializer_list<First> first,
+                                                     std::initializer_list<Rest>... rest)
 {
-  return fo::to_opmath<double>(x);
-}
-template <class T>
-T round_to(double x)
-{
-  return fo::from_opmath<T>(static_cast<fo::opmath_t<T>>(x));
+  std::vector<std::tuple<First, Rest...>> all;
+  if constexpr (sizeof...(Rest) == 0) {
+    for (auto const& f : first) { all.emplace_back(f); }
+  } else {
+    auto const tails = combinations(rest...);
+    for (auto const& f : first) {
+      for (auto const& tail : tails) { all.push_back(std::tuple_cat(std::tuple<First>(f), tail)); }
+    }
+  }
+  return all;
 }
 
 /// One slot over all tensors: what the rule updates (stored, in T), what the reference updates
@@ -111,9 +126,9 @@ struct field {
   {
     for (std::int64_t size : tensor_sizes) {
       auto const count = static_cast<std::size_t>(size);
-      stored.emplace_back(count, round_to<T>(initial));
-      reference.emplace_back(count, to_double(round_to<T>(initial)));
-      peak.emplace_back(count, std::abs(to_double(round_to<T>(initial))));
+      stored.emplace_back(count, from_double<T>(initial));
+      reference.emplace_back(count, to_double(from_double<T>(initial)));
+      peak.emplace_back(count, std::abs(to_double(from_double<T>(initial))));
     }
   }
 
@@ -123,7 +138,7 @@ struct field {
   {
     for (std::size_t t = 0; t < stored.size(); ++t) {
       for (std::size_t i = 0; i < stored[t].size(); ++i) {
-        stored[t][i] = round_to<T>(value());
+        stored[t][i] = from_double<T>(value());
         reference[t][i] = to_double(stored[t][i]);
         peak[t][i] = std::max(peak[t][i], std::abs(reference[t][i]));
       }
@@ -134,20 +149,29 @@ struct field {
   std::vector<std::vector<T>>& tensors() { return stored; }
 };
 
-/// Runs `rule` for num_steps steps over fields {param, grad, states...} on a backend and the
-/// element-wise `reference(values, step)` (values = param, grad, states... in double) on the
-/// same rounded inputs, then compares every written slot. `make_plan(fields, chunk_elements)`
-/// makes the backend's plan over them (an executor's make_plan, tests/rules/executor.hpp).
-template <class T, class Rule, class MakePlan, class Reference>
+/// A plan of `Executor` over fields {param, grad, states...}: param and the states written,
+/// grad read.
+template <class Executor, class T, class... States, std::size_t... K>
+auto bind_fields(std::vector<field<T>>& f, fo::slots<States...>, std::index_sequence<K...>)
+{
+  return Executor::make_plan(chunk_elements, writes(fo::slot::param, f[0]), reads(fo::slot::grad, f[1]),
+                             writes(States{}, f[K + 2])...);
+}
+
+/// Runs `rule` for num_steps steps over fields {param, grad, states...} on the backend of
+/// `Executor` (tests/rules/executor.hpp) and the element-wise `reference(values, step)` (values
+/// = param, grad, states... in double) on the same rounded inputs, then compares every written
+/// slot. `fields` are param, grad, then one per slot of `States...`, bound in that order.
+template <class Executor, class T, class Rule, class... States, class Reference>
 void check_trajectory(std::string const& label, Rule const& rule, std::vector<field<T>>& fields,
-                      MakePlan make_plan, Reference reference, std::uint64_t seed)
+                      fo::slots<States...> states, Reference reference, std::uint64_t seed)
 {
   random_source random(seed);
   field<T>& param = fields[0];
   field<T>& grad = fields[1];
   param.draw([&] { return random.uniform(-1, 1); });
 
-  auto const plan = make_plan(fields, chunk_elements);
+  auto const plan = bind_fields<Executor>(fields, states, std::index_sequence_for<States...>{});
 
   std::vector<double> values(fields.size());
   for (std::int64_t step = 1; step <= num_steps; ++step) {

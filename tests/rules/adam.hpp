@@ -3,14 +3,6 @@
 // typed over float, double, half and bfloat16; on the backend of `executor` (executor.hpp).
 #pragma once
 
-#include <fusedopt/fusedopt.hpp>
-
-#include <cstdint>
-#include <sstream>
-#include <string>
-
-#include "catch.hpp"
-#include "reference/harness.hpp"
 #include "rules/executor.hpp"
 
 namespace fusedopt_test {
@@ -19,7 +11,6 @@ namespace {
 template <class T, class Rule>
 void adam_trajectory(Rule opt, adam_reference const& ref, char const* name)
 {
-  namespace fo = fusedopt;
   std::ostringstream options;
   options << "maximize=" << ref.maximize << " weight_decay=" << ref.weight_decay << " amsgrad=" << ref.amsgrad;
   checker<T> check(context<T>(name, options.str()));
@@ -63,41 +54,33 @@ void adam_trajectory(Rule opt, adam_reference const& ref, char const* name)
   }
 }
 
-/// Adam or AdamW with the test's hyperparameters (the reference gets the same).
-template <class Rule>
-Rule adam_options(double weight_decay, bool amsgrad, bool maximize)
+/// Adam or AdamW with the test's hyperparameters, and its reference.
+template <class Rule, class T>
+void adam_case(double weight_decay, bool amsgrad, bool maximize, bool decoupled, char const* name)
 {
-  Rule opt;
-  opt.lr = 0.05;
-  opt.beta1 = 0.85;
-  opt.beta2 = 0.99;
-  opt.eps = 1e-3;
-  opt.weight_decay = weight_decay;
+  auto opt = adam_family::rule<Rule>(weight_decay, maximize);
   opt.amsgrad = amsgrad;
-  opt.maximize = maximize;
-  return opt;
+  namespace af = adam_family;
+  adam_reference const ref{af::lr, af::beta1, af::beta2, af::eps, weight_decay, amsgrad, maximize, decoupled};
+  adam_trajectory<T>(opt, ref, name);
 }
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("adam matches torch.optim.Adam step by step", "[optimizers][adam]" FUSEDOPT_TEST_BACKEND_TAG, float,
-                   double, fusedopt::half, fusedopt::bfloat16)
+FUSEDOPT_RULE_TEST("adam matches torch.optim.Adam step by step", "[optimizers][adam]")
 {
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.1);
   bool const amsgrad = GENERATE(false, true);
-  adam_trajectory<TestType>(adam_options<fusedopt::rules::adam>(weight_decay, amsgrad, maximize),
-                            {0.05, 0.85, 0.99, 1e-3, weight_decay, amsgrad, maximize, false}, "adam");
+  adam_case<fo::rules::adam, TestType>(weight_decay, amsgrad, maximize, false, "adam");
 }
 
-TEMPLATE_TEST_CASE("adamw matches torch.optim.AdamW step by step", "[optimizers][adamw]" FUSEDOPT_TEST_BACKEND_TAG,
-                   float, double, fusedopt::half, fusedopt::bfloat16)
+FUSEDOPT_RULE_TEST("adamw matches torch.optim.AdamW step by step", "[optimizers][adamw]")
 {
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.5);
   bool const amsgrad = GENERATE(false, true);
-  adam_trajectory<TestType>(adam_options<fusedopt::rules::adamw>(weight_decay, amsgrad, maximize),
-                            {0.05, 0.85, 0.99, 1e-3, weight_decay, amsgrad, maximize, true}, "adamw");
+  adam_case<fo::rules::adamw, TestType>(weight_decay, amsgrad, maximize, true, "adamw");
 }
 
 }  // namespace fusedopt_test

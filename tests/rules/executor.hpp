@@ -5,7 +5,8 @@
 // - cuda_executor (cuda_executor.cuh) mirrors them in device memory, uploads every slot
 //   before a step and downloads the written ones after it (fusedopt::cuda).
 // Either way a test reads its results where it wrote its inputs, so one test body serves both
-// backends. CMake compiles each tests/rules/<rule>.hpp twice, from tests/rules/rule_test.in:
+// backends. This header also brings the step-by-step harness of the torch references
+// (reference/harness.hpp); reference/trajectory.hpp, the whole-trajectory one, includes it. CMake compiles each tests/rules/<rule>.hpp twice, from tests/rules/rule_test.in:
 // host_<rule> with host_executor, cuda_<rule> with cuda_executor (Kokkos' IncrementalTest
 // pattern); the test cases name the backend in their tags.
 #pragma once
@@ -17,7 +18,17 @@
 #include <type_traits>
 #include <vector>
 
+#include "catch.hpp"
+#include "reference/harness.hpp"
+
+/// A rule test: a Catch2 test case over the four element types (TestType), tagged with the
+/// backend it runs on (FUSEDOPT_TEST_BACKEND_TAG, from the generated translation unit).
+#define FUSEDOPT_RULE_TEST(name, tags) \
+  TEMPLATE_TEST_CASE(name, tags FUSEDOPT_TEST_BACKEND_TAG, float, double, fusedopt::half, fusedopt::bfloat16)
+
 namespace fusedopt_test {
+
+namespace fo = fusedopt;
 
 /// A slot bound to the tensors of `Data` (anything whose `tensors()` gives a
 /// std::vector<std::vector<T>>&), read-only (bound as `T const`) when `ReadOnly`.

@@ -3,22 +3,12 @@
 // float, double, half and bfloat16; on the backend of `executor` (executor.hpp).
 #pragma once
 
-#include <fusedopt/fusedopt.hpp>
-
-#include <cmath>
-#include <cstdint>
-#include <sstream>
-
-#include "catch.hpp"
-#include "reference/harness.hpp"
 #include "rules/executor.hpp"
 
 namespace fusedopt_test {
 
-TEMPLATE_TEST_CASE("lion matches the reference Lion step by step", "[optimizers][lion]" FUSEDOPT_TEST_BACKEND_TAG,
-                   float, double, fusedopt::half, fusedopt::bfloat16)
+FUSEDOPT_RULE_TEST("lion matches the reference Lion step by step", "[optimizers][lion]")
 {
-  namespace fo = fusedopt;
   using T = TestType;
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.5);
@@ -38,8 +28,8 @@ TEMPLATE_TEST_CASE("lion matches the reference Lion step by step", "[optimizers]
   auto const sizes = mixed_sizes();
   slot_data<T> param(sizes, 0), grad(sizes, 0), exp_avg(sizes, 0);
   param.randomize(r, -1, 1);
-  auto const plan =
-    executor::make_plan(0, writes(fo::slot::param, param), reads(fo::slot::grad, grad), writes(fo::slot::exp_avg, exp_avg));
+  auto const plan = executor::make_plan(0, writes(fo::slot::param, param), reads(fo::slot::grad, grad),
+                                        writes(fo::slot::exp_avg, exp_avg));
   for (std::int64_t t = 1; t <= reference_steps; ++t) {
     grad.randomize(r, -1, 1);
     auto const p0 = param.snapshot();

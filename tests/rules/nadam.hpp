@@ -5,38 +5,23 @@
 // (executor.hpp).
 #pragma once
 
-#include <fusedopt/fusedopt.hpp>
-
-#include <cmath>
-#include <cstdint>
-#include <sstream>
-
-#include "catch.hpp"
-#include "reference/harness.hpp"
 #include "rules/executor.hpp"
 
 namespace fusedopt_test {
 
-TEMPLATE_TEST_CASE("nadam matches torch.optim.NAdam step by step", "[optimizers][nadam]" FUSEDOPT_TEST_BACKEND_TAG,
-                   float, double, fusedopt::half, fusedopt::bfloat16)
+FUSEDOPT_RULE_TEST("nadam matches torch.optim.NAdam step by step", "[optimizers][nadam]")
 {
-  namespace fo = fusedopt;
   using T = TestType;
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.05);
   bool const decoupled = GENERATE(false, true);
   // A momentum_decay larger than the default makes mu move within 12 steps; an eps that is
   // not negligible makes its placement (outside the square root) visible.
-  fo::rules::nadam opt;
-  opt.lr = 0.05;
-  opt.beta1 = 0.85;
-  opt.beta2 = 0.99;
-  opt.eps = 1e-3;
-  opt.weight_decay = weight_decay;
+  auto opt = adam_family::rule<fo::rules::nadam>(weight_decay, maximize);
   opt.momentum_decay = 0.05;
   opt.decoupled_weight_decay = decoupled;
-  opt.maximize = maximize;
-  nadam_reference const ref{0.05, 0.85, 0.99, 1e-3, weight_decay, 0.05, decoupled, maximize};
+  namespace af = adam_family;
+  nadam_reference const ref{af::lr, af::beta1, af::beta2, af::eps, weight_decay, 0.05, decoupled, maximize};
 
   std::ostringstream options;
   options << "maximize=" << maximize << " weight_decay=" << weight_decay << " decoupled=" << decoupled;

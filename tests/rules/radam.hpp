@@ -4,37 +4,22 @@
 // `executor` (executor.hpp).
 #pragma once
 
-#include <fusedopt/fusedopt.hpp>
-
-#include <cmath>
-#include <cstdint>
-#include <sstream>
-
-#include "catch.hpp"
-#include "reference/harness.hpp"
 #include "rules/executor.hpp"
 
 namespace fusedopt_test {
 
-TEMPLATE_TEST_CASE("radam matches torch.optim.RAdam step by step", "[optimizers][radam]" FUSEDOPT_TEST_BACKEND_TAG,
-                   float, double, fusedopt::half, fusedopt::bfloat16)
+FUSEDOPT_RULE_TEST("radam matches torch.optim.RAdam step by step", "[optimizers][radam]")
 {
-  namespace fo = fusedopt;
   using T = TestType;
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.05);
   bool const decoupled = GENERATE(false, true);
   // beta2 = 0.99 makes rho_t cross 5 at step 6: steps 1-5 take the unrectified branch,
   // steps 6-12 the rectified one.
-  fo::rules::radam opt;
-  opt.lr = 0.05;
-  opt.beta1 = 0.85;
-  opt.beta2 = 0.99;
-  opt.eps = 1e-3;
-  opt.weight_decay = weight_decay;
+  auto opt = adam_family::rule<fo::rules::radam>(weight_decay, maximize);
   opt.decoupled_weight_decay = decoupled;
-  opt.maximize = maximize;
-  radam_reference const ref{0.05, 0.85, 0.99, 1e-3, weight_decay, decoupled, maximize};
+  namespace af = adam_family;
+  radam_reference const ref{af::lr, af::beta1, af::beta2, af::eps, weight_decay, decoupled, maximize};
 
   std::ostringstream options;
   options << "maximize=" << maximize << " weight_decay=" << weight_decay << " decoupled=" << decoupled;

@@ -3,13 +3,6 @@
 // over float, double, half and bfloat16; on the backend of `executor` (executor.hpp).
 #pragma once
 
-#include <fusedopt/fusedopt.hpp>
-
-#include <cstdint>
-#include <sstream>
-
-#include "catch.hpp"
-#include "reference/harness.hpp"
 #include "rules/executor.hpp"
 
 namespace fusedopt_test {
@@ -22,10 +15,8 @@ struct momentum_case {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("sgd matches torch.optim.SGD step by step", "[optimizers][sgd]" FUSEDOPT_TEST_BACKEND_TAG, float,
-                   double, fusedopt::half, fusedopt::bfloat16)
+FUSEDOPT_RULE_TEST("sgd matches torch.optim.SGD step by step", "[optimizers][sgd]")
 {
-  namespace fo = fusedopt;
   using T = TestType;
   bool const maximize = GENERATE(false, true);
   double const weight_decay = GENERATE(0.0, 0.1);

@@ -2,9 +2,6 @@
 /// @brief Adadelta (torch.optim.Adadelta) and its direction block, scale_by_adadelta.
 #pragma once
 
-#include "../chain.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 
@@ -47,8 +44,8 @@ struct scale_by_adadelta {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(rho.is_pointer() || (rho.value >= 0 && rho.value <= 1), "rho must be in [0, 1]");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "eps must not be negative");
+    detail::expect_range("rho", rho, detail::closed_unit_interval);
+    detail::expect_range("eps", eps, detail::non_negative);
   }
 };
 

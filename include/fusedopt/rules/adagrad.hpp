@@ -3,15 +3,11 @@
 /// inverse-time learning-rate decay scale_by_decayed_lr.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
-#include "../chain.hpp"
-#include "../error.hpp"
 #include "../numeric/dtypes.hpp"
-#include "../numeric/math.hpp"
 #include "../tensor_list.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
@@ -48,41 +44,7 @@ struct scale_by_adagrad {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "eps must not be negative");
-  }
-};
-
-/// @brief update *= -lr / (1 + (step - 1) * lr_decay): Adagrad's inverse-time decay of the
-/// learning rate (torch's `clr`), computed once per step in double precision.
-struct scale_by_decayed_lr {
-  scalar<double> lr{1e-2};
-  scalar<double> lr_decay{0.0};
-
-  using reads = slots<>;
-  using writes = slots<>;
-
-  /// The per-step values: the decayed, negated learning rate.
-  struct prepared {
-    double negative_clr;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      e[slot::update] *= static_cast<detail::value_t<E>>(negative_clr);
-    }
-  };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const& s) const
-  {
-    // In double: `step - 1` in int64 overflows at INT64_MIN (a step read from memory is not
-    // checked on the device); the two agree for every |step| < 2^53.
-    double const steps_before = static_cast<double>(s.step.get()) - 1.0;
-    return {-(lr.get() / (1.0 + steps_before * lr_decay.get()))};
-  }
-
-  template <class Bound>
-  void validate(Bound) const
-  {
-    FUSEDOPT_EXPECTS(lr.is_pointer() || lr.value >= 0, "learning rate must not be negative");
-    FUSEDOPT_EXPECTS(lr_decay.is_pointer() || lr_decay.value >= 0, "lr_decay must not be negative");
+    detail::expect_range("eps", eps, detail::non_negative);
   }
 };
 

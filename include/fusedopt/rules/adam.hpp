@@ -2,13 +2,32 @@
 /// @brief Adam and AdamW (torch.optim.Adam / AdamW) and their core block, scale_by_adam.
 #pragma once
 
-#include "../chain.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
+
+namespace detail {
+/// Adam's moments of one element in torch's order of operations (Adam, NAdam and RAdam share
+/// them): exp_avg += (1 - beta1) * (grad - exp_avg) (torch's lerp), exp_avg_sq = beta2 *
+/// exp_avg_sq + (1 - beta2) * grad^2. Returns the new moments.
+template <class T>
+struct adam_moments {
+  T exp_avg, exp_avg_sq;
+};
+template <class E>
+FUSEDOPT_HOST_DEVICE adam_moments<typename E::value_type> update_adam_moments(E& e, double beta1, double beta2)
+{
+  using T = typename E::value_type;
+  T const g = e[slot::grad];
+  T& m = e[slot::exp_avg];
+  T& v = e[slot::exp_avg_sq];
+  m += static_cast<T>(1.0 - beta1) * (g - m);
+  v = static_cast<T>(beta2) * v + static_cast<T>(1.0 - beta2) * g * g;
+  return {m, v};
+}
+}  // namespace detail
+
 namespace rules {
 
 /// @brief Adam's moments and bias-corrected direction:
@@ -32,11 +51,7 @@ struct scale_by_adam {
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       using T = typename E::value_type;
-      T const g = e[slot::grad];
-      T& m = e[slot::exp_avg];
-      T& v = e[slot::exp_avg_sq];
-      m += static_cast<T>(1.0 - beta1) * (g - m);
-      v = static_cast<T>(beta2) * v + static_cast<T>(1.0 - beta2) * g * g;
+      auto const [m, v] = detail::update_adam_moments(e, beta1, beta2);
       T second = v;
       if constexpr (E::has(slot::max_exp_avg_sq)) {
         if (amsgrad) {
@@ -62,9 +77,9 @@ struct scale_by_adam {
   void validate(Bound bound) const
   {
     FUSEDOPT_EXPECTS(!amsgrad || has_slot(bound, slot::max_exp_avg_sq), "amsgrad needs slot 'max_exp_avg_sq' bound");
-    FUSEDOPT_EXPECTS(beta1.is_pointer() || (beta1.value >= 0 && beta1.value < 1), "beta1 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(beta2.is_pointer() || (beta2.value >= 0 && beta2.value < 1), "beta2 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "eps must not be negative");
+    detail::expect_range("beta1", beta1, detail::unit_interval);
+    detail::expect_range("beta2", beta2, detail::unit_interval);
+    detail::expect_range("eps", eps, detail::non_negative);
   }
 };
 

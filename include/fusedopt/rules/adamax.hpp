@@ -3,11 +3,6 @@
 /// learning rate scale_by_bias_corrected_lr.
 #pragma once
 
-#include <cstdint>
-
-#include "../chain.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 
@@ -46,42 +41,9 @@ struct scale_by_adamax {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(beta1.is_pointer() || (beta1.value >= 0 && beta1.value < 1), "beta1 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(beta2.is_pointer() || (beta2.value >= 0 && beta2.value < 1), "beta2 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "eps must not be negative");
-  }
-};
-
-/// @brief update *= -lr / (1 - beta^step): the learning rate with a first-moment bias
-/// correction folded in (torch's `clr` in Adamax), computed once per step in double precision
-/// with math::ipow so that host and device agree to the bit.
-struct scale_by_bias_corrected_lr {
-  scalar<double> lr{2e-3};
-  scalar<double> beta{0.9};
-
-  using reads = slots<>;
-  using writes = slots<>;
-
-  /// The per-step values: the corrected, negated learning rate.
-  struct prepared {
-    double negative_clr;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      e[slot::update] *= static_cast<detail::value_t<E>>(negative_clr);
-    }
-  };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const& s) const
-  {
-    double const bias_correction = 1.0 - math::ipow(beta.get(), s.step.get());
-    return {-(lr.get() / bias_correction)};
-  }
-
-  template <class Bound>
-  void validate(Bound) const
-  {
-    FUSEDOPT_EXPECTS(lr.is_pointer() || lr.value >= 0, "learning rate must not be negative");
-    FUSEDOPT_EXPECTS(beta.is_pointer() || (beta.value >= 0 && beta.value < 1), "beta1 must be in [0, 1)");
+    detail::expect_range("beta1", beta1, detail::unit_interval);
+    detail::expect_range("beta2", beta2, detail::unit_interval);
+    detail::expect_range("eps", eps, detail::non_negative);
   }
 };
 

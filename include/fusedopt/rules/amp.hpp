@@ -186,15 +186,7 @@ struct unscale_gradients {
   using reads = slots<slot::grad_t>;
   using writes = slots<>;
 
-  struct prepared {
-    double inv_scale;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      e[slot::grad] *= static_cast<typename E::value_type>(inv_scale);
-    }
-  };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {inv_scale.get()}; }
+  FUSEDOPT_HOST_DEVICE detail::scale_slot<slot::grad_t> prepare(step_info const&) const { return {inv_scale.get()}; }
 };
 
 /// @brief The reducing block behind skip_if_nonfinite: counts the gradients (as the chain holds
@@ -421,10 +413,8 @@ struct grad_scaler_update {
     FUSEDOPT_EXPECTS(scale != nullptr && growth_tracker != nullptr,
                      "grad_scaler_update: scale and growth_tracker must not be null");
     FUSEDOPT_EXPECTS(!found_inf.is_null(), "grad_scaler_update: found_inf must not be null");
-    FUSEDOPT_EXPECTS(growth_factor.is_pointer() || growth_factor.value > 1.0,
-                     "grad_scaler_update: growth_factor must be > 1");
-    FUSEDOPT_EXPECTS(backoff_factor.is_pointer() || (backoff_factor.value > 0.0 && backoff_factor.value < 1.0),
-                     "grad_scaler_update: backoff_factor must be in (0, 1)");
+    detail::expect_range("grad_scaler_update: growth_factor", growth_factor, detail::above_one);
+    detail::expect_range("grad_scaler_update: backoff_factor", backoff_factor, detail::open_unit_interval);
     FUSEDOPT_EXPECTS(growth_interval > 0, "grad_scaler_update: growth_interval must be positive");
   }
 };

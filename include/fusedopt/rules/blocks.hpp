@@ -6,6 +6,9 @@
 ///   negate_gradient_if and add_weight_decay; it is never stored unless a rule declares it.
 /// - a direction block (momentum, adam_direction, ...) turns grad and states into `update`;
 /// - scale_by_lr multiplies `update` by -lr, apply_update adds it to `param`.
+///
+/// The files of rules/ include this header for the vocabulary of a block (config, error, the
+/// math, rule, scalar and slots headers it includes) and chained.hpp for a named optimizer.
 #pragma once
 
 #include <cmath>
@@ -23,6 +26,18 @@ FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {
 template <class E>
 using value_t = typename E::value_type;
+
+/// The checks of a momentum option whose buffer (`momentum_buffer`) is needed only when it is
+/// not 0: rules::momentum (SGD, LARS) and rules::trace (RMSprop).
+template <class Bound>
+void expect_momentum(scalar<double> const& momentum, Bound bound)
+{
+  expect_range("momentum", momentum, non_negative);
+  FUSEDOPT_EXPECTS(momentum.is_pointer() || momentum.value == 0 || has_slot(bound, slot::momentum_buffer),
+                   "momentum != 0 needs slot 'momentum_buffer' bound");
+  FUSEDOPT_EXPECTS(!momentum.is_pointer() || has_slot(bound, slot::momentum_buffer),
+                   "a momentum read from memory needs slot 'momentum_buffer' bound");
+}
 }  // namespace detail
 
 namespace rules {
@@ -71,7 +86,7 @@ struct add_weight_decay {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "weight_decay must not be negative");
+    detail::expect_range("weight_decay", weight_decay, detail::non_negative);
   }
 };
 
@@ -83,16 +98,8 @@ struct decoupled_weight_decay {
   using reads = slots<slot::param_t>;
   using writes = slots<slot::param_t>;
 
-  struct prepared {
-    double factor;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      // factor is exactly 1 when weight_decay is 0, and x * 1 == x: no branch needed.
-      e[slot::param] *= static_cast<detail::value_t<E>>(factor);
-    }
-  };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const
+  // The factor is exactly 1 when weight_decay is 0, and x * 1 == x: no branch needed.
+  FUSEDOPT_HOST_DEVICE detail::scale_slot<slot::param_t> prepare(step_info const&) const
   {
     double const wd = weight_decay.get();
     return {wd != 0 ? 1.0 - lr.get() * wd : 1.0};
@@ -101,7 +108,7 @@ struct decoupled_weight_decay {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "weight_decay must not be negative");
+    detail::expect_range("weight_decay", weight_decay, detail::non_negative);
   }
 };
 
@@ -151,39 +158,91 @@ struct momentum {
   template <class Bound>
   void validate(Bound bound) const
   {
-    FUSEDOPT_EXPECTS(momentum.is_pointer() || momentum.value >= 0, "momentum must not be negative");
-    FUSEDOPT_EXPECTS(momentum.is_pointer() || momentum.value == 0 || has_slot(bound, slot::momentum_buffer),
-                     "momentum != 0 needs slot 'momentum_buffer' bound");
-    FUSEDOPT_EXPECTS(!momentum.is_pointer() || has_slot(bound, slot::momentum_buffer),
-                     "a momentum read from memory needs slot 'momentum_buffer' bound");
+    detail::expect_momentum(momentum, bound);
     FUSEDOPT_EXPECTS(!nesterov || momentum.is_pointer() || dampening.is_pointer() ||
                        (momentum.value > 0 && dampening.value == 0),
                      "nesterov momentum requires a momentum and zero dampening");
   }
 };
 
-/// @brief update *= -lr.
-struct scale_by_lr {
-  scalar<double> lr{1e-3};
-  using reads = slots<>;
-  using writes = slots<>;
-
-  struct prepared {
-    double negative_lr;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      e[slot::update] *= static_cast<detail::value_t<E>>(negative_lr);
-    }
-  };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {-lr.get()}; }
-
+/// @brief A constant learning rate (the schedule of scale_by_lr): lr at every step.
+struct constant_lr {
+  static constexpr double default_lr = 1e-3;
+  FUSEDOPT_HOST_DEVICE double at(scalar<double> const& lr, step_info const&) const { return lr.get(); }
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(lr.is_pointer() || lr.value >= 0, "learning rate must not be negative");
   }
 };
+
+/// @brief Adagrad's inverse-time decay (torch's `clr`): lr / (1 + (step - 1) * lr_decay).
+struct inverse_time_decay {
+  static constexpr double default_lr = 1e-2;
+  scalar<double> lr_decay{0.0};
+  FUSEDOPT_HOST_DEVICE double at(scalar<double> const& lr, step_info const& s) const
+  {
+    // In double: `step - 1` in int64 overflows at INT64_MIN (a step read from memory is not
+    // checked on the device); the two agree for every |step| < 2^53.
+    double const steps_before = static_cast<double>(s.step.get()) - 1.0;
+    return lr.get() / (1.0 + steps_before * lr_decay.get());
+  }
+  template <class Bound>
+  void validate(Bound) const
+  {
+    detail::expect_range("lr_decay", lr_decay, detail::non_negative);
+  }
+};
+
+/// @brief The learning rate with a first-moment bias correction folded in (torch's `clr` in
+/// Adamax): lr / (1 - beta^step), with math::ipow so that host and device agree to the bit.
+struct bias_corrected {
+  static constexpr double default_lr = 2e-3;
+  scalar<double> beta{0.9};
+  FUSEDOPT_HOST_DEVICE double at(scalar<double> const& lr, step_info const& s) const
+  {
+    double const bias_correction = 1.0 - math::ipow(beta.get(), s.step.get());
+    return lr.get() / bias_correction;
+  }
+  template <class Bound>
+  void validate(Bound) const
+  {
+    detail::expect_range("beta1", beta, detail::unit_interval);
+  }
+};
+
+/// @brief update *= -lr(step): the learning rate of the step under `Schedule` (constant_lr,
+/// inverse_time_decay, bias_corrected, or one of one's own with `at(lr, step)` (the rate of
+/// the step, `lr` being the scalar, read where the schedule needs it),
+/// `default_lr` and `validate`), formed once per step in double (Optax's
+/// scale_by_learning_rate with a schedule). The three aliases below are the library's.
+template <class Schedule>
+struct scale_by_scheduled_lr {
+  scalar<double> lr{Schedule::default_lr};
+  Schedule schedule{};
+  using reads = slots<>;
+  using writes = slots<>;
+
+  FUSEDOPT_HOST_DEVICE detail::scale_slot<slot::update_t> prepare(step_info const& s) const
+  {
+    // The type spelled out: for `return {-schedule.at(lr, s)};` nvcc 13's front end hands the
+    // host compiler `return -(schedule).at(lr, s);` (braces dropped), which does not compile.
+    return detail::scale_slot<slot::update_t>{-schedule.at(lr, s)};
+  }
+
+  template <class Bound>
+  void validate(Bound bound) const
+  {
+    detail::expect_range("learning rate", lr, detail::non_negative);
+    schedule.validate(bound);
+  }
+};
+
+/// @brief update *= -lr.
+using scale_by_lr = scale_by_scheduled_lr<constant_lr>;
+/// @brief update *= -lr / (1 + (step - 1) * lr_decay) (Adagrad): `scale_by_decayed_lr{lr, lr_decay}`.
+using scale_by_decayed_lr = scale_by_scheduled_lr<inverse_time_decay>;
+/// @brief update *= -lr / (1 - beta^step) (Adamax): `scale_by_bias_corrected_lr{lr, beta}`.
+using scale_by_bias_corrected_lr = scale_by_scheduled_lr<bias_corrected>;
 
 /// @brief param += update.
 struct apply_update {

@@ -12,18 +12,11 @@
 
 #include <cfloat>
 #include <cstdint>
-#include <type_traits>
 
-#include "../chain.hpp"
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "../reduce.hpp"
-#include "../rule.hpp"
-#include "../scalar.hpp"
-#include "../slots.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
+#include "norms.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace rules {
@@ -83,10 +76,10 @@ struct scale_by_lamb {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(beta1.is_pointer() || (beta1.value >= 0 && beta1.value < 1), "lamb: beta1 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(beta2.is_pointer() || (beta2.value >= 0 && beta2.value < 1), "lamb: beta2 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "lamb: eps must not be negative");
-    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "lamb: weight_decay must not be negative");
+    detail::expect_range("lamb: beta1", beta1, detail::unit_interval);
+    detail::expect_range("lamb: beta2", beta2, detail::unit_interval);
+    detail::expect_range("lamb: eps", eps, detail::non_negative);
+    detail::expect_range("lamb: weight_decay", weight_decay, detail::non_negative);
   }
 };
 
@@ -108,29 +101,6 @@ struct scale_by_trust_ratio {
   using reads = slots<slot::param_t>;
   using writes = slots<>;
 
-  struct accumulate {
-    template <class E, class Acc>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
-    {
-      using A = std::remove_reference_t<decltype(acc[0])>;  // see accumulator: float, or double on overflow
-      auto const p = static_cast<A>(e[slot::param]);
-      auto const u = static_cast<A>(e[slot::update]);
-      acc[0] += p * p;
-      acc[1] += u * u;
-    }
-  };
-
-  /// The update scaled by one tensor's ratio.
-  struct scaled {
-    double ratio;
-
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      e[slot::update] *= static_cast<typename E::value_type>(ratio);
-    }
-  };
-
   struct prepared {
     reduced norms;
     double max_trust_ratio;
@@ -149,13 +119,19 @@ struct scale_by_trust_ratio {
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
-      scaled{ratio(e.tensor())}(e);
+      for_tensor(e.tensor())(e);
     }
-    /// The ratio formed once per tensor rather than per element (the same bits).
-    FUSEDOPT_HOST_DEVICE scaled for_tensor(std::int64_t tensor) const { return scaled{ratio(tensor)}; }
+    /// The update scaled by the ratio, formed once per tensor rather than per element (the same bits).
+    FUSEDOPT_HOST_DEVICE detail::scale_slot<slot::update_t> for_tensor(std::int64_t tensor) const
+    {
+      return {ratio(tensor)};
+    }
   };
 
-  FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {}; }
+  FUSEDOPT_HOST_DEVICE detail::accumulate_squares<slot::param_t, slot::update_t> prepare_reduce(step_info const&) const
+  {
+    return {};
+  }
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const
   {
     return prepared{r, max_trust_ratio.get(), always_adapt || weight_decay.get() != 0.0};
@@ -164,8 +140,7 @@ struct scale_by_trust_ratio {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(max_trust_ratio.is_pointer() || max_trust_ratio.value > 0,
-                     "trust ratio: max_trust_ratio must be positive");
+    detail::expect_range("trust ratio: max_trust_ratio", max_trust_ratio, detail::positive);
   }
 };
 

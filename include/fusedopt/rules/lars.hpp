@@ -9,18 +9,11 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
-#include "../chain.hpp"
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "../reduce.hpp"
-#include "../rule.hpp"
-#include "../scalar.hpp"
-#include "../slots.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
+#include "norms.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace rules {
@@ -49,18 +42,6 @@ struct scale_by_lars {
   using reduction = fusedopt::reduction<reduce_op::sum, reduce_op::sum>;
   using reads = slots<slot::param_t, slot::grad_t>;
   using writes = slots<>;
-
-  struct accumulate {
-    template <class E, class Acc>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
-    {
-      using A = std::remove_reference_t<decltype(acc[0])>;  // see accumulator: float, or double on overflow
-      auto const p = static_cast<A>(e[slot::param]);
-      auto const g = static_cast<A>(e[slot::grad]);
-      acc[0] += p * p;
-      acc[1] += g * g;
-    }
-  };
 
   /// One tensor's gradient scaling: (grad + weight_decay * param) * local, or none.
   struct scaled {
@@ -103,7 +84,10 @@ struct scale_by_lars {
     }
   };
 
-  FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {}; }
+  FUSEDOPT_HOST_DEVICE detail::accumulate_squares<slot::param_t, slot::grad_t> prepare_reduce(step_info const&) const
+  {
+    return {};
+  }
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const
   {
     return prepared{r, lr.get(), weight_decay.get(), trust_coefficient.get(), eps.get(), clip, exclude};
@@ -112,10 +96,9 @@ struct scale_by_lars {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "lars: weight_decay must not be negative");
-    FUSEDOPT_EXPECTS(trust_coefficient.is_pointer() || trust_coefficient.value > 0,
-                     "lars: trust_coefficient must be positive");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "lars: eps must not be negative");
+    detail::expect_range("lars: weight_decay", weight_decay, detail::non_negative);
+    detail::expect_range("lars: trust_coefficient", trust_coefficient, detail::positive);
+    detail::expect_range("lars: eps", eps, detail::non_negative);
     FUSEDOPT_EXPECTS(!clip || lr.is_pointer() || lr.value > 0, "lars: clip needs a positive learning rate");
   }
 };

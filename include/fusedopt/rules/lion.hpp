@@ -3,12 +3,6 @@
 /// core block, scale_by_lion.
 #pragma once
 
-#include "../chain.hpp"
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
-#include "../scalar.hpp"
-#include "../slots.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 
@@ -51,8 +45,8 @@ struct scale_by_lion {
   void validate(Bound) const
   {
     // The reference implementation (lion-pytorch) accepts betas in the closed interval.
-    FUSEDOPT_EXPECTS(beta1.is_pointer() || (beta1.value >= 0 && beta1.value <= 1), "lion: beta1 must be in [0, 1]");
-    FUSEDOPT_EXPECTS(beta2.is_pointer() || (beta2.value >= 0 && beta2.value <= 1), "lion: beta2 must be in [0, 1]");
+    detail::expect_range("lion: beta1", beta1, detail::closed_unit_interval);
+    detail::expect_range("lion: beta2", beta2, detail::closed_unit_interval);
   }
 };
 

@@ -5,22 +5,18 @@
 
 #include <cstdint>
 
-#include "../chain.hpp"
-#include "../config.hpp"
 #include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "../reduce.hpp"
 #include "../scalar.hpp"
 #include "../slots.hpp"
-#include "blocks.hpp"
-#include "chained.hpp"
+#include "adam.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 
 namespace rules {
 
 /// @brief NAdam's moments and direction (Dozat 2016, as torch.optim.NAdam computes them):
-/// exp_avg += (1 - beta1) * (grad - exp_avg); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2;
+/// exp_avg and exp_avg_sq as Adam's (detail::update_adam_moments);
 /// denom = sqrt(exp_avg_sq / (1 - beta2^t)) + eps;
 /// update = ((1 - mu_t) / (1 - mu_1...mu_t)) * grad / denom
 ///        + (mu_{t+1} / (1 - mu_1...mu_{t+1})) * exp_avg / denom,
@@ -67,10 +63,7 @@ struct scale_by_nadam {
     {
       using T = typename E::value_type;
       T const g = e[slot::grad];
-      T& m = e[slot::exp_avg];
-      T& v = e[slot::exp_avg_sq];
-      m += static_cast<T>(1.0 - beta1) * (g - m);
-      v = static_cast<T>(beta2) * v + static_cast<T>(1.0 - beta2) * g * g;
+      auto const [m, v] = detail::update_adam_moments(e, beta1, beta2);
       // torch divides before the square root here (unlike Adam, which divides after it).
       T const denom = math::sqrt(v / static_cast<T>(bias_correction2)) + static_cast<T>(eps);
       e[slot::update] = (static_cast<T>(grad_coefficient) * g + static_cast<T>(exp_avg_coefficient) * m) / denom;
@@ -101,14 +94,12 @@ struct scale_by_nadam {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(beta1.is_pointer() || (beta1.value >= 0 && beta1.value < 1), "nadam: beta1 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(beta2.is_pointer() || (beta2.value >= 0 && beta2.value < 1), "nadam: beta2 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "nadam: eps must not be negative");
-    FUSEDOPT_EXPECTS(momentum_decay.is_pointer() || momentum_decay.value >= 0,
-                     "nadam: momentum_decay must not be negative");
-    FUSEDOPT_EXPECTS(mu_product.is_pointer() || (mu_product.value > 0 && mu_product.value <= 1),
-                     "nadam: mu_product must be in (0, 1] (the product of the mu of the steps already taken; "
-                     "1 before the first step)");
+    detail::expect_range("nadam: beta1", beta1, detail::unit_interval);
+    detail::expect_range("nadam: beta2", beta2, detail::unit_interval);
+    detail::expect_range("nadam: eps", eps, detail::non_negative);
+    detail::expect_range("nadam: momentum_decay", momentum_decay, detail::non_negative);
+    detail::expect_range("nadam: mu_product", mu_product, detail::half_open_unit_interval,
+                         "the product of the mu of the steps already taken; 1 before the first step");
   }
 };
 
@@ -157,7 +148,7 @@ struct nadam : chained<nadam, chain_rule<negate_gradient_if, decoupled_weight_de
   template <class Bound>
   void validate(Bound bound) const
   {
-    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "nadam: weight_decay must not be negative");
+    detail::expect_range("nadam: weight_decay", weight_decay, detail::non_negative);
     chained::validate(bound);
   }
 };

@@ -42,6 +42,22 @@ struct accumulate_norm {
   }
 };
 
+/// Accumulator 0: the sum of squares of slot `First`; accumulator 1: of slot `Second` (the
+/// per-tensor norms behind LAMB's and LARS's trust ratios). In the accumulator's type, as
+/// accumulate_norm.
+template <class First, class Second>
+struct accumulate_squares {
+  template <class E, class Acc>
+  FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
+  {
+    using A = std::remove_reference_t<decltype(acc[0])>;
+    auto const a = static_cast<A>(e[First{}]);
+    auto const b = static_cast<A>(e[Second{}]);
+    acc[0] += a * a;
+    acc[1] += b * b;
+  }
+};
+
 /// The norm of one tensor (t >= 0) or of all tensors (t < 0) from a norm_reduction's results;
 /// the norm of no elements is 0, as torch's.
 FUSEDOPT_HOST_DEVICE double norm_from(reduced const& r, std::int64_t t, norm_kind kind)
@@ -107,18 +123,10 @@ struct clip_by_global_norm {
   using reads = slots<slot::grad_t>;
   using writes = slots<>;
 
-  struct prepared {
-    double coefficient;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      e[slot::grad] *= static_cast<typename E::value_type>(coefficient);
-    }
-  };
-
   FUSEDOPT_HOST_DEVICE detail::accumulate_norm<slot::grad_t> prepare_reduce(step_info const&) const { return {}; }
 
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const
+  /// grad *= the clipping coefficient.
+  FUSEDOPT_HOST_DEVICE detail::scale_slot<slot::grad_t> prepare(step_info const&, reduced const& r) const
   {
     double const norm = detail::norm_from(r, -1, kind);
     bool const finite = norm - norm == 0.0;
@@ -138,7 +146,7 @@ struct clip_by_global_norm {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(max_norm.is_pointer() || max_norm.value >= 0, "clip_by_global_norm: max_norm must not be negative");
+    detail::expect_range("clip_by_global_norm: max_norm", max_norm, detail::non_negative);
   }
 };
 

@@ -4,20 +4,13 @@
 
 #include <cstdint>
 
-#include "../chain.hpp"
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
-#include "../scalar.hpp"
-#include "../slots.hpp"
-#include "blocks.hpp"
-#include "chained.hpp"
+#include "adam.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace rules {
 
 /// @brief RAdam's moments and rectified direction (Liu et al. 2020, as torch.optim.RAdam):
-/// exp_avg += (1 - beta1) * (grad - exp_avg); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2;
+/// exp_avg and exp_avg_sq as Adam's (detail::update_adam_moments);
 /// m_hat = exp_avg / (1 - beta1^t);
 /// rho_inf = 2 / (1 - beta2) - 1, rho_t = rho_inf - 2 t beta2^t / (1 - beta2^t);
 /// when rho_t > 5: update = m_hat * r_t * sqrt(1 - beta2^t) / (sqrt(exp_avg_sq) + eps) with
@@ -46,11 +39,7 @@ struct scale_by_radam {
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       using T = typename E::value_type;
-      T const g = e[slot::grad];
-      T& m = e[slot::exp_avg];
-      T& v = e[slot::exp_avg_sq];
-      m += static_cast<T>(1.0 - beta1) * (g - m);
-      v = static_cast<T>(beta2) * v + static_cast<T>(1.0 - beta2) * g * g;
+      auto const [m, v] = detail::update_adam_moments(e, beta1, beta2);
       T const m_hat = m / static_cast<T>(bias_correction1);
       T const adaptive = static_cast<T>(rectifier) / (math::sqrt(v) + static_cast<T>(eps));
       e[slot::update] = rectified ? m_hat * adaptive : m_hat;
@@ -81,9 +70,9 @@ struct scale_by_radam {
   template <class Bound>
   void validate(Bound) const
   {
-    FUSEDOPT_EXPECTS(beta1.is_pointer() || (beta1.value >= 0 && beta1.value < 1), "radam: beta1 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(beta2.is_pointer() || (beta2.value >= 0 && beta2.value < 1), "radam: beta2 must be in [0, 1)");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "radam: eps must not be negative");
+    detail::expect_range("radam: beta1", beta1, detail::unit_interval);
+    detail::expect_range("radam: beta2", beta2, detail::unit_interval);
+    detail::expect_range("radam: eps", eps, detail::non_negative);
   }
 };
 
@@ -118,7 +107,7 @@ struct radam : chained<radam, chain_rule<negate_gradient_if, decoupled_weight_de
   template <class Bound>
   void validate(Bound bound) const
   {
-    FUSEDOPT_EXPECTS(weight_decay.is_pointer() || weight_decay.value >= 0, "radam: weight_decay must not be negative");
+    detail::expect_range("radam: weight_decay", weight_decay, detail::non_negative);
     chained::validate(bound);
   }
 };

@@ -3,9 +3,6 @@
 /// trace (a momentum buffer that starts at zero).
 #pragma once
 
-#include "../chain.hpp"
-#include "../error.hpp"
-#include "../numeric/math.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 
@@ -57,8 +54,8 @@ struct scale_by_rms {
   void validate(Bound bound) const
   {
     FUSEDOPT_EXPECTS(!centered || has_slot(bound, slot::grad_avg), "centered needs slot 'grad_avg' bound");
-    FUSEDOPT_EXPECTS(alpha.is_pointer() || alpha.value >= 0, "alpha must not be negative");
-    FUSEDOPT_EXPECTS(eps.is_pointer() || eps.value >= 0, "eps must not be negative");
+    detail::expect_range("alpha", alpha, detail::non_negative);
+    detail::expect_range("eps", eps, detail::non_negative);
   }
 };
 
@@ -94,11 +91,7 @@ struct trace {
   template <class Bound>
   void validate(Bound bound) const
   {
-    FUSEDOPT_EXPECTS(momentum.is_pointer() || momentum.value >= 0, "momentum must not be negative");
-    FUSEDOPT_EXPECTS(momentum.is_pointer() || momentum.value == 0 || has_slot(bound, slot::momentum_buffer),
-                     "momentum != 0 needs slot 'momentum_buffer' bound");
-    FUSEDOPT_EXPECTS(!momentum.is_pointer() || has_slot(bound, slot::momentum_buffer),
-                     "a momentum read from memory needs slot 'momentum_buffer' bound");
+    detail::expect_momentum(momentum, bound);
   }
 };
 
