@@ -40,12 +40,7 @@ TEST_CASE("a captured plan.run replays with the bits of eager runs", "[cuda][gra
   auto const eager_plan = fo::cuda::make_plan(eager.lists(true), opts, stream);
   auto host_plan = fo::host::make_plan(eager.lists(false));
 
-  cudaGraph_t graph = nullptr;
-  FO_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  graph_plan.run(device_rule, device_step, stream);
-  FO_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  FO_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  captured_graph const graph(stream, [&] { graph_plan.run(device_rule, device_step, stream); });
 
   for (std::int64_t t = 1; t <= steps; ++t) {
     // The same gradients for both device problems and the host reference.
@@ -59,7 +54,7 @@ TEST_CASE("a captured plan.run replays with the bits of eager runs", "[cuda][gra
     double const lr_now = lr_at(t);
     upload_bytes(lr, &lr_now, sizeof lr_now);
 
-    FO_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     fo::rules::adamw host_rule;
     host_rule.lr = lr_now;
     eager_plan.run(host_rule, fo::step_info{t}, stream);
@@ -77,8 +72,6 @@ TEST_CASE("a captured plan.run replays with the bits of eager runs", "[cuda][gra
   std::int64_t final_step = 0;
   FO_TEST_CUDA(cudaMemcpy(&final_step, step, sizeof final_step, cudaMemcpyDeviceToHost));
   CHECK(final_step == steps);
-  FO_TEST_CUDA(cudaGraphExecDestroy(exec));
-  FO_TEST_CUDA(cudaGraphDestroy(graph));
   FO_TEST_CUDA(cudaStreamDestroy(stream));
   FO_TEST_CUDA(cudaFree(lr));
   FO_TEST_CUDA(cudaFree(step));

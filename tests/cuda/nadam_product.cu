@@ -4,6 +4,7 @@
 // whose product the host helper (rules::nadam_mu_product) keeps, and the device's product is
 // the helper's, bit for bit; in double and rounded to float as torch's float32 state.
 #include "support.cuh"
+#include "reference/nadam_product.hpp"
 
 #include <cmath>
 
@@ -21,19 +22,6 @@ struct device_state {
   std::int64_t step;
 };
 
-fo::rules::nadam make_nadam()
-{
-  fo::rules::nadam opt;
-  opt.lr = 0.05;
-  opt.beta1 = 0.85;
-  opt.beta2 = 0.99;
-  opt.eps = 1e-3;
-  opt.weight_decay = 0.05;
-  opt.momentum_decay = 0.05;  // mu moves within a few steps
-  opt.decoupled_weight_decay = true;
-  return opt;
-}
-
 }  // namespace
 
 TEST_CASE("nadam with advance_mu_product, captured and replayed, equals host steps with the host helper",
@@ -46,7 +34,7 @@ TEST_CASE("nadam with advance_mu_product, captured and replayed, equals host ste
 
   device_array<device_state> state(1);
   state.set(device_state{1.0, 0});
-  fo::rules::nadam device_opt = make_nadam();
+  fo::rules::nadam device_opt = fusedopt_test::nadam_with_moving_mu();
   device_opt.mu_product = fo::scalar<double>::from_pointer(&state.get()->product);
   auto const device_rule = fo::chain(
     device_opt, fo::rules::advance_mu_product{&state.get()->product, device_opt.beta1, device_opt.momentum_decay, single});
@@ -58,19 +46,14 @@ TEST_CASE("nadam with advance_mu_product, captured and replayed, equals host ste
   auto const device_plan = fo::cuda::make_plan(p.lists(true), {}, stream);
   auto const host_plan = fo::host::make_plan(p.lists(false));
 
-  cudaGraph_t graph = nullptr;
-  FO_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  device_plan.run(device_rule, device_step, stream);
-  FO_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  FO_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  captured_graph const graph(stream, [&] { device_plan.run(device_rule, device_step, stream); });
 
   double product = 1.0;  // the host's: torch's state['mu_product'] before the step
-  fo::rules::nadam host_opt = make_nadam();
+  fo::rules::nadam host_opt = fusedopt_test::nadam_with_moving_mu();
   for (std::int64_t t = 1; t <= steps; ++t) {
     p.refresh_inputs();
     FO_TEST_CUDA(cudaDeviceSynchronize());
-    FO_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     host_opt.mu_product = product;
     host_plan.run(host_opt, fo::step_info{t});
     product = fo::rules::advance_mu_product::advanced(
@@ -88,7 +71,5 @@ TEST_CASE("nadam with advance_mu_product, captured and replayed, equals host ste
     for (int t = 0; t < steps; ++t) { helper.advance(host_opt); }
     CHECK(same_bits(helper.value(), product));
   }
-  FO_TEST_CUDA(cudaGraphExecDestroy(exec));
-  FO_TEST_CUDA(cudaGraphDestroy(graph));
   FO_TEST_CUDA(cudaStreamDestroy(stream));
 }

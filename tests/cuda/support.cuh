@@ -381,6 +381,32 @@ void sweep_optimizer(MakeRule&& make_rule, std::string const& label)
 
 // ---- helpers of the issue-5 tests (reductions, AMP, mixed precision) -------------------------
 
+/// The graph of what `enqueue()` puts on `stream` (captured in thread-local mode),
+/// instantiated; both destroyed with it.
+class captured_graph {
+ public:
+  template <class Enqueue>
+  captured_graph(cudaStream_t stream, Enqueue&& enqueue)
+  {
+    FO_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    enqueue();
+    FO_TEST_CUDA(cudaStreamEndCapture(stream, &graph_));
+    FO_TEST_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  captured_graph(captured_graph const&) = delete;
+  captured_graph& operator=(captured_graph const&) = delete;
+  ~captured_graph()
+  {
+    (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGraphDestroy(graph_);
+  }
+  void launch(cudaStream_t stream) const { FO_TEST_CUDA(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 /// A device array of `n` T, freed on destruction.
 template <class T>
 class device_array {

@@ -9,21 +9,11 @@
 #include <vector>
 
 #include "catch.hpp"
+#include "reference/nadam_product.hpp"
 
 namespace fo = fusedopt;
 
 namespace {
-
-fo::rules::nadam make_nadam()
-{
-  fo::rules::nadam opt;
-  opt.lr = 0.05;
-  opt.beta1 = 0.85;
-  opt.beta2 = 0.99;
-  opt.eps = 1e-3;
-  opt.momentum_decay = 0.05;
-  return opt;
-}
 
 struct tensors {
   std::vector<float> param, grad, exp_avg, exp_avg_sq;
@@ -56,12 +46,12 @@ TEST_CASE("advance_mu_product keeps nadam's product in memory with the bits of t
   auto plan_kept = fo::host::make_plan(kept.lists());
 
   double product = 1.0;  // advanced by the step itself
-  fo::rules::nadam stepped = make_nadam();
+  fo::rules::nadam stepped = fusedopt_test::nadam_with_moving_mu();
   stepped.mu_product = fo::scalar<double>::from_pointer(&product);
   auto const rule = fo::chain(stepped, fo::rules::advance_mu_product{&product, stepped.beta1, stepped.momentum_decay, single});
 
   double caller = 1.0;  // kept by the caller between steps
-  fo::rules::nadam plain = make_nadam();
+  fo::rules::nadam plain = fusedopt_test::nadam_with_moving_mu();
   for (std::int64_t t = 1; t <= 12; ++t) {
     for (std::size_t i = 0; i < n; ++i) {
       float const g = 0.01f * static_cast<float>((static_cast<std::int64_t>(i) * 37 + t * 11) % 41 - 20);
@@ -70,7 +60,7 @@ TEST_CASE("advance_mu_product keeps nadam's product in memory with the bits of t
     plan_in_memory.run(rule, fo::step_info{t});
     plain.mu_product = caller;
     plan_kept.run(plain, fo::step_info{t});
-    caller = fo::rules::advance_mu_product::advanced(caller, fo::rules::scale_by_nadam::mu(0.85, 0.05, t), single);
+    caller = fo::rules::advance_mu_product::advanced(caller, fo::rules::scale_by_nadam::mu(plain.beta1.value, plain.momentum_decay.value, t), single);
     REQUIRE(same_bits(product, caller));
     REQUIRE(std::memcmp(in_memory.param.data(), kept.param.data(), n * sizeof(float)) == 0);
     REQUIRE(std::memcmp(in_memory.exp_avg.data(), kept.exp_avg.data(), n * sizeof(float)) == 0);
@@ -90,6 +80,6 @@ TEST_CASE("advance_mu_product rejects a null product before anything is written"
   auto plan = fo::host::make_plan(x.lists());
   auto const before = x.param;
   fo::rules::advance_mu_product none;  // product null
-  CHECK_THROWS_AS(plan.run(fo::chain(make_nadam(), none), fo::step_info{1}), fo::error);
+  CHECK_THROWS_AS(plan.run(fo::chain(fusedopt_test::nadam_with_moving_mu(), none), fo::step_info{1}), fo::error);
   CHECK(x.param == before);
 }

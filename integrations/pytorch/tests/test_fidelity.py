@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fusedopt_torch as ft  # noqa: E402
 from test_amp import grads_of, make_params  # noqa: E402
-from test_parity import DEVICES, accepts, max_rel, need_device, reference_class  # noqa: E402
+from test_parity import DEVICES, accepts, linear_closure, max_rel, need_device, reference_class  # noqa: E402
 
 TOL = 1e-5
 
@@ -141,11 +141,7 @@ def test_forloop_goes_right_direction_noncontiguous():
         inp = torch.randn(5)
         opt = ours_cls([weight, bias], **kwargs)
 
-        def closure():
-            opt.zero_grad()
-            loss = (weight.mv(inp) + bias).pow(2).sum()
-            loss.backward()
-            return loss
+        closure = linear_closure(opt, weight, bias, inp)
 
         initial = closure().item()
         for _ in range(20):

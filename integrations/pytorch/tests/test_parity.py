@@ -100,6 +100,19 @@ def max_rel_global(a, b):
     return num / max(den, 1e-30)
 
 
+def linear_closure(opt, weight, bias, inp):
+    """torch's test_optim closure: zero the gradients, the squared output of a linear layer,
+    backward; returns the loss."""
+
+    def closure():
+        opt.zero_grad()
+        loss = (weight.mv(inp) + bias).pow(2).sum()
+        loss.backward()
+        return loss
+
+    return closure
+
+
 SIZES = [1, 7, 64, 1000, 4099]
 
 

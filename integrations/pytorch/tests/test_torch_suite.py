@@ -38,6 +38,8 @@ import fusedopt_torch as ft  # noqa: E402
 from torch.nn import Parameter  # noqa: E402
 from torch.optim.lr_scheduler import ReduceLROnPlateau  # noqa: E402
 
+from test_parity import linear_closure  # noqa: E402
+
 OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad, "RMSprop": ft.RMSprop,
         "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta}
 UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
@@ -121,11 +123,7 @@ def test_forloop_goes_right_direction(case, contiguous, with_lrsched):
             opt = cls([weight, bias], **kwargs)
             schedulers = [s(opt) for s in (sched or [])]
 
-            def closure():
-                opt.zero_grad()
-                loss = (weight.mv(inp) + bias).pow(2).sum()
-                loss.backward()
-                return loss
+            closure = linear_closure(opt, weight, bias, inp)
 
             initial = closure().item()
             for _ in range(20):
@@ -172,11 +170,7 @@ def test_param_group_with_lrscheduler_goes_right_direction(case):
         opt = cls([{"params": [weight]}, {"params": [bias], "lr": 0.01}])
         schedulers = [s(opt) for s in sched]
 
-        def closure():
-            opt.zero_grad()
-            loss = (weight.mv(inp) + bias).pow(2).sum()
-            loss.backward()
-            return loss
+        closure = linear_closure(opt, weight, bias, inp)
 
         initial = closure().item()
         for _ in range(20):
