@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import time
-import traceback
 
 import torch
 
@@ -89,17 +88,10 @@ def run_one(args, timer, copy_bps, workload, optimizer, variant, params):
         print(f"  {workload} {optimizer:18s} {variant:12s} {row['gpu_us']:10.1f} us/step {row['pct_copy']:6.1f}% copy"
               f"  host {row['host_us']:8.1f} us  extra {row['extra_bytes'] / 2**20:8.2f} MiB", flush=True)
     except Exception as e:  # noqa: BLE001 - reported, never fatal
-        row["error"] = f"{type(e).__name__}: {e}".strip()[:500]
-        print(f"  {workload} {optimizer:18s} {variant:12s} FAILED: {row['error'].splitlines()[0][:200]}", flush=True)
-        if args.verbose:
-            traceback.print_exc()
+        peers.report_failure(row, e, args.verbose)
     finally:
         step = None
-        if keep:
-            keep.clear()
-        gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        peers.release(keep, torch.device("cuda"))
     return row
 
 

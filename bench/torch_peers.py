@@ -249,6 +249,25 @@ def make_step(variant, optimizer, params, device):
     raise ValueError(f"unknown variant {variant}")
 
 
+def report_failure(row, error, verbose):
+    """Records a variant's failure in its row and prints it (never fatal: the run goes on)."""
+    row["error"] = f"{type(error).__name__}: {error}".strip()[:500]
+    print(f"  {row['workload']} {row['optimizer']:18s} {row['variant']:12s} FAILED: "
+          f"{row['error'].splitlines()[0][:200]}", flush=True)
+    if verbose:
+        traceback.print_exc()
+
+
+def release(keep, device):
+    """Drops a variant's optimizer, graph and compiled function before the next one runs."""
+    if keep:
+        keep.clear()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def run_variant(args, timer, device, copy_bps, workload, optimizer, variant, params):
     sizes = [p.numel() for p in params]
     elements = sum(sizes)
@@ -275,19 +294,10 @@ def run_variant(args, timer, device, copy_bps, workload, optimizer, variant, par
         print(f"  {workload} {optimizer:18s} {variant:12s} {row['gpu_us']:10.1f} us/step  "
               f"{row['pct_copy']:5.1f}% copy  host {row['host_us']:9.1f} us", flush=True)
     except Exception as e:  # noqa: BLE001 - every failure is reported, none is fatal
-        row["error"] = f"{type(e).__name__}: {e}".strip()[:500]
-        print(f"  {workload} {optimizer:18s} {variant:12s} FAILED: {row['error'].splitlines()[0][:200]}", flush=True)
-        if args.verbose:
-            traceback.print_exc()
+        report_failure(row, e, args.verbose)
     finally:
-        # Drop the optimizer, graph and compiled function before the next variant.
         step = None
-        if keep:
-            keep.clear()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+        release(keep, device)
     return row
 
 
