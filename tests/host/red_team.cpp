@@ -165,7 +165,7 @@ TEST_CASE("nadam and adagrad stay defined at the largest and smallest steps", "[
   }
   SECTION("adagrad's decay uses step - 1 in double, without the int64 overflow at INT64_MIN")
   {
-    fo::rules::scale_by_decayed_lr const decayed{0.5, 1e-3};
+    fo::rules::scale_by_decayed_lr const decayed{0.5, {1e-3}};
     auto const low = decayed.prepare(fo::step_info{int64_min});
     CHECK(low.factor == -(0.5 / (1.0 + (static_cast<double>(int64_min) - 1.0) * 1e-3)));
     auto const high = decayed.prepare(fo::step_info{int64_max});

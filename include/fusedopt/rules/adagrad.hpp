@@ -69,7 +69,7 @@ struct adagrad
   FUSEDOPT_HOST_DEVICE chain_type as_chain() const
   {
     return chain(negate_gradient_if{maximize}, add_weight_decay{weight_decay}, scale_by_adagrad{eps},
-                 scale_by_decayed_lr{lr, lr_decay}, apply_update{});
+                 scale_by_decayed_lr{lr, {lr_decay}}, apply_update{});
   }
 };
 

@@ -64,7 +64,7 @@ struct adamax : chained<adamax, chain_rule<negate_gradient_if, add_weight_decay,
   FUSEDOPT_HOST_DEVICE chain_type as_chain() const
   {
     return chain(negate_gradient_if{maximize}, add_weight_decay{weight_decay}, scale_by_adamax{beta1, beta2, eps},
-                 scale_by_bias_corrected_lr{lr, beta1}, apply_update{});
+                 scale_by_bias_corrected_lr{lr, {beta1}}, apply_update{});
   }
 };
 

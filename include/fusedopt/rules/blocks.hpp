@@ -239,9 +239,9 @@ struct scale_by_scheduled_lr {
 
 /// @brief update *= -lr.
 using scale_by_lr = scale_by_scheduled_lr<constant_lr>;
-/// @brief update *= -lr / (1 + (step - 1) * lr_decay) (Adagrad): `scale_by_decayed_lr{lr, lr_decay}`.
+/// @brief update *= -lr / (1 + (step - 1) * lr_decay) (Adagrad): `scale_by_decayed_lr{lr, {lr_decay}}`.
 using scale_by_decayed_lr = scale_by_scheduled_lr<inverse_time_decay>;
-/// @brief update *= -lr / (1 - beta^step) (Adamax): `scale_by_bias_corrected_lr{lr, beta}`.
+/// @brief update *= -lr / (1 - beta^step) (Adamax): `scale_by_bias_corrected_lr{lr, {beta}}`.
 using scale_by_bias_corrected_lr = scale_by_scheduled_lr<bias_corrected>;
 
 /// @brief param += update.
