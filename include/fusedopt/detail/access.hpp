@@ -195,19 +195,47 @@ struct access<Rule, bound_lists<B...>> {
   /// Folds one updated element (`after`; `before` as loaded) into the summary.
   FUSEDOPT_HOST_DEVICE static void summarize(block_summary& s, element_type const& after, element_type const& before)
   {
-    for (std::size_t k = 0; k < num_slots; ++k) {
-      if (quantized[k] && stores[k]) {
-        std::uint32_t const magnitude = float_bits(after.at(k)) & 0x7fffffffu;
-        s.max_bits[k] = magnitude > s.max_bits[k] ? magnitude : s.max_bits[k];
-        s.changed[k] = s.changed[k] || after.at(k) != before.at(k);
-      }
+    summarize(s, after, before, std::make_index_sequence<num_slots>{});
+  }
+  template <std::size_t... K>
+  FUSEDOPT_HOST_DEVICE static void summarize(block_summary& s, element_type const& after, element_type const& before,
+                                             std::index_sequence<K...>)
+  {
+    (summarize_one<K>(s, after, before), ...);
+  }
+  template <std::size_t K>
+  FUSEDOPT_HOST_DEVICE static void summarize_one(block_summary& s, element_type const& after, element_type const& before)
+  {
+    if constexpr (quantized[K] && stores[K]) {
+      std::uint32_t const magnitude = float_bits(after.at(K)) & 0x7fffffffu;
+      s.max_bits[K] = magnitude > s.max_bits[K] ? magnitude : s.max_bits[K];
+      s.changed[K] = s.changed[K] || after.at(K) != before.at(K);
     }
   }
 
-  /// Whether the block's codes and scale of slot K are written: changed, and all finite.
-  FUSEDOPT_HOST_DEVICE static bool rewrites(block_summary const& s, std::size_t k)
+  /// Calls `f(max_bits, changed)` on the entries of every quantized slot the rule stores (the
+  /// CUDA backend folds a warp's summaries through it).
+  template <class F>
+  FUSEDOPT_HOST_DEVICE static void for_each_stored_quantized(block_summary& s, F const& f)
   {
-    return quantized[k] && stores[k] && s.changed[k] && s.max_bits[k] < 0x7f800000u;
+    for_each_stored_quantized(s, f, std::make_index_sequence<num_slots>{});
+  }
+  template <class F, std::size_t... K>
+  FUSEDOPT_HOST_DEVICE static void for_each_stored_quantized(block_summary& s, F const& f, std::index_sequence<K...>)
+  {
+    (visit_stored_quantized<K>(s, f), ...);
+  }
+  template <std::size_t K, class F>
+  FUSEDOPT_HOST_DEVICE static void visit_stored_quantized(block_summary& s, F const& f)
+  {
+    if constexpr (quantized[K] && stores[K]) { f(s.max_bits[K], s.changed[K]); }
+  }
+
+  /// Whether the block's codes and scale of slot K are written: changed, and all finite.
+  template <std::size_t K>
+  FUSEDOPT_HOST_DEVICE static bool rewrites(block_summary const& s)
+  {
+    return s.changed[K] && s.max_bits[K] < 0x7f800000u;
   }
 
   /// Stores element `i` of every written slot, quantized slots with the block's summary.
@@ -223,7 +251,7 @@ struct access<Rule, bound_lists<B...>> {
                                               block_summary const& s)
   {
     if constexpr (stores[K] && quantized[K]) {
-      if (rewrites(s, K)) {
+      if (rewrites<K>(s)) {
         using T = element_t<K>;
         T& block = static_cast<T*>(bases[K])[i / T::block_elements];
         block.codes[i % T::block_elements] =
@@ -247,7 +275,7 @@ struct access<Rule, bound_lists<B...>> {
   FUSEDOPT_HOST_DEVICE static void store_scale(void* const* bases, std::int64_t block, block_summary const& s)
   {
     if constexpr (stores[K] && quantized[K]) {
-      if (rewrites(s, K)) { static_cast<element_t<K>*>(bases[K])[block].absmax = bits_float(s.max_bits[K]); }
+      if (rewrites<K>(s)) { static_cast<element_t<K>*>(bases[K])[block].absmax = bits_float(s.max_bits[K]); }
     }
   }
 

@@ -220,17 +220,16 @@ std::string basic_plan<Policy, B...>::geometry_mismatch(lists_type const& lists)
              " elements but the plan was made for " + std::to_string(lists_.tensor_size(t));
     }
   }
-  constexpr int width = detail::vector_width<lists_type>::value;
-  std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
+  using geometry = detail::slot_geometry<lists_type>;
   for (auto const& e : tensors_) {
     auto const t = static_cast<std::size_t>(e.index);
     void* bases[num_slots];
     detail::tensor_bases(lists, t, bases);
-    int const misaligned = detail::misaligned_slot(bases, sizes);
+    int const misaligned = geometry::misaligned(bases);
     if (misaligned >= 0) {
       return "tensor " + std::to_string(t) + " of slot '" + names[misaligned] + "' is not aligned to its element size";
     }
-    if (detail::vector_head(bases, sizes, width) != e.head) {
+    if (geometry::head(bases) != e.head) {
       return "tensor " + std::to_string(t) +
              " has another alignment class (the offset of its first 16-byte-aligned element) than the plan's";
     }
@@ -314,8 +313,6 @@ void basic_plan<Policy, B...>::rebind(Slot, slot_pointer_t<Slot> const* addresse
     }
   }
   ::fusedopt::detail::check_rebound_addresses<K>(lists_, written_, addresses, count, "cuda::plan::rebind");
-  constexpr int width = detail::vector_width<lists_type>::value;
-  std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
   bool moved = false;
   for (auto const& e : tensors_) {
     void* const address = const_cast<void*>(static_cast<void const*>(addresses[static_cast<std::size_t>(e.index)]));
@@ -323,7 +320,7 @@ void basic_plan<Policy, B...>::rebind(Slot, slot_pointer_t<Slot> const* addresse
     void* bases[num_slots];
     std::copy(std::begin(e.bases), std::end(e.bases), bases);
     bases[K] = address;
-    FUSEDOPT_EXPECTS(detail::vector_head(bases, sizes, width) == e.head,
+    FUSEDOPT_EXPECTS(detail::slot_geometry<lists_type>::head(bases) == e.head,
                      "cuda::plan::rebind: tensor " + std::to_string(e.index) +
                        " has another alignment class (the offset of its first 16-byte-aligned element) than the "
                        "plan's; make a new plan");

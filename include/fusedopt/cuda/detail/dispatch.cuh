@@ -19,6 +19,7 @@
 
 #include "../../bind.hpp"
 #include "../../config.hpp"
+#include "../../detail/access.hpp"
 #include "../../detail/phases.hpp"
 #include "../../error.hpp"
 #include "../../rule.hpp"
@@ -42,7 +43,9 @@ inline int current_device()
   return device;
 }
 
-/// Chunk length: the policy's unless overridden, rounded up to a vector multiple.
+/// Chunk length: the policy's unless overridden, rounded up to a vector multiple, and to whole
+/// blocks where quantized states are bound (blocks are powers of two from 32 elements, so
+/// whole blocks are whole vectors too).
 template <class Policy, class Bound, class Options>
 std::int64_t chunk_length(Options const& opts)
 {
@@ -51,7 +54,7 @@ std::int64_t chunk_length(Options const& opts)
   FUSEDOPT_EXPECTS(opts.max_blocks >= 0, "cuda::options::max_blocks must not be negative");
   std::int64_t const chunk = opts.chunk_elements > 0 ? opts.chunk_elements : Policy::chunk_elements;
   FUSEDOPT_EXPECTS(chunk <= (std::int64_t{1} << 30), "cuda::options::chunk_elements must be at most 2^30");
-  return (chunk + width - 1) / width * width;
+  return ::fusedopt::detail::whole_blocks<Bound>((chunk + width - 1) / width * width);
 }
 
 /// Most blocks per launch: the policy's unless overridden.
