@@ -209,7 +209,8 @@ struct access<Rule, bound_lists<B...>> {
     if constexpr (quantized[K] && stores[K]) {
       std::uint32_t const magnitude = float_bits(after.at(K)) & 0x7fffffffu;
       s.max_bits[K] = magnitude > s.max_bits[K] ? magnitude : s.max_bits[K];
-      s.changed[K] = s.changed[K] || after.at(K) != before.at(K);
+      // A slot the rule writes without reading started at 0, not at its stored value.
+      s.changed[K] = s.changed[K] || !loads[K] || after.at(K) != before.at(K);
     }
   }
 
