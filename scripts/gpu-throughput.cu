@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -158,6 +158,131 @@ void print(result const& r)
               100.0 * rate / r.copy);
 }
 
+
+// ---- --probe: yardsticks for one huge tensor (issue 13). Hand-written kernels that index by
+// blockIdx (no chunk or tensor table), so that the library's kernel can be compared with the
+// same loads, stores and arithmetic minus its table lookups, and with a pure data mover of the
+// same byte mix (4 reads, 3 writes) that does no arithmetic at all.
+
+template <bool Stream, class V>
+__device__ __forceinline__ V load_v(V const* p)
+{
+  if constexpr (Stream) { return __ldcs(p); } else { return *p; }
+}
+template <bool Stream, class V>
+__device__ __forceinline__ void store_v(V* p, V v)
+{
+  if constexpr (Stream) { __stcs(p, v); } else { *p = v; }
+}
+
+struct adam_consts {
+  float lr, beta1, beta2, eps, bc1, bc2_sqrt;
+};
+
+__device__ __forceinline__ void adam_element(float& p, float g, float& m, float& v, adam_consts const& c)
+{
+  m = c.beta1 * m + (1.f - c.beta1) * g;
+  v = c.beta2 * v + (1.f - c.beta2) * g * g;
+  p -= c.lr / c.bc1 * m / (sqrtf(v) / c.bc2_sqrt + c.eps);
+}
+
+/// Adam fp32 on one tensor of n elements (n a multiple of Threads * Vectors * 4): block b owns
+/// elements [b * Threads * Vectors * 4, ...), thread t vectors t, t + Threads, ... of it.
+/// Math = false moves the same bytes without arithmetic (p <- g, m <- v, v <- m).
+template <int Threads, int Vectors, bool Stream, bool Math>
+__global__ void __launch_bounds__(Threads) raw_adam(float4* p, float4 const* g, float4* m, float4* v, adam_consts c)
+{
+  std::int64_t const base = blockIdx.x * std::int64_t{Threads * Vectors} + threadIdx.x;
+  float4 rp[Vectors], rg[Vectors], rm[Vectors], rv[Vectors];
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { rp[u] = load_v<Stream>(p + base + u * Threads); }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { rg[u] = load_v<Stream>(g + base + u * Threads); }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { rm[u] = load_v<Stream>(m + base + u * Threads); }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { rv[u] = load_v<Stream>(v + base + u * Threads); }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) {
+    if constexpr (Math) {
+      adam_element(rp[u].x, rg[u].x, rm[u].x, rv[u].x, c);
+      adam_element(rp[u].y, rg[u].y, rm[u].y, rv[u].y, c);
+      adam_element(rp[u].z, rg[u].z, rm[u].z, rv[u].z, c);
+      adam_element(rp[u].w, rg[u].w, rm[u].w, rv[u].w, c);
+      store_v<Stream>(p + base + u * Threads, rp[u]);
+      store_v<Stream>(m + base + u * Threads, rm[u]);
+      store_v<Stream>(v + base + u * Threads, rv[u]);
+    } else {
+      store_v<Stream>(p + base + u * Threads, rg[u]);
+      store_v<Stream>(m + base + u * Threads, rv[u]);
+      store_v<Stream>(v + base + u * Threads, rm[u]);
+    }
+  }
+}
+
+/// A copy kernel of the same shape: the roofline of a 1:1 read/write mix through the SMs.
+template <int Threads, int Vectors, bool Stream>
+__global__ void __launch_bounds__(Threads) raw_copy(float4* out, float4 const* in)
+{
+  std::int64_t const base = blockIdx.x * std::int64_t{Threads * Vectors} + threadIdx.x;
+  float4 r[Vectors];
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { r[u] = load_v<Stream>(in + base + u * Threads); }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { store_v<Stream>(out + base + u * Threads, r[u]); }
+}
+
+template <int Threads, int Vectors, bool Stream, bool Math>
+double time_raw_adam(adam_memory<float, float> const& mem, std::int64_t n)
+{
+  auto* p = reinterpret_cast<float4*>(mem.params[0]);
+  auto const* g = reinterpret_cast<float4 const*>(mem.params[1]);
+  auto* m = reinterpret_cast<float4*>(mem.states[0]);
+  auto* v = reinterpret_cast<float4*>(mem.states[1]);
+  adam_consts const c{1e-3f, 0.9f, 0.999f, 1e-8f, 0.271f, 0.0547f};
+  auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * Vectors * 4));
+  return time_gpu([&] { raw_adam<Threads, Vectors, Stream, Math><<<blocks, Threads>>>(p, g, m, v, c); }, 10);
+}
+
+template <int Threads, int Vectors, bool Stream>
+double time_raw_copy(float* a, float* b, std::int64_t n)
+{
+  auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * Vectors * 4));
+  return time_gpu([&] { raw_copy<Threads, Vectors, Stream><<<blocks, Threads>>>(reinterpret_cast<float4*>(b),
+                                                                                reinterpret_cast<float4 const*>(a)); },
+                  10);
+}
+
+/// W4 (one tensor of 2^28 floats): the library's kernel beside table-free kernels of the same
+/// shape, a data mover of Adam's byte mix and copy kernels, every figure against the D2D copy.
+int probe(double copy)
+{
+  auto const w4 = fb::all_workloads().back();
+  std::int64_t const n = w4.sizes.front();
+  adam_memory<float, float> memory(w4.sizes);
+  double const adam_bytes = 28.0 * static_cast<double>(n);
+  auto row = [&](char const* label, double s, double bytes) { print({std::string("W4 ") + label, s, bytes, copy}); };
+  {
+    auto const lists = memory.lists();
+    fo::rules::adam rule;
+    auto const plan = fo::cuda::make_plan(lists);
+    row("library adam (default policy)", time_gpu([&] { plan.run(rule, fo::step_info{3}); }, 10), adam_bytes);
+  }
+  row("raw adam t128 v4 .cs", time_raw_adam<128, 4, true, true>(memory, n), adam_bytes);
+  row("raw adam t128 v4 plain", time_raw_adam<128, 4, false, true>(memory, n), adam_bytes);
+  row("raw adam t128 v2 .cs", time_raw_adam<128, 2, true, true>(memory, n), adam_bytes);
+  row("raw adam t128 v2 plain", time_raw_adam<128, 2, false, true>(memory, n), adam_bytes);
+  row("raw adam t256 v4 .cs", time_raw_adam<256, 4, true, true>(memory, n), adam_bytes);
+  row("raw adam t256 v1 plain", time_raw_adam<256, 1, false, true>(memory, n), adam_bytes);
+  row("raw 4r3w mover t128 v4 .cs", time_raw_adam<128, 4, true, false>(memory, n), adam_bytes);
+  row("raw 4r3w mover t128 v4 plain", time_raw_adam<128, 4, false, false>(memory, n), adam_bytes);
+  double const copy_bytes = 8.0 * static_cast<double>(n);
+  row("raw copy t128 v4 .cs", time_raw_copy<128, 4, true>(memory.params[0], memory.states[0], n), copy_bytes);
+  row("raw copy t128 v4 plain", time_raw_copy<128, 4, false>(memory.params[0], memory.states[0], n), copy_bytes);
+  row("raw copy t256 v1 plain", time_raw_copy<256, 1, false>(memory.params[0], memory.states[0], n), copy_bytes);
+  return 0;
+}
+
 }  // namespace
 
 /// Every variant on one workload: block size, bytes per slot, streaming hints, chunk, cap.
@@ -177,17 +302,22 @@ void variants(std::string const& prefix, Rule const& rule, Lists const& lists, d
   run("t256 b64 c3072 stream L+S", time_variant<policy<256, 64, true, true>>(rule, lists, 3072, 0, pb));
   run("t256 b64 c4096 stream L+S min3", time_variant<policy<256, 64, true, true, 3>>(rule, lists, 4096, 0, pb));
   run("t128 b64 c2048 stream L+S min6", time_variant<policy<128, 64, true, true, 6>>(rule, lists, 2048, 0, pb));
+  run("t128 b64 c3072 stream L+S", time_variant<policy<128, 64, true, true>>(rule, lists, 3072, 0, pb));
+  run("t128 b128 c4096 stream L+S", time_variant<policy<128, 128, true, true>>(rule, lists, 4096, 0, pb));
+  run("t128 b64 c8192 stream L+S", time_variant<policy<128, 64, true, true>>(rule, lists, 8192, 0, pb));
 }
 
 int main(int argc, char** argv)
 {
   bool const tune = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
+  bool const probing = argc > 1 && std::strcmp(argv[1], "--probe") == 0;
   cudaDeviceProp prop{};
   FUSEDOPT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
   double const copy = copy_bandwidth();
   std::printf("device %s, %d SMs; D2D copy %.3f TB/s (read + write)\n", prop.name, prop.multiProcessorCount,
               copy * 1e-12);
   std::int64_t const sms = prop.multiProcessorCount;
+  if (probing) { return probe(copy); }
 
   std::vector<result> headline;
   for (auto const& w : fb::all_workloads()) {
