@@ -57,6 +57,7 @@ struct global_table {
   chunk_entry const* chunks;
   tensor_entry<S> const* tensors;
   std::int64_t num_chunks;
+  std::int32_t evict_first;  ///< streaming accesses evict first from L2 (else evict normal)
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
@@ -75,6 +76,7 @@ struct inline_table {
   tensor_entry<S> tensors[max_tensors];
   std::int64_t num_chunks;
   std::int32_t num_tensors;
+  std::int32_t evict_first;  ///< as global_table::evict_first
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
@@ -119,6 +121,7 @@ template <std::size_t S>
 struct layout {
   std::vector<tensor_entry<S>> tensors;  // tensor_entry::index is the position in the lists
   std::vector<chunk_entry> chunks;       // chunk_entry::tensor indexes `tensors`
+  std::int64_t bytes = 0;                // of every bound slot of every tensor
 };
 
 /// Elements before the first element at which every slot's address is 16-byte aligned, or -1
@@ -187,6 +190,7 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
     e.head = vector_head(e.bases, sizes, width);
     auto const local = static_cast<std::int32_t>(out.tensors.size());
     out.tensors.push_back(e);
+    for (std::size_t k = 0; k < S; ++k) { out.bytes += size * static_cast<std::int64_t>(sizes[k]); }
     // A head of h shifts every boundary by h so that chunks after the first start aligned.
     std::int64_t const first = std::min(size, chunk + std::max(e.head, 0));
     out.chunks.push_back(chunk_entry{0, local, static_cast<std::int32_t>(first)});
@@ -199,7 +203,7 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
 
 /// Packs a layout into by-value tables of type `Table`, in order, each as full as it can be.
 template <class Table, std::size_t S>
-std::vector<Table> pack_tables(layout<S> const& plan)
+std::vector<Table> pack_tables(layout<S> const& plan, bool evict_first)
 {
   std::vector<Table> tables;
   Table* current = nullptr;
@@ -212,6 +216,7 @@ std::vector<Table> pack_tables(layout<S> const& plan)
       current = &tables.back();
       current->num_chunks = 0;
       current->num_tensors = 0;
+      current->evict_first = evict_first ? 1 : 0;
       last_tensor = -1;
     }
     if (c.tensor != last_tensor) {
