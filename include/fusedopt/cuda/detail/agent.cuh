@@ -60,7 +60,7 @@ __device__ __forceinline__ void scalar_element(Body const& body, void* const* ba
 /// the body runs on each valid element (as `body(e)`, or `body(e, acc)` in a reduction pass),
 /// in a fixed order (vector u, then element j of the vector), then every slot `Access` stores
 /// is stored: the same per-element semantics as detail::access::update and ::accumulate.
-template <class Access, int W, int U, int Threads, bool StreamLoads, bool StreamStores, class Body,
+template <class Access, int W, int U, int Threads, int LoadMode, int StoreMode, class Body,
           std::size_t... K, class... Acc>
 __device__ __forceinline__ void vector_iteration(Body const& body, void* const* bases, std::int64_t index,
                                                  iteration<U> const& it, std::index_sequence<K...>, Acc&... acc)
@@ -68,7 +68,7 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
   typename tile_of<Access, W, U, std::index_sequence<K...>>::type tile;
   // Every load of the iteration is issued before the first use: several independent 16-byte
   // loads per slot in flight per thread.
-  (load_slot<K, Access, W, U, Threads, StreamLoads>(tile, bases, it), ...);
+  (load_slot<K, Access, W, U, Threads, LoadMode>(tile, bases, it), ...);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (!it.valid[u]) { continue; }
@@ -82,14 +82,14 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
       (from_register<K, Access>(e, ::fusedopt::detail::pack_get<K>(tile).p[u].v[j]), ...);
     }
   }
-  (store_slot<K, Access, W, U, Threads, StreamStores>(tile, bases, it), ...);
+  (store_slot<K, Access, W, U, Threads, StoreMode>(tile, bases, it), ...);
 }
 
 /// The vector path of process_chunk: scalar head elements up to the first vector-aligned one,
 /// vectors of `W` elements, a scalar tail.
 template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                                std::int32_t count, Acc&... acc)
+                                                std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
 {
   constexpr int threads = Policy::block_threads;
   constexpr int unroll = vectors_per_thread<Policy, W, Widest>;
@@ -110,15 +110,18 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
     scalar_element<Access>(body, te.bases, index, vector_end + (tid - heads), acc...);
   }
 
+  constexpr int load_mode = Policy::streaming_loads ? cache_streaming : cache_plain;
+  constexpr int store_mode = Policy::streaming_stores ? cache_streaming : cache_plain;
   constexpr std::int64_t step = static_cast<std::int64_t>(threads) * unroll;
   for (std::int64_t v0 = 0; v0 < vectors; v0 += step) {
     iteration<unroll> it;
     it.first = first;
     it.v0 = v0;
+    it.cache_policy = cache_policy;
     it.tid = tid;
 #pragma unroll
     for (int u = 0; u < unroll; ++u) { it.valid[u] = v0 + u * threads + tid < vectors; }
-    vector_iteration<Access, W, unroll, threads, Policy::streaming_loads, Policy::streaming_stores>(
+    vector_iteration<Access, W, unroll, threads, load_mode, store_mode>(
       body, te.bases, index, it, std::make_index_sequence<S>{}, acc...);
   }
 }
@@ -131,7 +134,7 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
 /// only reads them: process_blocks updates the ones it stores).
 template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                              std::int32_t count, Acc&... acc)
+                                              std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
 {
   static_assert(sizeof...(Acc) <= 1, "one accumulator set per pass");
   static_assert((W & (W - 1)) == 0, "vector widths are powers of two");
@@ -147,7 +150,7 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
     return;
   }
   if constexpr (!Access::any_quantized) {
-    process_vectors<Policy, Access, W, Widest>(body, te, begin, count, acc...);
+    process_vectors<Policy, Access, W, Widest>(body, te, begin, count, cache_policy, acc...);
   }
 }
 

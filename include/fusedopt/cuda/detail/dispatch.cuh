@@ -64,6 +64,20 @@ std::int64_t max_blocks_of(Options const& opts)
   return opts.max_blocks > 0 ? opts.max_blocks : Policy::max_blocks;
 }
 
+/// Whether a launch over tensors of `bytes` (every bound slot) on `device` streams with L2
+/// evict-first: between the size of the device's L2 (a step that fits there is read from it
+/// again by the next step, which evict-first would prevent) and the policy's bound.
+template <class Policy, class Options>
+bool evict_first_for(std::int64_t bytes, Options const& opts, int device)
+{
+  using eviction = decltype(opts.eviction);  // cuda::l2_eviction, declared with the options
+  if (opts.eviction == eviction::evict_first) { return true; }
+  if (opts.eviction == eviction::evict_normal) { return false; }
+  int l2_bytes = 0;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  return bytes > l2_bytes && bytes < Policy::evict_first_below_bytes;
+}
+
 /// Rejects pageable host memory, which kernels cannot read. One query per slot (its first
 /// non-empty tensor) catches the usual mistake without a query per tensor.
 template <class... B, std::size_t... K>

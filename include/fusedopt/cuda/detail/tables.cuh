@@ -17,7 +17,7 @@
 #include "../../bind.hpp"
 #include "../../config.hpp"
 #include "../../error.hpp"
-#include "../../numeric/dtypes.hpp"
+#include "../../numeric/quantization.hpp"
 #include "../../reduce.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -62,6 +62,7 @@ struct global_table {
   chunk_entry const* chunks;
   tensor_entry<S> const* tensors;
   std::int64_t num_chunks;
+  std::int32_t evict_first;  ///< streaming accesses evict first from L2 (else evict normal)
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
@@ -80,6 +81,7 @@ struct inline_table {
   tensor_entry<S> tensors[max_tensors];
   std::int64_t num_chunks;
   std::int32_t num_tensors;
+  std::int32_t evict_first;  ///< as global_table::evict_first
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
@@ -124,6 +126,7 @@ template <std::size_t S>
 struct layout {
   std::vector<tensor_entry<S>> tensors;  // tensor_entry::index is the position in the lists
   std::vector<chunk_entry> chunks;       // chunk_entry::tensor indexes `tensors`
+  std::int64_t bytes = 0;                // of every bound slot of every tensor
 };
 
 /// Elements before the first element at which every slot's address is 16-byte aligned, or -1
@@ -179,6 +182,13 @@ struct slot_geometry<bound_lists<B...>> {
     static constexpr std::size_t alignments[S] = {alignof(std::remove_const_t<typename B::element_type>)...};
     return misaligned_slot(bases, alignments);
   }
+  /// The memory a tensor of `size` elements takes in all slots together.
+  static std::int64_t bytes(std::int64_t size)
+  {
+    return (std::int64_t{0} + ... +
+            (::fusedopt::detail::storage_units<typename B::element_type>(size) *
+             static_cast<std::int64_t>(sizeof(std::remove_const_t<typename B::element_type>))));
+  }
   /// vector_head; -1 (no vector path) where quantized states are bound: a warp per block
   /// takes their elements one by one (agent.cuh, process_blocks).
   static int head(void* const (&bases)[S])
@@ -221,6 +231,7 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
     e.head = geometry::head(e.bases);
     auto const local = static_cast<std::int32_t>(out.tensors.size());
     out.tensors.push_back(e);
+    out.bytes += geometry::bytes(size);
     // A head of h shifts every boundary by h so that chunks after the first start aligned.
     std::int64_t const first = std::min(size, chunk + std::max(e.head, 0));
     out.chunks.push_back(chunk_entry{0, local, static_cast<std::int32_t>(first)});
@@ -233,7 +244,7 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
 
 /// Packs a layout into by-value tables of type `Table`, in order, each as full as it can be.
 template <class Table, std::size_t S>
-std::vector<Table> pack_tables(layout<S> const& plan)
+std::vector<Table> pack_tables(layout<S> const& plan, bool evict_first)
 {
   std::vector<Table> tables;
   Table* current = nullptr;
@@ -246,6 +257,7 @@ std::vector<Table> pack_tables(layout<S> const& plan)
       current = &tables.back();
       current->num_chunks = 0;
       current->num_tensors = 0;
+      current->evict_first = evict_first ? 1 : 0;
       last_tensor = -1;
     }
     if (c.tensor != last_tensor) {
