@@ -46,12 +46,13 @@ inline std::vector<float> reference_map_floats(bool is_signed)
   return out;
 }
 
-/// The code of x in a block of absolute maximum `absmax`: q = x / absmax in float (the
+/// The code of x in a block of absolute maximum `absmax`: q = x * (1 / absmax) in float (the
 /// documented normalisation), then the nearest map value by a linear scan, the lower code on
 /// an exact tie; the code of 0 for absmax 0.
 inline int reference_code(std::vector<float> const& map, float x, float absmax)
 {
-  float const q = absmax > 0.f ? x / absmax : 0.f;
+  float const inverse = absmax > 0.f ? 1.f / absmax : 0.f;
+  float const q = x * inverse;
   int best = 0;
   for (int c = 1; c < static_cast<int>(map.size()); ++c) {
     // The distance to a neighbour of q is exact in double (both are floats of close magnitude).

@@ -256,7 +256,7 @@ struct access<Rule, bound_lists<B...>> {
         using T = element_t<K>;
         T& block = static_cast<T*>(bases[K])[i / T::block_elements];
         block.codes[i % T::block_elements] =
-          quantize(map_of<typename T::map_type>(), e.at(K), bits_float(s.max_bits[K]));
+          quantize(map_of<typename T::map_type>(), e.at(K), inverse_scale(bits_float(s.max_bits[K])));
       }
     }
   }

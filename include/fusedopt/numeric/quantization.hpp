@@ -209,15 +209,19 @@ FUSEDOPT_HOST_DEVICE float dequantize(quantization_map const& map, std::uint8_t 
   return map.values[code] * absmax;
 }
 
-/// The code of `x` in a block of absolute maximum `absmax` (>= |x|, finite): the nearest map
-/// value to q = x / absmax (in float), the lower one at an exact tie; the code of 0 when absmax
-/// is 0. That is the number of midpoints below q, compared in double: the bucket of |q| gives
-/// how many lie below the whole bucket, and two comparisons the ones inside it (three
-/// dependent loads where a bisection takes eight).
-FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map const& map, float x, float absmax)
+/// The factor that normalises a block of absolute maximum `absmax`: 1 / absmax (correctly
+/// rounded, once per block), 0 for a block of zeros.
+FUSEDOPT_HOST_DEVICE float inverse_scale(float absmax) { return absmax > 0.f ? 1.f / absmax : 0.f; }
+
+/// The code of `x` in a block whose inverse_scale is `inverse` (|x| at most the block's absolute
+/// maximum, finite): the nearest map value to q = x * inverse (in float; |q| <= 1), the lower
+/// one at an exact tie; the code of 0 for a block of zeros. That is the number of midpoints
+/// below q, compared in double: the bucket of |q| gives how many lie below the whole bucket,
+/// and two comparisons the ones inside it (three dependent loads where a bisection takes
+/// eight). A multiplication, not a division per element, as bitsandbytes normalises.
+FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map const& map, float x, float inverse)
 {
-  if (!(absmax > 0.f)) { return map.zero_code; }
-  float const q = x / absmax;
+  float const q = x * inverse;
   std::uint32_t const bits = float_bits(q);
   std::uint32_t const magnitude = bits & 0x7fffffffu;
   if (magnitude < quantization_smallest_bits) { return map.zero_code; }

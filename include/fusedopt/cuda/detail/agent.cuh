@@ -170,13 +170,89 @@ __device__ __forceinline__ void warp_summary(typename Access::block_summary& s)
   });
 }
 
+/// Four consecutive elements of a slot of type T in one access (8, 16 or 32 bytes).
+template <class T>
+struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) quad {
+  T v[4];
+};
+
+/// Loads elements i..i+3 of slot K (i a multiple of 4 within one quantized block) into e[0..3]:
+/// a quantized slot as one 4-byte load of codes and the block's scale, any other as one quad.
+template <class Access, std::size_t K>
+__device__ __forceinline__ void load_quad(typename Access::element_type* e, void* const* bases, std::int64_t i)
+{
+  using T = typename Access::template element_t<K>;
+  using V = typename Access::value_type;
+  if constexpr (!Access::loads[K]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) { e[j].at(K) = V(0); }
+  } else if constexpr (Access::quantized[K]) {
+    T const& record = static_cast<T const*>(bases[K])[i / T::block_elements];
+    std::uint32_t const codes = *reinterpret_cast<std::uint32_t const*>(record.codes + i % T::block_elements);
+    float const absmax = record.absmax;
+    auto const& map = ::fusedopt::detail::map_of<typename T::map_type>();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      e[j].at(K) = ::fusedopt::detail::dequantize(map, static_cast<std::uint8_t>(codes >> (8 * j)), absmax);
+    }
+  } else {
+    quad<T> const q = *reinterpret_cast<quad<T> const*>(static_cast<T const*>(bases[K]) + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) { e[j].at(K) = ::fusedopt::to_opmath<V>(q.v[j]); }
+  }
+}
+
+/// Stores e[0..3] into elements i..i+3 of slot K: quantized codes as one 4-byte store (when the
+/// block is rewritten), any other written slot as one quad.
+template <class Access, std::size_t K>
+__device__ __forceinline__ void store_quad(typename Access::element_type const* e, void* const* bases, std::int64_t i,
+                                           typename Access::block_summary const& summary)
+{
+  using T = typename Access::template element_t<K>;
+  if constexpr (Access::stores[K] && Access::quantized[K]) {
+    if (Access::template rewrites<K>(summary)) {
+      T& record = static_cast<T*>(bases[K])[i / T::block_elements];
+      float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
+      auto const& map = ::fusedopt::detail::map_of<typename T::map_type>();
+      std::uint32_t codes = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        codes |= std::uint32_t{::fusedopt::detail::quantize(map, e[j].at(K), inverse)} << (8 * j);
+      }
+      *reinterpret_cast<std::uint32_t*>(record.codes + i % T::block_elements) = codes;
+    }
+  } else if constexpr (Access::stores[K]) {
+    quad<T> q;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) { q.v[j] = ::fusedopt::from_opmath<T>(e[j].at(K)); }
+    *reinterpret_cast<quad<T>*>(static_cast<T*>(bases[K]) + i) = q;
+  }
+}
+
+template <class Access, std::size_t... K>
+__device__ __forceinline__ void load_quads(typename Access::element_type* e, void* const* bases, std::int64_t i,
+                                           std::index_sequence<K...>)
+{
+  (load_quad<Access, K>(e, bases, i), ...);
+}
+
+template <class Access, std::size_t... K>
+__device__ __forceinline__ void store_quads(typename Access::element_type const* e, void* const* bases, std::int64_t i,
+                                            typename Access::block_summary const& summary, std::index_sequence<K...>)
+{
+  (store_quad<Access, K>(e, bases, i, summary), ...);
+}
+
 /// The update worker where quantized states are stored: elements [begin, begin + count) of one
 /// tensor, `begin` a multiple of the block size (make_layout). One warp owns a block: warp w
-/// takes blocks w, w + warps, ... of the chunk, and its lane l the elements l, l + 32, ... of
-/// the block (every load of the warp reads 32 consecutive elements of a slot). The lanes
-/// update their elements in registers, the warp folds their summaries with shuffles (no
-/// shared memory, no other launch), every lane stores its elements with the block's new scale
-/// and lane 0 stores the scale: the steps of detail::access::update_block, the same bits.
+/// takes blocks w, w + warps, ... of the chunk. In a whole block of a tensor whose other slots
+/// are aligned for 4-element accesses (head 0, slot_geometry::head), lane l takes elements
+/// 128 g + 4 l .. 128 g + 4 l + 3 for each g: one access per slot and four elements (16 bytes
+/// of fp32, 4 of codes), each warp access 32 consecutive such groups. Otherwise (a tensor's
+/// last, partial block, or misaligned slots) lane l takes elements l, l + 32, ... one by one.
+/// The lanes update their elements in registers, the warp folds their summaries with shuffles
+/// (no shared memory, no other launch), every lane stores its elements with the block's new
+/// scale and lane 0 stores the scale: the steps of detail::access::update_block, the same bits.
 template <class Policy, class Access, class Body, std::size_t S>
 __device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
                                                std::int32_t count)
@@ -186,30 +262,48 @@ __device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S>
   constexpr int warps = Policy::block_threads / lanes;
   constexpr std::int64_t block = Access::block_elements;
   constexpr int per_lane = static_cast<int>(block / lanes);
+  constexpr bool quads = block % (4 * lanes) == 0;
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
   std::int64_t const end = begin + count;
+  auto update = [&](typename Access::element_type& e, std::int64_t i, typename Access::block_summary& summary) {
+    e.set_position(te.index, i);
+    Access::clear_registers(e);
+    auto const before = e;
+    body(e);
+    Access::summarize(summary, e, before);
+  };
   // `first` is the same in every lane of a warp: the shuffles below see all 32 lanes.
   for (std::int64_t first = begin + warp * block; first < end; first += warps * block) {
     typename Access::element_type e[per_lane];
     auto summary = Access::empty_summary();
+    if (quads && te.head == 0 && first + block <= end) {
 #pragma unroll
-    for (int j = 0; j < per_lane; ++j) {
-      std::int64_t const i = first + lane + j * lanes;
-      if (i < end) {
-        e[j].set_position(te.index, i);
-        Access::load(e[j], te.bases, i, std::make_index_sequence<S>{});
-        Access::clear_registers(e[j]);
-        auto const before = e[j];
-        body(e[j]);
-        Access::summarize(summary, e[j], before);
+      for (int g = 0; g < per_lane / 4; ++g) {
+        load_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
       }
-    }
-    warp_summary<Access>(summary);
 #pragma unroll
-    for (int j = 0; j < per_lane; ++j) {
-      std::int64_t const i = first + lane + j * lanes;
-      if (i < end) { Access::store_in_block(e[j], te.bases, i, summary, std::make_index_sequence<S>{}); }
+      for (int j = 0; j < per_lane; ++j) { update(e[j], first + (j / 4) * 4 * lanes + 4 * lane + j % 4, summary); }
+      warp_summary<Access>(summary);
+#pragma unroll
+      for (int g = 0; g < per_lane / 4; ++g) {
+        store_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, summary, std::make_index_sequence<S>{});
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j) {
+        std::int64_t const i = first + lane + j * lanes;
+        if (i < end) {
+          Access::load(e[j], te.bases, i, std::make_index_sequence<S>{});
+          update(e[j], i, summary);
+        }
+      }
+      warp_summary<Access>(summary);
+#pragma unroll
+      for (int j = 0; j < per_lane; ++j) {
+        std::int64_t const i = first + lane + j * lanes;
+        if (i < end) { Access::store_in_block(e[j], te.bases, i, summary, std::make_index_sequence<S>{}); }
+      }
     }
     if (lane == 0) { Access::store_scales(te.bases, first / block, summary); }
   }

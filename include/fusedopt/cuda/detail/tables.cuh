@@ -189,13 +189,19 @@ struct slot_geometry<bound_lists<B...>> {
             (::fusedopt::detail::storage_units<typename B::element_type>(size) *
              static_cast<std::int64_t>(sizeof(std::remove_const_t<typename B::element_type>))));
   }
-  /// vector_head; -1 (no vector path) where quantized states are bound: a warp per block
-  /// takes their elements one by one (agent.cuh, process_blocks).
+  /// vector_head. Where quantized states are bound (a warp per block, agent.cuh's
+  /// process_blocks): 0 when every other slot is aligned for accesses of four elements (their
+  /// quads: 8 bytes for 16-bit types, 16 for wider ones), else -1 (elements one by one).
   static int head(void* const (&bases)[S])
   {
     static constexpr std::size_t sizes[S] = {sizeof(std::remove_const_t<typename B::element_type>)...};
     if constexpr (quantized) {
-      return -1;
+      static constexpr bool blockwise[S] = {is_blockwise_v<typename B::element_type>...};
+      for (std::size_t k = 0; k < S; ++k) {
+        std::size_t const quad_bytes = std::min<std::size_t>(4 * sizes[k], 16);
+        if (!blockwise[k] && reinterpret_cast<std::uintptr_t>(bases[k]) % quad_bytes != 0) { return -1; }
+      }
+      return 0;
     } else {
       return vector_head(bases, sizes, vector_width<bound_lists<B...>>::value);
     }
@@ -205,8 +211,8 @@ struct slot_geometry<bound_lists<B...>> {
 /// Records every non-empty tensor (bases, head) and cuts it into chunks of `chunk` elements
 /// (a multiple of `width`) whose boundaries fall on vector boundaries: chunk 0 holds the head,
 /// so only the first chunk of a tensor has scalar head elements and only the last a tail.
-/// With quantized states the head is -1 and `chunk` a multiple of their block: every chunk
-/// starts at a multiple of `chunk`, so it holds whole blocks of its tensor.
+/// With quantized states the head is 0 or -1 and `chunk` a multiple of their block: every
+/// chunk starts at a multiple of `chunk`, so it holds whole blocks of its tensor.
 /// @throws fusedopt::error if a pointer is not aligned to its element size or the list holds
 /// more than 2^31 - 1 tensors.
 template <class... B, std::size_t... K>
