@@ -54,6 +54,7 @@ class slot_memory {
     for (std::size_t i = 0; i < sizes_.size(); ++i) { l.push_back(values_.data() + offsets_[i], sizes_[i]); }
     return l;
   }
+  [[nodiscard]] fo::tensor_list<T const> const_list() { return list<T const>(); }
   [[nodiscard]] std::vector<T>& values() { return values_; }
   [[nodiscard]] std::vector<unsigned char> bytes() const
   {
@@ -103,6 +104,25 @@ void expect_same_bits_in_every_version(Rule const& rule, Bind const& bind, std::
 }
 
 range const params{-1, 1}, grads{-1e-2, 1e-2}, first_moments{-1e-3, 1e-3}, second_moments{1e-9, 1e-5};
+std::vector<range> const adam_ranges{params, grads, first_moments, second_moments};
+std::vector<range> const sgd_ranges{params, grads, first_moments};
+
+// param, grad, exp_avg, exp_avg_sq and, with amsgrad, max_exp_avg_sq.
+struct bind_adam_slots {
+  template <class P, class G, class M, class V, class... Max>
+  auto operator()(P& p, G& g, M& m, V& v, Max&... vmax) const
+  {
+    return fo::bind(param = p.list(), grad = g.const_list(), exp_avg = m.list(), exp_avg_sq = v.list(),
+                    (max_exp_avg_sq = vmax.list())...);
+  }
+};
+struct bind_sgd_slots {
+  template <class P, class G, class B>
+  auto operator()(P& p, G& g, B& b) const
+  {
+    return fo::bind(param = p.list(), grad = g.const_list(), momentum_buffer = b.list());
+  }
+};
 
 // master -> param and param -> master in one element: both conversions in every loop version.
 struct swap_param_and_master {
@@ -172,36 +192,21 @@ TEST_CASE("host loop versions: optimizers give the baseline's bits", "[instructi
   {
     fo::rules::adam rule;
     rule.weight_decay = 1e-2;
-    expect_same_bits_in_every_version<float, float, float, float>(
-      rule,
-      [](auto& p, auto& g, auto& m, auto& v) {
-        return fo::bind(param = p.list(), grad = g.template list<float const>(), exp_avg = m.list(), exp_avg_sq = v.list());
-      },
-      {params, grads, first_moments, second_moments});
+    expect_same_bits_in_every_version<float, float, float, float>(rule, bind_adam_slots{}, adam_ranges);
   }
   SECTION("AdamW, bf16 params and grads, fp32 moments")
   {
-    fo::rules::adamw rule;
-    expect_same_bits_in_every_version<fo::bfloat16, fo::bfloat16, float, float>(
-      rule,
-      [](auto& p, auto& g, auto& m, auto& v) {
-        return fo::bind(param = p.list(), grad = g.template list<fo::bfloat16 const>(), exp_avg = m.list(),
-                        exp_avg_sq = v.list());
-      },
-      {params, grads, first_moments, second_moments});
+    expect_same_bits_in_every_version<fo::bfloat16, fo::bfloat16, float, float>(fo::rules::adamw{}, bind_adam_slots{},
+                                                                                 adam_ranges);
   }
   SECTION("Adam with amsgrad, half params and grads, maximize")
   {
     fo::rules::adam rule;
     rule.amsgrad = true;
     rule.maximize = true;
-    expect_same_bits_in_every_version<fo::half, fo::half, float, float, float>(
-      rule,
-      [](auto& p, auto& g, auto& m, auto& v, auto& vmax) {
-        return fo::bind(param = p.list(), grad = g.template list<fo::half const>(), exp_avg = m.list(),
-                        exp_avg_sq = v.list(), max_exp_avg_sq = vmax.list());
-      },
-      {params, grads, first_moments, second_moments, second_moments});
+    auto ranges = adam_ranges;
+    ranges.push_back(second_moments);
+    expect_same_bits_in_every_version<fo::half, fo::half, float, float, float>(rule, bind_adam_slots{}, ranges);
   }
   SECTION("SGD, Nesterov momentum, fp32")
   {
@@ -210,47 +215,28 @@ TEST_CASE("host loop versions: optimizers give the baseline's bits", "[instructi
     rule.momentum = 0.9;
     rule.nesterov = true;
     rule.weight_decay = 1e-4;
-    expect_same_bits_in_every_version<float, float, float>(
-      rule,
-      [](auto& p, auto& g, auto& b) {
-        return fo::bind(param = p.list(), grad = g.template list<float const>(), momentum_buffer = b.list());
-      },
-      {params, grads, first_moments});
+    expect_same_bits_in_every_version<float, float, float>(rule, bind_sgd_slots{}, sgd_ranges);
   }
-  SECTION("SGD, dampened momentum, double")
+  SECTION("SGD, dampened momentum, bf16 params and buffers, double")
   {
     fo::rules::sgd rule;
     rule.lr = 1e-2;
     rule.momentum = 0.9;
     rule.dampening = 0.1;
-    expect_same_bits_in_every_version<double, double, double>(
-      rule,
-      [](auto& p, auto& g, auto& b) {
-        return fo::bind(param = p.list(), grad = g.template list<double const>(), momentum_buffer = b.list());
-      },
-      {params, grads, first_moments});
+    expect_same_bits_in_every_version<fo::bfloat16, fo::bfloat16, fo::bfloat16>(rule, bind_sgd_slots{}, sgd_ranges);
+    expect_same_bits_in_every_version<double, double, double>(rule, bind_sgd_slots{}, sgd_ranges);
   }
   SECTION("clipping by the global norm, then AdamW: a reduction pass")
   {
     fo::rules::clip_by_global_norm clip;
     clip.max_norm = 0.1;
-    auto const rule = fo::chain(clip, fo::rules::adamw{});
-    expect_same_bits_in_every_version<float, float, float, float>(
-      rule,
-      [](auto& p, auto& g, auto& m, auto& v) {
-        return fo::bind(param = p.list(), grad = g.template list<float const>(), exp_avg = m.list(), exp_avg_sq = v.list());
-      },
-      {params, grads, first_moments, second_moments});
+    expect_same_bits_in_every_version<float, float, float, float>(fo::chain(clip, fo::rules::adamw{}),
+                                                                  bind_adam_slots{}, adam_ranges);
   }
   SECTION("LAMB, bf16 params: per-tensor reductions of several slots")
   {
-    fo::rules::lamb rule;
-    expect_same_bits_in_every_version<fo::bfloat16, float, float, float>(
-      rule,
-      [](auto& p, auto& g, auto& m, auto& v) {
-        return fo::bind(param = p.list(), grad = g.template list<float const>(), exp_avg = m.list(), exp_avg_sq = v.list());
-      },
-      {params, grads, first_moments, second_moments});
+    expect_same_bits_in_every_version<fo::bfloat16, float, float, float>(fo::rules::lamb{}, bind_adam_slots{},
+                                                                         adam_ranges);
   }
 }
 
