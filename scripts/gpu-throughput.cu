@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -137,13 +137,21 @@ struct policy : fo::cuda::detail::default_policy {
 /// policy reaches the chunking and every kernel through make_plan<P>.
 template <class P, class Rule, class... B>
 double time_variant(Rule const& rule, fo::bound_lists<B...> const& lists, std::int64_t chunk, std::int64_t max_blocks,
-                    int per_batch)
+                    int per_batch, fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic)
 {
   fo::cuda::options opts;
   opts.chunk_elements = chunk;
   opts.max_blocks = max_blocks;
+  opts.eviction = eviction;
   auto const plan = fo::cuda::make_plan<P>(lists, opts);
   return time_gpu([&] { plan.run(rule, fo::step_info{3}); }, per_batch);
+}
+
+/// Bytes a step moves: the library's own count for the rule and the bound lists.
+template <class Rule, class Lists>
+double bytes_of(Rule const&, Lists const&, std::int64_t elements)
+{
+  return static_cast<double>(fo::bytes_per_element_v<Rule, Lists>) * static_cast<double>(elements);
 }
 
 struct result {
@@ -158,6 +166,235 @@ void print(result const& r)
               100.0 * rate / r.copy);
 }
 
+
+// ---- --probe: yardsticks for one huge tensor (issue 13). Hand-written kernels that index by
+// blockIdx (no chunk or tensor table), so that the library's kernel can be compared with the
+// same loads, stores and arithmetic minus its table lookups, and with a pure data mover of the
+// same byte mix (4 reads, 3 writes) that does no arithmetic at all.
+
+template <bool Stream, class V>
+__device__ __forceinline__ V load_v(V const* p)
+{
+  if constexpr (Stream) { return __ldcs(p); } else { return *p; }
+}
+template <bool Stream, class V>
+__device__ __forceinline__ void store_v(V* p, V v)
+{
+  if constexpr (Stream) { __stcs(p, v); } else { *p = v; }
+}
+
+struct adam_consts {
+  float lr, beta1, beta2, eps, bc1, bc2_sqrt;
+};
+
+__device__ __forceinline__ void adam_element(float& p, float g, float& m, float& v, adam_consts const& c)
+{
+  m = c.beta1 * m + (1.f - c.beta1) * g;
+  v = c.beta2 * v + (1.f - c.beta2) * g * g;
+  p -= c.lr / c.bc1 * m / (sqrtf(v) / c.bc2_sqrt + c.eps);
+}
+
+/// Adam fp32 on the Threads * Vectors float4 of a block starting at float4 `base`: thread t
+/// takes vectors t, t + Threads, ... Math = false moves the same bytes without arithmetic
+/// (p <- p + g, m <- v, v <- m). Predicated: each access checks its vector against `vectors`
+/// (as the library's last iteration of a chunk does).
+template <int Threads, int Vectors, bool Stream, bool Math, bool Predicated = false>
+__device__ __forceinline__ void adam_block(float4* p, float4 const* g, float4* m, float4* v, std::int64_t base,
+                                           std::int64_t vectors, adam_consts const& c)
+{
+  bool ok[Vectors];
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { ok[u] = !Predicated || u * Threads + threadIdx.x < vectors; }
+  base += threadIdx.x;
+  float4 rp[Vectors], rg[Vectors], rm[Vectors], rv[Vectors];
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { if (ok[u]) { rp[u] = load_v<Stream>(p + base + u * Threads); } }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { if (ok[u]) { rg[u] = load_v<Stream>(g + base + u * Threads); } }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { if (ok[u]) { rm[u] = load_v<Stream>(m + base + u * Threads); } }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { if (ok[u]) { rv[u] = load_v<Stream>(v + base + u * Threads); } }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) {
+    if (!ok[u]) { continue; }
+    if constexpr (Math) {
+      adam_element(rp[u].x, rg[u].x, rm[u].x, rv[u].x, c);
+      adam_element(rp[u].y, rg[u].y, rm[u].y, rv[u].y, c);
+      adam_element(rp[u].z, rg[u].z, rm[u].z, rv[u].z, c);
+      adam_element(rp[u].w, rg[u].w, rm[u].w, rv[u].w, c);
+    } else {
+      rp[u] = float4{rp[u].x + rg[u].x, rp[u].y + rg[u].y, rp[u].z + rg[u].z, rp[u].w + rg[u].w};
+      float4 const t = rm[u];
+      rm[u] = rv[u];
+      rv[u] = t;
+    }
+    store_v<Stream>(p + base + u * Threads, rp[u]);
+    store_v<Stream>(m + base + u * Threads, rm[u]);
+    store_v<Stream>(v + base + u * Threads, rv[u]);
+  }
+}
+
+/// Adam on one tensor (its size a multiple of Threads * Vectors * 4), block b at float4
+/// b * Threads * Vectors: no table.
+template <int Threads, int Vectors, bool Stream, bool Math>
+__global__ void __launch_bounds__(Threads) raw_adam(float4* p, float4 const* g, float4* m, float4* v, adam_consts c)
+{
+  adam_block<Threads, Vectors, Stream, Math>(p, g, m, v, blockIdx.x * std::int64_t{Threads * Vectors},
+                                             Threads * Vectors, c);
+}
+
+/// The same with the library's block prologue: the block reads its chunk (16 bytes) from a
+/// table in device memory, then its tensor's four base pointers, before the first data load.
+struct raw_chunk {
+  std::int64_t begin;  // in float4
+  std::int32_t tensor, vectors;
+};
+struct raw_tensor {
+  float4* p;
+  float4 const* g;
+  float4* m;
+  float4* v;
+};
+template <int Threads, int Vectors, bool Stream, bool Predicated>
+__global__ void __launch_bounds__(Threads)
+  raw_adam_table(raw_chunk const* chunks, raw_tensor const* tensors, adam_consts c)
+{
+  raw_chunk const ch = chunks[blockIdx.x];
+  raw_tensor const t = tensors[ch.tensor];
+  adam_block<Threads, Vectors, Stream, true, Predicated>(t.p, t.g, t.m, t.v, ch.begin, ch.vectors, c);
+}
+
+/// A copy kernel of the same shape: the roofline of a 1:1 read/write mix through the SMs.
+template <int Threads, int Vectors, bool Stream>
+__global__ void __launch_bounds__(Threads) raw_copy(float4* out, float4 const* in)
+{
+  std::int64_t const base = blockIdx.x * std::int64_t{Threads * Vectors} + threadIdx.x;
+  float4 r[Vectors];
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { r[u] = load_v<Stream>(in + base + u * Threads); }
+#pragma unroll
+  for (int u = 0; u < Vectors; ++u) { store_v<Stream>(out + base + u * Threads, r[u]); }
+}
+
+adam_consts const probe_consts{1e-3f, 0.9f, 0.999f, 1e-8f, 0.271f, 0.0547f};
+
+template <int Threads, int Vectors, bool Stream, bool Math>
+double time_raw_adam(adam_memory<float, float> const& mem, std::int64_t n)
+{
+  auto* p = reinterpret_cast<float4*>(mem.params[0]);
+  auto const* g = reinterpret_cast<float4 const*>(mem.params[1]);
+  auto* m = reinterpret_cast<float4*>(mem.states[0]);
+  auto* v = reinterpret_cast<float4*>(mem.states[1]);
+  auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * Vectors * 4));
+  return time_gpu([&] { raw_adam<Threads, Vectors, Stream, Math><<<blocks, Threads>>>(p, g, m, v, probe_consts); }, 10);
+}
+
+template <int Threads, int Vectors, bool Stream, bool Predicated>
+double time_raw_adam_table(adam_memory<float, float> const& mem, std::int64_t n)
+{
+  std::int64_t const per_block = std::int64_t{Threads} * Vectors;  // float4 per chunk
+  std::vector<raw_chunk> chunks;
+  for (std::int64_t b = 0; b * per_block * 4 < n; ++b) {
+    chunks.push_back(raw_chunk{b * per_block, 0, static_cast<std::int32_t>(per_block)});
+  }
+  raw_tensor const tensor{reinterpret_cast<float4*>(mem.params[0]), reinterpret_cast<float4 const*>(mem.params[1]),
+                          reinterpret_cast<float4*>(mem.states[0]), reinterpret_cast<float4*>(mem.states[1])};
+  raw_chunk* d_chunks = nullptr;
+  raw_tensor* d_tensor = nullptr;
+  FUSEDOPT_CUDA_TRY(cudaMalloc(&d_chunks, chunks.size() * sizeof(raw_chunk)));
+  FUSEDOPT_CUDA_TRY(cudaMalloc(&d_tensor, sizeof(raw_tensor)));
+  FUSEDOPT_CUDA_TRY(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(raw_chunk), cudaMemcpyHostToDevice));
+  FUSEDOPT_CUDA_TRY(cudaMemcpy(d_tensor, &tensor, sizeof tensor, cudaMemcpyHostToDevice));
+  auto const blocks = static_cast<unsigned>(chunks.size());
+  double const s = time_gpu(
+    [&] { raw_adam_table<Threads, Vectors, Stream, Predicated><<<blocks, Threads>>>(d_chunks, d_tensor, probe_consts); },
+    10);
+  FUSEDOPT_CUDA_TRY(cudaFree(d_chunks));
+  FUSEDOPT_CUDA_TRY(cudaFree(d_tensor));
+  return s;
+}
+
+template <int Threads, int Vectors, bool Stream>
+double time_raw_copy(float* a, float* b, std::int64_t n)
+{
+  auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * Vectors * 4));
+  return time_gpu([&] { raw_copy<Threads, Vectors, Stream><<<blocks, Threads>>>(reinterpret_cast<float4*>(b),
+                                                                                reinterpret_cast<float4 const*>(a)); },
+                  10);
+}
+
+/// W4 (one tensor of 2^28 floats): the library's kernel beside table-free kernels of the same
+/// shape, a data mover of Adam's byte mix and copy kernels, every figure against the D2D copy.
+int probe(double copy)
+{
+  auto const w4 = fb::all_workloads().back();
+  std::int64_t const n = w4.sizes.front();
+  adam_memory<float, float> memory(w4.sizes);
+  double const adam_bytes = 28.0 * static_cast<double>(n);
+  auto row = [&](char const* label, double s, double bytes) { print({std::string("W4 ") + label, s, bytes, copy}); };
+  auto const lists = memory.lists();
+  fo::rules::adam const rule;
+  auto library = [&](char const* label, auto policy_tag, std::int64_t chunk,
+                     fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic) {
+    using P = decltype(policy_tag);
+    row(label, time_variant<P>(rule, lists, chunk, 0, 10, eviction), adam_bytes);
+  };
+  auto const first = fo::cuda::l2_eviction::evict_first;
+  fo::cuda::detail::default_policy const standard{};
+  library("library default (t128 b64 c2048, automatic)", standard, 2048);
+  library("library t128 b64 c2048 evict-first", standard, 2048, first);
+  library("library t128 b32 c2048", policy<128, 32, true, true>{}, 2048);
+  library("library t256 b32 c2048", policy<256, 32, true, true>{}, 2048);
+  library("library t256 b16 c2048", policy<256, 16, true, true>{}, 2048);
+  library("library t256 b16 c4096", policy<256, 16, true, true>{}, 4096);
+  library("library t512 b16 c4096", policy<512, 16, true, true>{}, 4096);
+  row("raw adam t128 v4 .cs", time_raw_adam<128, 4, true, true>(memory, n), adam_bytes);
+  row("raw adam t128 v4 plain", time_raw_adam<128, 4, false, true>(memory, n), adam_bytes);
+  row("raw adam t256 v4 plain", time_raw_adam<256, 4, false, true>(memory, n), adam_bytes);
+  row("raw adam t256 v2 plain", time_raw_adam<256, 2, false, true>(memory, n), adam_bytes);
+  row("raw adam t256 v1 plain", time_raw_adam<256, 1, false, true>(memory, n), adam_bytes);
+  row("raw adam t512 v1 plain", time_raw_adam<512, 1, false, true>(memory, n), adam_bytes);
+  row("raw adam t128 v4 .cs + table", time_raw_adam_table<128, 4, true, false>(memory, n), adam_bytes);
+  row("raw adam t256 v1 plain + table", time_raw_adam_table<256, 1, false, false>(memory, n), adam_bytes);
+  row("raw 4r3w mover t128 v4 plain", time_raw_adam<128, 4, false, false>(memory, n), adam_bytes);
+  row("raw 4r3w mover t256 v1 plain", time_raw_adam<256, 1, false, false>(memory, n), adam_bytes);
+  library("library default again", fo::cuda::detail::default_policy{}, 2048);
+  double const copy_bytes = 8.0 * static_cast<double>(n);
+  row("raw copy t128 v4 plain", time_raw_copy<128, 4, false>(memory.params[0], memory.states[0], n), copy_bytes);
+  row("raw copy t256 v1 plain", time_raw_copy<256, 1, false>(memory.params[0], memory.states[0], n), copy_bytes);
+  return 0;
+}
+
+/// Where evict-first stops paying: Adam fp32 with each L2 eviction priority on one tensor
+/// and on lists of 1M-element tensors of growing total size.
+int eviction_sweep(double copy)
+{
+  auto const first = fo::cuda::l2_eviction::evict_first;
+  auto const normal = fo::cuda::l2_eviction::evict_normal;
+  auto one = [&](std::string const& name, std::vector<std::int64_t> const& sizes) {
+    adam_memory<float, float> memory(sizes);
+    auto const lists = memory.lists();
+    fo::rules::adam const rule;
+    double const bytes = bytes_of(rule, lists, memory.elements());
+    double const mb = 16.0 * static_cast<double>(memory.elements()) / 1e6;
+    int const pb = std::max(5, static_cast<int>(2e9 / bytes));
+    using P = fo::cuda::detail::default_policy;
+    double const f = time_variant<P>(rule, lists, 2048, 0, pb, first);
+    double const nn = time_variant<P>(rule, lists, 2048, 0, pb, normal);
+    std::printf("sweep %-28s %8.0f MB bound  evict-first %5.1f%%  evict-normal %5.1f%%  -> %s\n", name.c_str(), mb,
+                100.0 * bytes / f / copy, 100.0 * bytes / nn / copy, f < nn ? "first" : "normal");
+  };
+  for (int log2 = 21; log2 <= 27; ++log2) { one("1 x 2^" + std::to_string(log2), {std::int64_t{1} << log2}); }
+  for (int count : {4, 10, 20, 40, 80, 160}) {
+    one(std::to_string(count) + " x 2^20", std::vector<std::int64_t>(static_cast<std::size_t>(count), std::int64_t{1} << 20));
+  }
+  for (int count : {500, 2000, 8000}) {
+    one(std::to_string(count) + " x 2^14", std::vector<std::int64_t>(static_cast<std::size_t>(count), std::int64_t{1} << 14));
+  }
+  return 0;
+}
+
 }  // namespace
 
 /// Every variant on one workload: block size, bytes per slot, streaming hints, chunk, cap.
@@ -166,28 +403,30 @@ void variants(std::string const& prefix, Rule const& rule, Lists const& lists, d
               std::int64_t sms)
 {
   auto run = [&](char const* label, double t) { print({prefix + " " + label, t, bytes, copy}); };
-  run("t256 b64 c4096 plain", time_variant<policy<256, 64, false, false>>(rule, lists, 4096, 0, pb));
-  run("t256 b64 c4096 stream L+S", time_variant<policy<256, 64, true, true>>(rule, lists, 4096, 0, pb));
-  run("t256 b64 c4096 stream L", time_variant<policy<256, 64, true, false>>(rule, lists, 4096, 0, pb));
-  run("t256 b64 c4096 stream S", time_variant<policy<256, 64, false, true>>(rule, lists, 4096, 0, pb));
-  run("t128 b64 c2048 stream L+S", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb));
-  run("t128 b64 c4096 stream L+S", time_variant<policy<128, 64, true, true>>(rule, lists, 4096, 0, pb));
-  run("t128 b32 c2048 stream L+S", time_variant<policy<128, 32, true, true>>(rule, lists, 2048, 0, pb));
-  run("t256 b32 c4096 stream L+S", time_variant<policy<256, 32, true, true>>(rule, lists, 4096, 0, pb));
-  run("t256 b64 c3072 stream L+S", time_variant<policy<256, 64, true, true>>(rule, lists, 3072, 0, pb));
-  run("t256 b64 c4096 stream L+S min3", time_variant<policy<256, 64, true, true, 3>>(rule, lists, 4096, 0, pb));
-  run("t128 b64 c2048 stream L+S min6", time_variant<policy<128, 64, true, true, 6>>(rule, lists, 2048, 0, pb));
+  auto const first = fo::cuda::l2_eviction::evict_first;
+  auto const normal = fo::cuda::l2_eviction::evict_normal;
+  run("t128 b64 c2048 evict-first", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb, first));
+  run("t128 b64 c2048 evict-normal", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb, normal));
+  run("t128 b32 c2048", time_variant<policy<128, 32, true, true>>(rule, lists, 2048, 0, pb));
+  run("t256 b32 c2048", time_variant<policy<256, 32, true, true>>(rule, lists, 2048, 0, pb));
+  run("t256 b32 c4096", time_variant<policy<256, 32, true, true>>(rule, lists, 4096, 0, pb));
+  run("t256 b16 c2048", time_variant<policy<256, 16, true, true>>(rule, lists, 2048, 0, pb));
+  run("t256 b16 c4096", time_variant<policy<256, 16, true, true>>(rule, lists, 4096, 0, pb));
+  run("t512 b16 c4096", time_variant<policy<512, 16, true, true>>(rule, lists, 4096, 0, pb));
+  run("t256 b64 c4096", time_variant<policy<256, 64, true, true>>(rule, lists, 4096, 0, pb));
 }
 
 int main(int argc, char** argv)
 {
   bool const tune = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
+  bool const probing = argc > 1 && std::strcmp(argv[1], "--probe") == 0;
   cudaDeviceProp prop{};
   FUSEDOPT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
   double const copy = copy_bandwidth();
   std::printf("device %s, %d SMs; D2D copy %.3f TB/s (read + write)\n", prop.name, prop.multiProcessorCount,
               copy * 1e-12);
   std::int64_t const sms = prop.multiProcessorCount;
+  if (probing) { return probe(copy) + eviction_sweep(copy); }
 
   std::vector<result> headline;
   for (auto const& w : fb::all_workloads()) {
@@ -197,7 +436,7 @@ int main(int argc, char** argv)
       auto const lists = memory.lists();
       auto const plan = fo::cuda::make_plan(lists);
       fo::rules::adam rule;
-      double const bytes = 28.0 * static_cast<double>(memory.elements());  // 4 reads, 3 writes of 4 bytes
+      double const bytes = bytes_of(rule, lists, memory.elements());  // 28: 4 reads, 3 writes of 4 bytes
       double const s = time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb);
       headline.push_back({"adam fp32 " + w.name + " (" + w.description + ")", s, bytes, copy});
       print(headline.back());
@@ -221,7 +460,8 @@ int main(int argc, char** argv)
       auto const lists = memory.lists();
       auto const plan = fo::cuda::make_plan(lists);
       fo::rules::adamw rule;
-      double const bytes = 20.0 * static_cast<double>(memory.elements());  // bf16 p (rw), g (r); fp32 m, v (rw)
+      // 22: bf16 p (read + write), g (read); fp32 m, v (read + write)
+      double const bytes = bytes_of(rule, lists, memory.elements());
       double const s = time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb);
       print({"adamw bf16/fp32 " + w.name, s, bytes, copy});
       if (tune) { variants(w.name + " adamw bf16", rule, lists, bytes, copy, pb, sms); }

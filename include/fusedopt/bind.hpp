@@ -15,6 +15,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "meta.hpp"
+#include "numeric/quantization.hpp"
 #include "slots.hpp"
 #include "tensor_list.hpp"
 
@@ -22,6 +23,17 @@ FUSEDOPT_NAMESPACE_BEGIN
 
 namespace detail {
 struct bound_lists_access;
+
+/// False only for a list quantized with the unsigned map bound to a slot that may be negative.
+template <class Slot, class T>
+constexpr bool map_fits_slot()
+{
+  if constexpr (is_blockwise_v<T>) {
+    return std::remove_const_t<T>::map_type::is_signed || accepts_unsigned_quantization<Slot>::value;
+  } else {
+    return true;
+  }
+}
 }  // namespace detail
 
 /// @brief Several slots bound to tensor lists of equal length: tensor `i` of every list is
@@ -40,6 +52,10 @@ class bound_lists {
                 "fusedopt::bind: a std::int16_t list can only be bound to slot::remainder (a parameter, "
                 "gradient or state in int16 would be truncated to integers at every step); use a floating "
                 "type, or specialise fusedopt::accepts_integer_elements for a slot of your own");
+  static_assert((detail::map_fits_slot<typename Bindings::slot_type, typename Bindings::element_type>() && ...),
+                "fusedopt::bind: an unsigned_dynamic_map state can only hold non-negative values (exp_avg_sq, "
+                "max_exp_avg_sq, exp_inf, sum_sq, square_avg, acc_delta); use signed_dynamic_map, or specialise "
+                "fusedopt::accepts_unsigned_quantization for a slot of your own");
 
  public:
   /// The bound memory slots, in binding order.
@@ -116,14 +132,14 @@ class bound_lists {
                          std::to_string(l[i].size) + " elements");
       if (l[i].size > 0) {
         auto const begin = reinterpret_cast<std::uintptr_t>(l[i].data);
-        auto const size = static_cast<std::uintptr_t>(l[i].size);
+        auto const size = static_cast<std::uintptr_t>(detail::storage_units<T>(l[i].size));
         // size * sizeof(T) or begin + bytes could wrap around: a huge tensor would then look
         // short (or empty) to the overlap sweep below and be accepted over other tensors. One
         // division rules out both: the bytes must end within the address space.
         FUSEDOPT_EXPECTS(size <= (std::numeric_limits<std::uintptr_t>::max() - begin) / sizeof(T),
                          "tensor " + std::to_string(i) + " of slot '" + slot_names[K] + "' has " +
-                           std::to_string(l[i].size) + " elements of " + std::to_string(sizeof(T)) +
-                           " bytes: they would extend past the end of the address space");
+                           std::to_string(l[i].size) + " elements in " + std::to_string(size) + " units of " +
+                           std::to_string(sizeof(T)) + " bytes: they would extend past the end of the address space");
         spans.push_back(span{begin, begin + size * sizeof(T), i, K, !std::is_const_v<T>});
       }
     }

@@ -13,6 +13,7 @@
 #include "meta.hpp"
 #include "numeric/dtypes.hpp"
 #include "numeric/math.hpp"
+#include "numeric/quantization.hpp"
 #include "numeric/random.hpp"
 #include "numeric/split_float.hpp"
 #include "numeric/stochastic_rounding.hpp"

@@ -86,4 +86,23 @@ struct accepts_integer_elements : std::false_type {};
 template <>
 struct accepts_integer_elements<slot::remainder_t> : std::true_type {};
 
+/// @brief Whether slot `S` may be bound to 8-bit states quantized with the unsigned map
+/// (`blockwise8<unsigned_dynamic_map>`), which holds no negative value: true for the states
+/// that are never negative (second moments, running maxima, sums of squares). Specialise it
+/// (true_type) for a non-negative slot of your own.
+template <class S>
+struct accepts_unsigned_quantization : std::false_type {};
+template <>
+struct accepts_unsigned_quantization<slot::exp_avg_sq_t> : std::true_type {};
+template <>
+struct accepts_unsigned_quantization<slot::max_exp_avg_sq_t> : std::true_type {};
+template <>
+struct accepts_unsigned_quantization<slot::exp_inf_t> : std::true_type {};
+template <>
+struct accepts_unsigned_quantization<slot::sum_sq_t> : std::true_type {};
+template <>
+struct accepts_unsigned_quantization<slot::square_avg_t> : std::true_type {};
+template <>
+struct accepts_unsigned_quantization<slot::acc_delta_t> : std::true_type {};
+
 FUSEDOPT_NAMESPACE_END

@@ -24,15 +24,17 @@ struct tensor_ref {
 };
 
 /// @brief A non-owning list of tensors of one element type (float, double, half, bfloat16,
-/// std::int16_t, any of them const-qualified for slots a rule only reads).
+/// std::int16_t, any of them const-qualified for slots a rule only reads), or of 8-bit
+/// quantized states (`blockwise8`: `data` points to the tensor's first block, `size` counts
+/// its elements, numeric/quantization.hpp).
 ///
 /// Building a list allocates (host memory for the pointers and sizes); the lists are meant to
 /// be built once and reused by plans, not rebuilt every step.
 template <class T>
 class tensor_list {
   static_assert(is_supported_element_v<std::remove_const_t<T>>,
-                "tensor_list<T>: T must be float, double, fusedopt::half, fusedopt::bfloat16 or "
-                "std::int16_t (optionally const)");
+                "tensor_list<T>: T must be float, double, fusedopt::half, fusedopt::bfloat16, "
+                "std::int16_t or fusedopt::blockwise8 (optionally const)");
 
  public:
   using element_type = T;

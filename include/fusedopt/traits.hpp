@@ -80,8 +80,13 @@ struct memory_traffic {
   static constexpr bool stores = access::stores[K];
   /// Bytes of the update pass: each loaded slot once, each stored slot once.
   static constexpr std::size_t update_bytes = access::bytes_per_element();
-  /// Bytes of the whole step: the update pass and every reduction pass's reads.
+  /// Bytes of the whole step: the update pass and every reduction pass's reads. An 8-bit
+  /// quantized slot counts 1 byte (its code) here; see exact_bytes.
   static constexpr std::size_t bytes = update_bytes + pass_bytes(std::make_integer_sequence<int, pass_count_v<Rule>>{});
+  /// The update pass's bytes with the scales of quantized blocks shared out over their
+  /// elements (4 / block bytes per load or store of a quantized slot); equal to update_bytes
+  /// without quantized slots.
+  static constexpr double exact_bytes = access::exact_bytes_per_element();
 };
 
 /// @brief Bytes one element moves in one step of `Rule` over `Lists`, every pass counted.

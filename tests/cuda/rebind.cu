@@ -42,10 +42,7 @@ TEST_CASE("a plan rebound to moved tensors gives the host backend's bits", "[cud
     adam_problem* here = &a;
     adam_problem* there = &b;
     auto host_plan = fo::host::make_plan(a.lists(false));
-    fo::cuda::options opts;
-    opts.metadata = how.metadata;
-    opts.chunk_elements = how.chunk_elements;
-    opts.max_blocks = how.max_blocks;
+    fo::cuda::options const opts = options_of(how);
     auto plan = fo::cuda::make_plan(a.lists(true), opts);
     fo::rules::adamw rule;
     rule.lr = 1e-2;

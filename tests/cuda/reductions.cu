@@ -38,14 +38,6 @@ void reference_norms(Problem& p, std::vector<double>& l2, std::vector<double>& i
   inf_total = largest;
 }
 
-fo::cuda::options options_of(scenario const& how)
-{
-  fo::cuda::options opts;
-  opts.metadata = how.metadata;
-  opts.chunk_elements = how.chunk_elements;
-  opts.max_blocks = how.max_blocks;
-  return opts;
-}
 
 }  // namespace
 

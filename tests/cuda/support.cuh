@@ -249,22 +249,36 @@ struct scenario {
   std::int64_t chunk_elements;
   std::int64_t max_blocks;
   shift placement;
+  fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic;
 };
 
 inline std::ostream& operator<<(std::ostream& os, scenario const& s) { return os << s.name; }
 
-/// Each transport, chunk boundaries (small chunks), the block loop, and the three placements.
+/// The CUDA options a scenario asks for.
+inline fo::cuda::options options_of(scenario const& how)
+{
+  fo::cuda::options opts;
+  opts.metadata = how.metadata;
+  opts.chunk_elements = how.chunk_elements;
+  opts.max_blocks = how.max_blocks;
+  opts.eviction = how.eviction;
+  return opts;
+}
+
+/// Each transport, chunk boundaries (small chunks), the block loop, the three placements, and
+/// both L2 eviction priorities (the test sizes fit in L2, so `automatic` takes evict-normal).
 inline std::vector<scenario> scenarios()
 {
   using fo::cuda::transport;
+  auto const evict_first = fo::cuda::l2_eviction::evict_first;
   std::vector<scenario> all = {
     {"plan/device_table/aligned", false, transport::automatic, 0, 0, shift::none},
-    {"plan/device_table/chunk40/same-shift", false, transport::device_table, 40, 0, shift::same},
+    {"plan/device_table/chunk40/same-shift/evict-first", false, transport::device_table, 40, 0, shift::same, evict_first},
     {"plan/device_table/max_blocks3/mixed-shift", false, transport::device_table, 0, 3, shift::mixed},
     {"plan/param_4k/chunk40/same-shift", false, transport::param_4k, 40, 0, shift::same},
     {"plan/param_32k/mixed-shift", false, transport::param_32k, 0, 0, shift::mixed},
     {"apply/automatic/same-shift", true, transport::automatic, 0, 0, shift::same},
-    {"apply/param_4k/chunk40/aligned", true, transport::param_4k, 40, 0, shift::none},
+    {"apply/param_4k/chunk40/aligned/evict-first", true, transport::param_4k, 40, 0, shift::none, evict_first},
     {"plan/device_table/chunk40/max_blocks2/same-shift", false, transport::device_table, 40, 2, shift::same},
   };
   if (quick()) { all = {all[1], all[3], all[5]}; }
@@ -295,10 +309,7 @@ void check_trajectory(Problem& p, MakeRule&& make_rule, scenario const& how, int
   auto const host_lists = p.lists(false);
   auto const device_lists = p.lists(true);
   auto host_plan = fo::host::make_plan(host_lists);
-  fo::cuda::options opts;
-  opts.metadata = how.metadata;
-  opts.chunk_elements = how.chunk_elements;
-  opts.max_blocks = how.max_blocks;
+  fo::cuda::options const opts = options_of(how);
   std::optional<decltype(fo::cuda::make_plan(device_lists))> device_plan;
   if (!how.one_shot) { device_plan.emplace(fo::cuda::make_plan(device_lists, opts)); }
   for (std::int64_t t = 1; t <= steps; ++t) {
@@ -550,10 +561,7 @@ void check_close_trajectory(Problem& p, MakeRule&& make_rule, scenario const& ho
 {
   if (!transport_available(how.metadata)) { return; }
   auto host_plan = fo::host::make_plan(p.lists(false));
-  fo::cuda::options opts;
-  opts.metadata = how.metadata;
-  opts.chunk_elements = how.chunk_elements;
-  opts.max_blocks = how.max_blocks;
+  fo::cuda::options const opts = options_of(how);
   auto const device_plan = fo::cuda::make_plan(p.lists(true), opts);
   for (std::int64_t t = 1; t <= steps; ++t) {
     p.refresh_inputs();

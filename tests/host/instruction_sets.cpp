@@ -1,12 +1,14 @@
 // The host loops' versions (host/instruction_set.hpp: baseline, AVX2, AVX-512, those this CPU
 // runs) give the baseline's bits: optimizers over tensors of odd sizes that start off every
-// vector boundary, chunks that end mid-vector, reduction passes, and the 16-bit conversions
-// over special values. A version that fused a * b + c into an FMA, widened a reduction's
+// vector boundary, chunks that end mid-vector, 8-bit quantized states, reduction passes, and
+// the 16-bit conversions over special values. A version that fused a * b + c into an FMA, widened a reduction's
 // lanes or narrowed a conversion differently fails here.
 #include <fusedopt/fusedopt.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -26,24 +28,34 @@ std::vector<std::int64_t> const odd_sizes{1, 3, 7, 15, 17, 31, 33, 63, 65, 127, 
 // Chunks that end in the middle of every vector width.
 constexpr std::int64_t odd_chunk = 100;
 
-// One slot's tensors, back to back with one element between them and the first one element
-// past the allocation's start: no tensor starts on a 16-byte boundary.
+// One slot's tensors, back to back with one element (or 8-bit block) between them and the first
+// one past the allocation's start: no tensor starts on a 16-byte boundary. Quantized states
+// start as torch's do, at zero.
 template <class T>
 class slot_memory {
  public:
   slot_memory(std::vector<std::int64_t> const& sizes, std::uint64_t seed, double lo, double hi) : sizes_(sizes)
   {
-    fusedopt_test::random r(seed);
     std::int64_t next = 1;
     for (auto n : sizes) {
       offsets_.push_back(next);
-      next += n + 1;
+      if constexpr (fo::is_blockwise_v<T>) {
+        next += T::blocks_for(n) + 1;
+      } else {
+        next += n + 1;
+      }
     }
     values_.resize(static_cast<std::size_t>(next));
-    // Signed values when lo < 0: magnitudes in [|hi| / 100, |hi|) with a random sign.
+    fusedopt_test::random r(seed);
     for (auto& v : values_) {
-      double const x = r.uniform(lo < 0 ? hi / 100 : lo, hi);
-      v = fusedopt_test::from_double<T>(lo < 0 && r.uniform(0, 1) < 0.5 ? -x : x);
+      if constexpr (fo::is_blockwise_v<T>) {
+        v.absmax = 0.f;
+        std::fill(std::begin(v.codes), std::end(v.codes), std::uint8_t{T::map_type::is_signed ? 127 : 0});
+      } else {
+        // Signed values when lo < 0: magnitudes in [|hi| / 100, |hi|) with a random sign.
+        double const x = r.uniform(lo < 0 ? hi / 100 : lo, hi);
+        v = fusedopt_test::from_double<T>(lo < 0 && r.uniform(0, 1) < 0.5 ? -x : x);
+      }
     }
   }
 
@@ -225,6 +237,11 @@ TEST_CASE("host loop versions: optimizers give the baseline's bits", "[instructi
     rule.dampening = 0.1;
     expect_same_bits_in_every_version<fo::bfloat16, fo::bfloat16, fo::bfloat16>(rule, bind_sgd_slots{}, sgd_ranges);
     expect_same_bits_in_every_version<double, double, double>(rule, bind_sgd_slots{}, sgd_ranges);
+  }
+  SECTION("AdamW, 8-bit blockwise moments: blocks updated as a whole")
+  {
+    expect_same_bits_in_every_version<float, float, fo::signed_q8, fo::unsigned_q8>(fo::rules::adamw{},
+                                                                                   bind_adam_slots{}, adam_ranges);
   }
   SECTION("clipping by the global norm, then AdamW: a reduction pass")
   {

@@ -44,6 +44,14 @@ enum class transport {
   device_table,  ///< in device memory owned by a plan: one launch whatever the lists
 };
 
+/// @brief The L2 eviction priority of a launch's loads and stores of tensor data (sm_80 and
+/// newer; older GPUs take the cache-streaming hint throughout).
+enum class l2_eviction {
+  automatic,     ///< evict first from the device's L2 size up to the policy's evict_first_below_bytes of bound tensors, else normal
+  evict_first,   ///< the data leaves L2 before anything else (small steps: the launch tables stay cached)
+  evict_normal,  ///< ordinary priority (large steps)
+};
+
 /// @brief Options of a plan or of `apply`.
 struct options {
   /// Metadata transport; force one to test or compare them.
@@ -51,6 +59,8 @@ struct options {
   /// Tuning override for benchmarks and tests: elements of one tensor per block (rounded up
   /// to a multiple of the vector width); 0 takes the tuning policy's default.
   std::int64_t chunk_elements = 0;
+  /// Tuning override for benchmarks and tests: the L2 eviction priority of tensor data.
+  l2_eviction eviction = l2_eviction::automatic;
   /// Tuning override for benchmarks and tests: most blocks per launch, blocks then loop over
   /// chunks; 0 takes the policy's default (one block per chunk).
   std::int64_t max_blocks = 0;

@@ -17,6 +17,7 @@
 #include "../config.hpp"
 #include "../error.hpp"
 #include "../meta.hpp"
+#include "../numeric/quantization.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace detail {
@@ -58,7 +59,7 @@ class written_memory {
       for (auto const& tensor : lists.template list<K>()) {
         if (tensor.size == 0) { continue; }
         auto const begin = reinterpret_cast<std::uintptr_t>(tensor.data);
-        spans_.emplace_back(begin, begin + static_cast<std::uintptr_t>(tensor.size) * sizeof(T));
+        spans_.emplace_back(begin, begin + static_cast<std::uintptr_t>(storage_units<T>(tensor.size)) * sizeof(T));
       }
     }
   }
@@ -84,7 +85,7 @@ void check_rebound_address(Lists const& lists, written_memory const& written, st
   FUSEDOPT_EXPECTS(begin % alignof(std::remove_const_t<T>) == 0,
                    std::string(who) + ": tensor " + std::to_string(t) + " of slot '" + name +
                      "' is not aligned to its element size");
-  auto const count = static_cast<std::uintptr_t>(size);
+  auto const count = static_cast<std::uintptr_t>(storage_units<T>(size));
   FUSEDOPT_EXPECTS(count <= (std::numeric_limits<std::uintptr_t>::max() - begin) / sizeof(T),
                    std::string(who) + ": tensor " + std::to_string(t) + " of slot '" + name +
                      "' would extend past the end of the address space");

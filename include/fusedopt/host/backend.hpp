@@ -6,7 +6,10 @@
 /// target adds it where found), else run on the calling thread. Each element is loaded once
 /// and stored once; elements never depend on each other, so the result is the same bits
 /// whatever the number of threads, and whatever the vector width the loops were compiled for
-/// (host/instruction_set.hpp: AVX2 or AVX-512 chosen at run time with GCC on x86-64).
+/// (host/instruction_set.hpp: AVX2 or AVX-512 chosen at run time with GCC on x86-64). With
+/// 8-bit quantized states bound, chunks hold whole blocks (`chunk_elements` is rounded up to a
+/// multiple of the block size) and a block is updated as a whole: the elements of a block
+/// depend on each other only through its scale.
 #pragma once
 
 #include <algorithm>
@@ -50,7 +53,8 @@ struct options {
   /// `max_threads`.
   int threads = 0;
   /// Elements of one tensor per work item (a few hundred KB across the slots, so a chunk's
-  /// data stays in the core's cache while it is updated).
+  /// data stays in the core's cache while it is updated). Rounded up to whole blocks where
+  /// quantized states are bound.
   std::int64_t chunk_elements = std::int64_t{1} << 15;
   /// Accumulators (summed over a rule's reduction passes) the plan keeps room for; a rule
   /// needing more is rejected by run(). At most `max_reduction_capacity`.
@@ -97,11 +101,13 @@ class plan {
     written_.assign(lists_);
     std::size_t const n = lists_.num_tensors();
     bases_.resize(n);
+    // Whole quantized blocks per chunk: a block's scale depends on all its elements.
+    std::int64_t const length = detail::whole_blocks<lists_type>(std::min(options_.chunk_elements, std::int64_t{1} << 40));
     for (std::size_t t = 0; t < n; ++t) {
       fill_bases(bases_[t], t, std::make_index_sequence<num_slots>{});
       std::int64_t const size = lists_.tensor_size(t);
-      for (std::int64_t begin = 0; begin < size; begin += std::min(options_.chunk_elements, size - begin)) {
-        chunks_.push_back(chunk{static_cast<std::int64_t>(t), begin, begin + std::min(options_.chunk_elements, size - begin)});
+      for (std::int64_t begin = 0; begin < size; begin += std::min(length, size - begin)) {
+        chunks_.push_back(chunk{static_cast<std::int64_t>(t), begin, begin + std::min(length, size - begin)});
       }
     }
     try {
@@ -250,7 +256,14 @@ class plan {
     // the choices they make (a double tensor's stores may alias a double member of a body
     // reached through a reference, and then every choice stays a branch per element).
     auto const tensor_body = detail::body_for_tensor(body, c.tensor);
-    for (std::int64_t i = c.begin; i < c.end; ++i) { Access::update(tensor_body, bases.data(), c.tensor, i); }
+    if constexpr (Access::stores_quantized) {
+      constexpr std::int64_t block = Access::block_elements;
+      for (std::int64_t i = c.begin; i < c.end; i += block) {
+        Access::update_block(tensor_body, bases.data(), c.tensor, i, std::min(block, c.end - i));
+      }
+    } else {
+      for (std::int64_t i = c.begin; i < c.end; ++i) { Access::update(tensor_body, bases.data(), c.tensor, i); }
+    }
   }
 
   // Pass J's results go after those of the passes before it: for each pass, N values per

@@ -138,18 +138,32 @@ static_assert(sizeof(half) == 2 && alignof(half) == 2, "half must match __half's
 static_assert(sizeof(bfloat16) == 2 && alignof(bfloat16) == 2, "bfloat16 must match __nv_bfloat16's layout");
 static_assert(std::is_trivially_copyable_v<half> && std::is_trivially_copyable_v<bfloat16>);
 
+template <class Map, int Block>
+struct blockwise8;
+
+/// @brief True for `blockwise8<Map, Block>`, the block of 8-bit codes and its scale that
+/// quantized state lists hold (numeric/quantization.hpp).
+template <class T>
+struct is_blockwise : std::false_type {};
+template <class Map, int Block>
+struct is_blockwise<blockwise8<Map, Block>> : std::true_type {};
+template <class T>
+inline constexpr bool is_blockwise_v = is_blockwise<std::remove_const_t<T>>::value;
+
 /// @brief True for the element types a tensor list may hold. `std::int16_t` holds integer
-/// values (e.g. the `remainder` slot of split-bfloat16 parameters), handled in float.
+/// values (e.g. the `remainder` slot of split-bfloat16 parameters), handled in float;
+/// `blockwise8` holds 8-bit quantized states, handled in float.
 template <class T>
 inline constexpr bool is_supported_element_v =
   std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> ||
-  std::is_same_v<T, bfloat16> || std::is_same_v<T, std::int16_t>;
+  std::is_same_v<T, bfloat16> || std::is_same_v<T, std::int16_t> || is_blockwise_v<T>;
 
 namespace detail {
 template <class T>
 struct opmath {
   static_assert(is_supported_element_v<T>,
-                "fusedopt supports float, double, fusedopt::half, fusedopt::bfloat16 and std::int16_t elements");
+                "fusedopt supports float, double, fusedopt::half, fusedopt::bfloat16, std::int16_t and "
+                "fusedopt::blockwise8 elements");
   using type = float;
 };
 template <>
@@ -158,8 +172,8 @@ struct opmath<double> {
 };
 }  // namespace detail
 
-/// @brief The type arithmetic on a `T` is done in: float for half, bfloat16, float and
-/// int16 (exact: float holds every 16-bit integer); double for double.
+/// @brief The type arithmetic on a `T` is done in: float for half, bfloat16, float, int16
+/// (exact: float holds every 16-bit integer) and blockwise8; double for double.
 template <class T>
 using opmath_t = typename detail::opmath<std::remove_const_t<T>>::type;
 
@@ -172,6 +186,7 @@ constexpr char const* dtype_name()
   else if constexpr (std::is_same_v<U, double>) { return "double"; }
   else if constexpr (std::is_same_v<U, half>) { return "half"; }
   else if constexpr (std::is_same_v<U, std::int16_t>) { return "int16"; }
+  else if constexpr (is_blockwise_v<U>) { return "blockwise8"; }
   else { return "bfloat16"; }
 }
 

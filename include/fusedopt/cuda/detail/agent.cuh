@@ -60,7 +60,7 @@ __device__ __forceinline__ void scalar_element(Body const& body, void* const* ba
 /// the body runs on each valid element (as `body(e)`, or `body(e, acc)` in a reduction pass),
 /// in a fixed order (vector u, then element j of the vector), then every slot `Access` stores
 /// is stored: the same per-element semantics as detail::access::update and ::accumulate.
-template <class Access, int W, int U, int Threads, bool StreamLoads, bool StreamStores, class Body,
+template <class Access, int W, int U, int Threads, int LoadMode, int StoreMode, class Body,
           std::size_t... K, class... Acc>
 __device__ __forceinline__ void vector_iteration(Body const& body, void* const* bases, std::int64_t index,
                                                  iteration<U> const& it, std::index_sequence<K...>, Acc&... acc)
@@ -68,7 +68,7 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
   typename tile_of<Access, W, U, std::index_sequence<K...>>::type tile;
   // Every load of the iteration is issued before the first use: several independent 16-byte
   // loads per slot in flight per thread.
-  (load_slot<K, Access, W, U, Threads, StreamLoads>(tile, bases, it), ...);
+  (load_slot<K, Access, W, U, Threads, LoadMode>(tile, bases, it), ...);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (!it.valid[u]) { continue; }
@@ -82,30 +82,20 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
       (from_register<K, Access>(e, ::fusedopt::detail::pack_get<K>(tile).p[u].v[j]), ...);
     }
   }
-  (store_slot<K, Access, W, U, Threads, StreamStores>(tile, bases, it), ...);
+  (store_slot<K, Access, W, U, Threads, StoreMode>(tile, bases, it), ...);
 }
 
-/// The chunk worker: elements [begin, begin + count) of one tensor, updated (no `acc`) or
-/// accumulated into this thread's `acc` (a reduction pass, `Access` a pass_access). Scalar
-/// head elements up to the first vector-aligned one, then vectors of `W` elements, then a
-/// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar.
+/// The vector path of process_chunk: scalar head elements up to the first vector-aligned one,
+/// vectors of `W` elements, a scalar tail.
 template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
-__device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                              std::int32_t count, Acc&... acc)
+__device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
+                                                std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
 {
-  static_assert(sizeof...(Acc) <= 1, "one accumulator set per pass");
   constexpr int threads = Policy::block_threads;
   constexpr int unroll = vectors_per_thread<Policy, W, Widest>;
-  static_assert((W & (W - 1)) == 0, "vector widths are powers of two");
   int const tid = static_cast<int>(threadIdx.x);
   std::int64_t const end = begin + count;
   std::int64_t const index = te.index;
-
-  if (te.head < 0) {
-    // The slots are misaligned differently: no element is aligned in all of them at once.
-    for (std::int64_t i = begin + tid; i < end; i += threads) { scalar_element<Access>(body, te.bases, index, i, acc...); }
-    return;
-  }
 
   // First vector-aligned element at or after `begin` (the elements congruent to head mod W).
   std::int64_t first = begin + ((static_cast<std::int64_t>(te.head) - begin) & (W - 1));
@@ -120,16 +110,108 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
     scalar_element<Access>(body, te.bases, index, vector_end + (tid - heads), acc...);
   }
 
+  constexpr int load_mode = Policy::streaming_loads ? cache_streaming : cache_plain;
+  constexpr int store_mode = Policy::streaming_stores ? cache_streaming : cache_plain;
   constexpr std::int64_t step = static_cast<std::int64_t>(threads) * unroll;
   for (std::int64_t v0 = 0; v0 < vectors; v0 += step) {
     iteration<unroll> it;
     it.first = first;
     it.v0 = v0;
+    it.cache_policy = cache_policy;
     it.tid = tid;
 #pragma unroll
     for (int u = 0; u < unroll; ++u) { it.valid[u] = v0 + u * threads + tid < vectors; }
-    vector_iteration<Access, W, unroll, threads, Policy::streaming_loads, Policy::streaming_stores>(
+    vector_iteration<Access, W, unroll, threads, load_mode, store_mode>(
       body, te.bases, index, it, std::make_index_sequence<S>{}, acc...);
+  }
+}
+
+/// The chunk worker: elements [begin, begin + count) of one tensor, updated (no `acc`) or
+/// accumulated into this thread's `acc` (a reduction pass, `Access` a pass_access). Scalar
+/// head elements up to the first vector-aligned one, then vectors of `W` elements, then a
+/// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar, and
+/// so do all elements where quantized states are bound (a reduction pass, or an update that
+/// only reads them: process_blocks updates the ones it stores).
+template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
+__device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
+                                              std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
+{
+  static_assert(sizeof...(Acc) <= 1, "one accumulator set per pass");
+  static_assert((W & (W - 1)) == 0, "vector widths are powers of two");
+  constexpr int threads = Policy::block_threads;
+  int const tid = static_cast<int>(threadIdx.x);
+  std::int64_t const end = begin + count;
+  std::int64_t const index = te.index;
+
+  if (Access::any_quantized || te.head < 0) {
+    // The slots are misaligned differently: no element is aligned in all of them at once; or
+    // quantized states are bound, whose records are not vectors of elements (head is then -1).
+    for (std::int64_t i = begin + tid; i < end; i += threads) { scalar_element<Access>(body, te.bases, index, i, acc...); }
+    return;
+  }
+  if constexpr (!Access::any_quantized) {
+    process_vectors<Policy, Access, W, Widest>(body, te, begin, count, cache_policy, acc...);
+  }
+}
+
+/// Folds the block summaries of a warp's lanes: the largest magnitude (as bits) and whether any
+/// lane saw a change, for every quantized slot the rule stores. Every lane gets the result.
+template <class Access>
+__device__ __forceinline__ void warp_summary(typename Access::block_summary& s)
+{
+  Access::for_each_stored_quantized(s, [](std::uint32_t& max_bits, bool& changed) {
+    constexpr unsigned all_lanes = 0xffffffffu;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      std::uint32_t const other = __shfl_xor_sync(all_lanes, max_bits, offset);
+      max_bits = other > max_bits ? other : max_bits;
+    }
+    changed = __any_sync(all_lanes, changed) != 0;
+  });
+}
+
+/// The update worker where quantized states are stored: elements [begin, begin + count) of one
+/// tensor, `begin` a multiple of the block size (make_layout). One warp owns a block: warp w
+/// takes blocks w, w + warps, ... of the chunk, and its lane l the elements l, l + 32, ... of
+/// the block (every load of the warp reads 32 consecutive elements of a slot). The lanes
+/// update their elements in registers, the warp folds their summaries with shuffles (no
+/// shared memory, no other launch), every lane stores its elements with the block's new scale
+/// and lane 0 stores the scale: the steps of detail::access::update_block, the same bits.
+template <class Policy, class Access, class Body, std::size_t S>
+__device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
+                                               std::int32_t count)
+{
+  constexpr int lanes = 32;
+  static_assert(Policy::block_threads % lanes == 0, "a block of the CUDA backend is whole warps");
+  constexpr int warps = Policy::block_threads / lanes;
+  constexpr std::int64_t block = Access::block_elements;
+  constexpr int per_lane = static_cast<int>(block / lanes);
+  int const lane = static_cast<int>(threadIdx.x) % lanes;
+  int const warp = static_cast<int>(threadIdx.x) / lanes;
+  std::int64_t const end = begin + count;
+  // `first` is the same in every lane of a warp: the shuffles below see all 32 lanes.
+  for (std::int64_t first = begin + warp * block; first < end; first += warps * block) {
+    typename Access::element_type e[per_lane];
+    auto summary = Access::empty_summary();
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) {
+      std::int64_t const i = first + lane + j * lanes;
+      if (i < end) {
+        e[j].set_position(te.index, i);
+        Access::load(e[j], te.bases, i, std::make_index_sequence<S>{});
+        Access::clear_registers(e[j]);
+        auto const before = e[j];
+        body(e[j]);
+        Access::summarize(summary, e[j], before);
+      }
+    }
+    warp_summary<Access>(summary);
+#pragma unroll
+    for (int j = 0; j < per_lane; ++j) {
+      std::int64_t const i = first + lane + j * lanes;
+      if (i < end) { Access::store_in_block(e[j], te.bases, i, summary, std::make_index_sequence<S>{}); }
+    }
+    if (lane == 0) { Access::store_scales(te.bases, first / block, summary); }
   }
 }
 

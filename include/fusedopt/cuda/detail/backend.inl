@@ -63,10 +63,11 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
   written_.assign(lists_);
   auto const layout = detail::make_layout(lists_, chunk, std::index_sequence_for<B...>{});
   tensors_ = layout.tensors;
+  bool const evict_first = detail::evict_first_for<Policy>(layout.bytes, opts, device_);
   if (transport_ == transport::param_4k) {
-    tables_4k_ = detail::pack_tables<detail::table_4k<num_slots>>(layout);
+    tables_4k_ = detail::pack_tables<detail::table_4k<num_slots>>(layout, evict_first);
   } else if (transport_ == transport::param_32k) {
-    tables_32k_ = detail::pack_tables<detail::table_32k<num_slots>>(layout);
+    tables_32k_ = detail::pack_tables<detail::table_32k<num_slots>>(layout, evict_first);
   } else if (!layout.chunks.empty()) {
     // The chunk entries once; the address table in the first of its device copies.
     std::size_t const chunk_bytes = layout.chunks.size() * sizeof(detail::chunk_entry);
@@ -79,6 +80,7 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
     FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
     global_.chunks = static_cast<detail::chunk_entry const*>(memory);
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
+    global_.evict_first = evict_first ? 1 : 0;
   }
   FUSEDOPT_EXPECTS(opts.reduction_capacity >= 0, "cuda::options::reduction_capacity must not be negative");
   reduction_capacity_ = opts.reduction_capacity;
@@ -220,17 +222,16 @@ std::string basic_plan<Policy, B...>::geometry_mismatch(lists_type const& lists)
              " elements but the plan was made for " + std::to_string(lists_.tensor_size(t));
     }
   }
-  constexpr int width = detail::vector_width<lists_type>::value;
-  std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
+  using geometry = detail::slot_geometry<lists_type>;
   for (auto const& e : tensors_) {
     auto const t = static_cast<std::size_t>(e.index);
     void* bases[num_slots];
     detail::tensor_bases(lists, t, bases);
-    int const misaligned = detail::misaligned_slot(bases, sizes);
+    int const misaligned = geometry::misaligned(bases);
     if (misaligned >= 0) {
       return "tensor " + std::to_string(t) + " of slot '" + names[misaligned] + "' is not aligned to its element size";
     }
-    if (detail::vector_head(bases, sizes, width) != e.head) {
+    if (geometry::head(bases) != e.head) {
       return "tensor " + std::to_string(t) +
              " has another alignment class (the offset of its first 16-byte-aligned element) than the plan's";
     }
@@ -314,8 +315,6 @@ void basic_plan<Policy, B...>::rebind(Slot, slot_pointer_t<Slot> const* addresse
     }
   }
   ::fusedopt::detail::check_rebound_addresses<K>(lists_, written_, addresses, count, "cuda::plan::rebind");
-  constexpr int width = detail::vector_width<lists_type>::value;
-  std::size_t const sizes[num_slots] = {sizeof(std::remove_const_t<typename B::element_type>)...};
   bool moved = false;
   for (auto const& e : tensors_) {
     void* const address = const_cast<void*>(static_cast<void const*>(addresses[static_cast<std::size_t>(e.index)]));
@@ -323,7 +322,7 @@ void basic_plan<Policy, B...>::rebind(Slot, slot_pointer_t<Slot> const* addresse
     void* bases[num_slots];
     std::copy(std::begin(e.bases), std::end(e.bases), bases);
     bases[K] = address;
-    FUSEDOPT_EXPECTS(detail::vector_head(bases, sizes, width) == e.head,
+    FUSEDOPT_EXPECTS(detail::slot_geometry<lists_type>::head(bases) == e.head,
                      "cuda::plan::rebind: tensor " + std::to_string(e.index) +
                        " has another alignment class (the offset of its first 16-byte-aligned element) than the "
                        "plan's; make a new plan");
@@ -408,6 +407,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   std::int64_t const max_blocks = detail::max_blocks_of<Policy>(opts);
   detail::check_device_memory(lists);
   auto const layout = detail::make_layout(lists, chunk, std::index_sequence_for<B...>{});
+  bool const evict_first = detail::evict_first_for<Policy>(layout.bytes, opts, device);
   detail::advance_step(step, stream);
   detail::pass_results<0> const none{};
   auto const launch_all = [&](auto const& tables) {
@@ -417,9 +417,9 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
     }
   };
   if (opts.metadata == transport::param_32k || (opts.metadata == transport::automatic && large)) {
-    launch_all(detail::pack_tables<detail::table_32k<S>>(layout));
+    launch_all(detail::pack_tables<detail::table_32k<S>>(layout, evict_first));
   } else {
-    launch_all(detail::pack_tables<detail::table_4k<S>>(layout));
+    launch_all(detail::pack_tables<detail::table_4k<S>>(layout, evict_first));
   }
   detail::launch_after_step(rule, step, none, stream);
 }

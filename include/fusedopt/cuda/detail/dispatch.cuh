@@ -19,6 +19,7 @@
 
 #include "../../bind.hpp"
 #include "../../config.hpp"
+#include "../../detail/access.hpp"
 #include "../../detail/phases.hpp"
 #include "../../error.hpp"
 #include "../../rule.hpp"
@@ -42,7 +43,9 @@ inline int current_device()
   return device;
 }
 
-/// Chunk length: the policy's unless overridden, rounded up to a vector multiple.
+/// Chunk length: the policy's unless overridden, rounded up to a vector multiple, and to whole
+/// blocks where quantized states are bound (blocks are powers of two from 32 elements, so
+/// whole blocks are whole vectors too).
 template <class Policy, class Bound, class Options>
 std::int64_t chunk_length(Options const& opts)
 {
@@ -51,7 +54,7 @@ std::int64_t chunk_length(Options const& opts)
   FUSEDOPT_EXPECTS(opts.max_blocks >= 0, "cuda::options::max_blocks must not be negative");
   std::int64_t const chunk = opts.chunk_elements > 0 ? opts.chunk_elements : Policy::chunk_elements;
   FUSEDOPT_EXPECTS(chunk <= (std::int64_t{1} << 30), "cuda::options::chunk_elements must be at most 2^30");
-  return (chunk + width - 1) / width * width;
+  return ::fusedopt::detail::whole_blocks<Bound>((chunk + width - 1) / width * width);
 }
 
 /// Most blocks per launch: the policy's unless overridden.
@@ -59,6 +62,20 @@ template <class Policy, class Options>
 std::int64_t max_blocks_of(Options const& opts)
 {
   return opts.max_blocks > 0 ? opts.max_blocks : Policy::max_blocks;
+}
+
+/// Whether a launch over tensors of `bytes` (every bound slot) on `device` streams with L2
+/// evict-first: between the size of the device's L2 (a step that fits there is read from it
+/// again by the next step, which evict-first would prevent) and the policy's bound.
+template <class Policy, class Options>
+bool evict_first_for(std::int64_t bytes, Options const& opts, int device)
+{
+  using eviction = decltype(opts.eviction);  // cuda::l2_eviction, declared with the options
+  if (opts.eviction == eviction::evict_first) { return true; }
+  if (opts.eviction == eviction::evict_normal) { return false; }
+  int l2_bytes = 0;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  return bytes > l2_bytes && bytes < Policy::evict_first_below_bytes;
 }
 
 /// Rejects pageable host memory, which kernels cannot read. One query per slot (its first

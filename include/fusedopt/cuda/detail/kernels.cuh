@@ -98,7 +98,8 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// The update: `rule` prepared once per thread for `step` with the results of its P reduction
 /// passes (prepare_final: device scalars and the results are read here, so a captured launch
 /// picks up new values; without passes it is the rule's own prepare), then each block takes
-/// chunks `blockIdx.x`, `blockIdx.x + gridDim.x`, ... of `table`.
+/// chunks `blockIdx.x`, `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of
+/// quantized states where the rule stores some: process_blocks).
 template <class Policy, class Rule, class Bound, class Table, int P>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
   multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
@@ -108,11 +109,17 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   constexpr int width = vector_width<Bound>::value;
   constexpr std::size_t widest = vector_width<Bound>::widest;
   auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
+  std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
   for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-    process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                 chunk.begin, chunk.count);
+    if constexpr (access::stores_quantized) {
+      process_blocks<Policy, access>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin,
+                                     chunk.count);
+    } else {
+      process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                   chunk.begin, chunk.count, cache_policy);
+    }
   }
 }
 
@@ -139,12 +146,13 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   __shared__ typename block_reduce::TempStorage temp;
 
   auto const body = ::fusedopt::detail::prepare_pass<J>(rule, step, results.data());
+  std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
   for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
     auto acc = identities<reduction, value_type>();
     process_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                  chunk.begin, chunk.count, acc);
+                                                  chunk.begin, chunk.count, cache_policy, acc);
     accumulator<double, n> wide;
 #pragma unroll
     for (int k = 0; k < n; ++k) { wide[k] = static_cast<double>(acc[k]); }
@@ -155,7 +163,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
       if (!::fusedopt::detail::sums_finite<reduction>(acc)) {
         wide = identities<reduction, double>();
         process_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                      chunk.begin, chunk.count, wide);
+                                                      chunk.begin, chunk.count, cache_policy, wide);
       }
     }
     accumulator<double, n> const total = block_reduce(temp).Reduce(wide, combine_all<reduction>{});

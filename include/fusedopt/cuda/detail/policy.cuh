@@ -27,10 +27,16 @@ struct default_policy {
   /// thread = bytes_per_slot / (vector width x widest element size), at least one: 4 for
   /// fp32 Adam, 2 for bf16 params with fp32 states, 1 for double states next to bf16.
   static constexpr int bytes_per_slot = 64;
-  /// Loads and stores with the cache-streaming hint (ld/st.global.cs, evict first): every
-  /// byte is touched once per step, so caching it only evicts what other blocks still need.
+  /// Loads and stores of the tensors' data carry an L2 eviction policy (evict_first_below_bytes
+  /// chooses it per launch): every byte is touched once per step.
   static constexpr bool streaming_loads = true;
   static constexpr bool streaming_stores = true;
+  /// Launches whose tensors take fewer bytes than this (every bound slot of every tensor) but
+  /// more than the device's L2 stream with L2 evict-first, the others with evict-normal (sm_80
+  /// and newer; before, the .cs hint throughout). Measured on H100s (docs/tuning.md, "L2 eviction"): evict-first wins
+  /// on W1 and W3 (168 and 378 MB; AdamW bf16 by 2-3.5 points), evict-normal on W2 and W4
+  /// (2.0 and 4.3 GB; Adam fp32 by 1-4 points) and on single tensors from 0.5 GB.
+  static constexpr std::int64_t evict_first_below_bytes = std::int64_t{1} << 29;
   /// Second argument of __launch_bounds__: blocks per SM the register allocation must allow.
   static constexpr int min_blocks_per_sm = 1;
   /// Elements of one tensor a block updates per chunk (a multiple of every vector width).

@@ -17,6 +17,7 @@
 #include "../../bind.hpp"
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../numeric/quantization.hpp"
 #include "../../reduce.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -30,8 +31,12 @@ template <class Bound>
 struct vector_width;
 template <class... B>
 struct vector_width<bound_lists<B...>> {
-  static constexpr std::size_t smallest = std::min({sizeof(std::remove_const_t<typename B::element_type>)...});
-  static constexpr std::size_t widest = std::max({sizeof(std::remove_const_t<typename B::element_type>)...});
+  // Quantized states (blockwise8 records) are read element by element, never in vectors: they
+  // count as neither the smallest nor the widest slot.
+  static constexpr std::size_t smallest =
+    std::min({is_blockwise_v<typename B::element_type> ? std::size_t{16} : sizeof(std::remove_const_t<typename B::element_type>)...});
+  static constexpr std::size_t widest =
+    std::max({is_blockwise_v<typename B::element_type> ? std::size_t{1} : sizeof(std::remove_const_t<typename B::element_type>)...});
   static constexpr int value = static_cast<int>(16 / smallest);
 };
 
@@ -57,6 +62,7 @@ struct global_table {
   chunk_entry const* chunks;
   tensor_entry<S> const* tensors;
   std::int64_t num_chunks;
+  std::int32_t evict_first;  ///< streaming accesses evict first from L2 (else evict normal)
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
@@ -75,6 +81,7 @@ struct inline_table {
   tensor_entry<S> tensors[max_tensors];
   std::int64_t num_chunks;
   std::int32_t num_tensors;
+  std::int32_t evict_first;  ///< as global_table::evict_first
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
@@ -119,6 +126,7 @@ template <std::size_t S>
 struct layout {
   std::vector<tensor_entry<S>> tensors;  // tensor_entry::index is the position in the lists
   std::vector<chunk_entry> chunks;       // chunk_entry::tensor indexes `tensors`
+  std::int64_t bytes = 0;                // of every bound slot of every tensor
 };
 
 /// Elements before the first element at which every slot's address is 16-byte aligned, or -1
@@ -149,28 +157,64 @@ void tensor_bases(bound_lists<B...> const& lists, std::size_t t, void* (&bases)[
   tensor_bases(lists, t, bases, std::index_sequence_for<B...>{});
 }
 
-/// The first slot whose address is not a multiple of its element size, or -1.
+/// The first slot whose address is not a multiple of its element's alignment, or -1.
 template <std::size_t S>
-int misaligned_slot(void* const (&bases)[S], std::size_t const (&sizes)[S])
+int misaligned_slot(void* const (&bases)[S], std::size_t const (&alignments)[S])
 {
   for (std::size_t k = 0; k < S; ++k) {
-    if (reinterpret_cast<std::uintptr_t>(bases[k]) % sizes[k] != 0) { return static_cast<int>(k); }
+    if (reinterpret_cast<std::uintptr_t>(bases[k]) % alignments[k] != 0) { return static_cast<int>(k); }
   }
   return -1;
 }
 
+/// What the plans check of one tensor's addresses in lists `Bound`: its slots' alignment and
+/// its head (the alignment class).
+template <class Bound>
+struct slot_geometry;
+template <class... B>
+struct slot_geometry<bound_lists<B...>> {
+  static constexpr std::size_t S = sizeof...(B);
+  static constexpr bool quantized = (is_blockwise_v<typename B::element_type> || ...);
+
+  /// The first slot whose address is not aligned to its element type, or -1.
+  static int misaligned(void* const (&bases)[S])
+  {
+    static constexpr std::size_t alignments[S] = {alignof(std::remove_const_t<typename B::element_type>)...};
+    return misaligned_slot(bases, alignments);
+  }
+  /// The memory a tensor of `size` elements takes in all slots together.
+  static std::int64_t bytes(std::int64_t size)
+  {
+    return (std::int64_t{0} + ... +
+            (::fusedopt::detail::storage_units<typename B::element_type>(size) *
+             static_cast<std::int64_t>(sizeof(std::remove_const_t<typename B::element_type>))));
+  }
+  /// vector_head; -1 (no vector path) where quantized states are bound: a warp per block
+  /// takes their elements one by one (agent.cuh, process_blocks).
+  static int head(void* const (&bases)[S])
+  {
+    static constexpr std::size_t sizes[S] = {sizeof(std::remove_const_t<typename B::element_type>)...};
+    if constexpr (quantized) {
+      return -1;
+    } else {
+      return vector_head(bases, sizes, vector_width<bound_lists<B...>>::value);
+    }
+  }
+};
+
 /// Records every non-empty tensor (bases, head) and cuts it into chunks of `chunk` elements
 /// (a multiple of `width`) whose boundaries fall on vector boundaries: chunk 0 holds the head,
 /// so only the first chunk of a tensor has scalar head elements and only the last a tail.
+/// With quantized states the head is -1 and `chunk` a multiple of their block: every chunk
+/// starts at a multiple of `chunk`, so it holds whole blocks of its tensor.
 /// @throws fusedopt::error if a pointer is not aligned to its element size or the list holds
 /// more than 2^31 - 1 tensors.
 template <class... B, std::size_t... K>
 layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t chunk, std::index_sequence<K...>)
 {
   constexpr std::size_t S = sizeof...(B);
-  constexpr int width = vector_width<bound_lists<B...>>::value;
+  using geometry = slot_geometry<bound_lists<B...>>;
   static constexpr char const* names[] = {B::slot_type::name...};
-  std::size_t const sizes[S] = {sizeof(std::remove_const_t<typename B::element_type>)...};
   std::size_t const n = lists.num_tensors();
   FUSEDOPT_EXPECTS(n <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()),
                    "the CUDA backend takes at most 2^31 - 1 tensors per list");
@@ -180,13 +224,14 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
     if (size == 0) { continue; }
     tensor_entry<S> e{};
     tensor_bases(lists, t, e.bases);
-    int const misaligned = misaligned_slot(e.bases, sizes);
+    int const misaligned = geometry::misaligned(e.bases);
     FUSEDOPT_EXPECTS(misaligned < 0, "tensor " + std::to_string(t) + " of slot '" + names[misaligned < 0 ? 0 : misaligned] +
                                        "' is not aligned to its element size (the GPU faults on misaligned accesses)");
     e.index = static_cast<std::int32_t>(t);
-    e.head = vector_head(e.bases, sizes, width);
+    e.head = geometry::head(e.bases);
     auto const local = static_cast<std::int32_t>(out.tensors.size());
     out.tensors.push_back(e);
+    out.bytes += geometry::bytes(size);
     // A head of h shifts every boundary by h so that chunks after the first start aligned.
     std::int64_t const first = std::min(size, chunk + std::max(e.head, 0));
     out.chunks.push_back(chunk_entry{0, local, static_cast<std::int32_t>(first)});
@@ -199,7 +244,7 @@ layout<sizeof...(B)> make_layout(bound_lists<B...> const& lists, std::int64_t ch
 
 /// Packs a layout into by-value tables of type `Table`, in order, each as full as it can be.
 template <class Table, std::size_t S>
-std::vector<Table> pack_tables(layout<S> const& plan)
+std::vector<Table> pack_tables(layout<S> const& plan, bool evict_first)
 {
   std::vector<Table> tables;
   Table* current = nullptr;
@@ -212,6 +257,7 @@ std::vector<Table> pack_tables(layout<S> const& plan)
       current = &tables.back();
       current->num_chunks = 0;
       current->num_tensors = 0;
+      current->evict_first = evict_first ? 1 : 0;
       last_tensor = -1;
     }
     if (c.tensor != last_tensor) {

@@ -25,35 +25,88 @@ struct alignas(16) packet {
   T v[W];
 };
 
-/// Loads one packet, with the cache-streaming hint (ld.global.cs: the data is touched once)
-/// when `Streaming`.
-template <bool Streaming, class T, int W>
-__device__ __forceinline__ packet<T, W> load_packet(packet<T, W> const* from)
+/// How a slot's packets are loaded or stored: plain, or streaming: on sm_80 and newer with the
+/// L2 eviction policy the launch chose (`iteration::cache_policy`, made by make_cache_policy:
+/// evict first, or evict normal), before sm_80 with the cache-streaming hint (ld/st.global.cs).
+enum cache_mode : int { cache_plain = 0, cache_streaming = 1 };
+
+/// The L2 eviction policy of a launch's streaming accesses: evict first (every line the
+/// launch touches leaves L2 before other lines) or evict normal. One code path serves both:
+/// the policy is a run-time operand of the loads and stores (docs/tuning.md says when each
+/// wins).
+__device__ __forceinline__ std::uint64_t make_cache_policy(bool evict_first)
 {
-  if constexpr (Streaming) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  std::uint64_t first = 0;
+  std::uint64_t normal = 0;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+  asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+  return evict_first ? first : normal;
+#else
+  return evict_first ? 1 : 0;
+#endif
+}
+
+__device__ __forceinline__ uint4 load_streaming(uint4 const* from, std::uint64_t policy)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(from), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return __ldcs(from);
+#endif
+}
+
+__device__ __forceinline__ void store_streaming(uint4* to, uint4 const& v, std::uint64_t policy)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(to), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w), "l"(policy)
+               : "memory");
+#else
+  (void)policy;
+  __stcs(to, v);
+#endif
+}
+
+/// Loads one packet in `Mode`.
+template <int Mode, class T, int W>
+__device__ __forceinline__ packet<T, W> load_packet(packet<T, W> const* from, std::uint64_t policy)
+{
+  if constexpr (Mode == cache_plain) {
+    return *from;
+  } else {
     constexpr int pieces = static_cast<int>(sizeof(packet<T, W>) / 16);
     uint4 raw[pieces];
 #pragma unroll
-    for (int i = 0; i < pieces; ++i) { raw[i] = __ldcs(reinterpret_cast<uint4 const*>(from) + i); }
+    for (int i = 0; i < pieces; ++i) {
+      auto const* piece = reinterpret_cast<uint4 const*>(from) + i;
+      raw[i] = load_streaming(piece, policy);
+    }
     packet<T, W> out;
     std::memcpy(&out, raw, sizeof out);
     return out;
-  } else {
-    return *from;
   }
 }
 
-template <bool Streaming, class T, int W>
-__device__ __forceinline__ void store_packet(packet<T, W>* to, packet<T, W> const& value)
+template <int Mode, class T, int W>
+__device__ __forceinline__ void store_packet(packet<T, W>* to, packet<T, W> const& value, std::uint64_t policy)
 {
-  if constexpr (Streaming) {
+  if constexpr (Mode == cache_plain) {
+    *to = value;
+  } else {
     constexpr int pieces = static_cast<int>(sizeof(packet<T, W>) / 16);
     uint4 raw[pieces];
     std::memcpy(raw, &value, sizeof raw);
 #pragma unroll
-    for (int i = 0; i < pieces; ++i) { __stcs(reinterpret_cast<uint4*>(to) + i, raw[i]); }
-  } else {
-    *to = value;
+    for (int i = 0; i < pieces; ++i) {
+      auto* piece = reinterpret_cast<uint4*>(to) + i;
+      store_streaming(piece, raw[i], policy);
+    }
   }
 }
 
@@ -75,11 +128,12 @@ template <int U>
 struct iteration {
   std::int64_t first;  // element where the vector body starts (aligned in every slot)
   std::int64_t v0;     // first vector of the block in this iteration
+  std::uint64_t cache_policy;  // L2 eviction policy of the streaming accesses (make_cache_policy)
   int tid;
   bool valid[U];
 };
 
-template <std::size_t K, class Access, int W, int U, int Threads, bool Streaming, class Tile>
+template <std::size_t K, class Access, int W, int U, int Threads, int Mode, class Tile>
 __device__ __forceinline__ void load_slot(Tile& tile, void* const* bases, iteration<U> const& it)
 {
   if constexpr (Access::loads[K]) {
@@ -88,12 +142,12 @@ __device__ __forceinline__ void load_slot(Tile& tile, void* const* bases, iterat
     auto& slot = ::fusedopt::detail::pack_get<K>(tile);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (it.valid[u]) { slot.p[u] = load_packet<Streaming>(src + it.v0 + u * Threads + it.tid); }
+      if (it.valid[u]) { slot.p[u] = load_packet<Mode>(src + it.v0 + u * Threads + it.tid, it.cache_policy); }
     }
   }
 }
 
-template <std::size_t K, class Access, int W, int U, int Threads, bool Streaming, class Tile>
+template <std::size_t K, class Access, int W, int U, int Threads, int Mode, class Tile>
 __device__ __forceinline__ void store_slot(Tile const& tile, void* const* bases, iteration<U> const& it)
 {
   if constexpr (Access::stores[K]) {
@@ -102,7 +156,7 @@ __device__ __forceinline__ void store_slot(Tile const& tile, void* const* bases,
     auto const& slot = ::fusedopt::detail::pack_get<K>(tile);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (it.valid[u]) { store_packet<Streaming>(dst + it.v0 + u * Threads + it.tid, slot.p[u]); }
+      if (it.valid[u]) { store_packet<Mode>(dst + it.v0 + u * Threads + it.tid, slot.p[u], it.cache_policy); }
     }
   }
 }

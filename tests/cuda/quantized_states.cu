@@ -1,0 +1,239 @@
+// 8-bit blockwise-quantized states on the CUDA backend: the same bits as the host backend
+// (parameters, codes and scales) for Adam, AdamW, SGD momentum, Lion and a skipped step, on
+// every transport, sizes that are not multiples of the block and tensors of many chunks;
+// blocks of zeros, huge and non-finite values; a tensor of more than 2^31 elements where the
+// GPU has the memory. tests/host/quantized_states.cpp checks the host against the reference.
+#include "support.cuh"
+
+#include <limits>
+#include <memory>
+
+#include "reference/quantization.hpp"
+
+using namespace fusedopt_test;
+
+namespace {
+
+/// The tensors of one slot end to end in one arena, on the host and on the device; T is the
+/// list's element type (a blockwise8 arena holds blocks, each tensor starting on its own).
+template <class T>
+struct twin {
+  std::vector<std::int64_t> sizes, offsets;  // offsets in units of T
+  std::vector<T> host;
+  device_array<T> device;
+
+  twin(std::vector<std::int64_t> const& tensor_sizes, std::vector<T> const& initial, std::int64_t shift = 0)
+    : sizes(tensor_sizes), host(initial), device(initial.size())
+  {
+    std::int64_t at = shift;
+    for (auto n : sizes) {
+      offsets.push_back(at);
+      at += fo::detail::storage_units<T>(n);
+    }
+    REQUIRE(static_cast<std::size_t>(at) <= host.size());
+    device.upload(host);
+  }
+  template <class E = T>
+  [[nodiscard]] fo::tensor_list<E> list(bool on_device)
+  {
+    fo::tensor_list<E> l;
+    T* base = on_device ? device.get() : host.data();
+    for (std::size_t t = 0; t < sizes.size(); ++t) { l.push_back(base + offsets[t], sizes[t]); }
+    return l;
+  }
+  /// The device's bytes equal the host's, every byte of the arena (unused codes included).
+  void require_same(char const* what) const
+  {
+    std::vector<T> const d = device.download();
+    INFO(what);
+    REQUIRE(std::memcmp(d.data(), host.data(), host.size() * sizeof(T)) == 0);
+  }
+};
+
+template <class Q>
+std::vector<Q> zero_blocks(std::vector<std::int64_t> const& sizes)
+{
+  std::int64_t blocks = 0;
+  for (auto n : sizes) { blocks += Q::blocks_for(n); }
+  std::vector<Q> out(static_cast<std::size_t>(blocks));
+  for (auto& b : out) {
+    b.absmax = 0.f;
+    std::fill(std::begin(b.codes), std::end(b.codes), std::uint8_t{Q::map_type::is_signed ? 127 : 0});
+  }
+  return out;
+}
+
+std::int64_t total_of(std::vector<std::int64_t> const& sizes)
+{
+  std::int64_t total = 0;
+  for (auto n : sizes) { total += n; }
+  return total;
+}
+
+fo::cuda::options with_transport(fo::cuda::transport how)
+{
+  fo::cuda::options opts;
+  opts.metadata = how;
+  return opts;
+}
+
+/// Steps of `make_rule(found_inf)` over fp32 params and grads and the quantized `States`
+/// (pairs of slot and blockwise8 type) on both backends; every arena the same bits after
+/// every step. Step 3 has a NaN gradient: a rule wrapped in skip_if_nonfinite skips it.
+template <class... States, class MakeRule>
+void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3)
+{
+  std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000};
+  std::int64_t const total = total_of(sizes);
+  std::vector<float> initial = mixed_values(total + 1, 11, true);
+  twin<float> param(sizes, initial, 1);  // one element in: the param is not 16-byte aligned
+  twin<float> grad(sizes, std::vector<float>(static_cast<std::size_t>(total)));
+  // twin holds a device_array, which does not move: the tuple holds pointers.
+  std::tuple<std::unique_ptr<twin<typename States::second_type>>...> states{
+    std::make_unique<twin<typename States::second_type>>(sizes, zero_blocks<typename States::second_type>(sizes))...};
+  device_array<float> found_inf_device(1);
+  float found_inf_host = 0.f;
+
+  auto run = [&](auto&... state) {
+    auto host_plan = fo::host::make_plan(fo::bind(fo::slot::param = param.list(false), fo::slot::grad = grad.template list<float const>(false),
+                                                  (typename States::first_type{} = state->list(false))...));
+    auto cuda_plan = fo::cuda::make_plan(fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<float const>(true),
+                                                  (typename States::first_type{} = state->list(true))...),
+                                         with_transport(how));
+    for (int step = 1; step <= 4; ++step) {
+      INFO("step " << step);
+      std::vector<float> g = mixed_values(total, 100 + static_cast<std::uint64_t>(step), true);
+      for (auto& x : g) { x = std::max(-1.f, std::min(1.f, x)); }
+      if (step == 3 && nan_at_step_3) { g[static_cast<std::size_t>(total / 2)] = std::numeric_limits<float>::quiet_NaN(); }
+      grad.host = g;
+      grad.device.upload(g);
+      host_plan.run(make_rule(&found_inf_host), fo::step_info{step});
+      cuda_plan.run(make_rule(found_inf_device.get()), fo::step_info{step});
+      FO_TEST_CUDA(cudaDeviceSynchronize());
+      param.require_same("param");
+      (state->require_same("state"), ...);
+    }
+  };
+  std::apply(run, states);
+}
+
+using m_state = std::pair<fo::slot::exp_avg_t, fo::signed_q8>;
+using v_state = std::pair<fo::slot::exp_avg_sq_t, fo::unsigned_q8>;
+
+}  // namespace
+
+TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on every transport",
+          "[cuda][quantized]")
+{
+  auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
+                            fo::cuda::transport::param_32k);
+  if (!transport_available(how)) { return; }
+  SECTION("Adam")
+  {
+    fo::rules::adam adam;
+    adam.lr = 1e-2;
+    check_host_equals_cuda<m_state, v_state>([&](float*) { return adam; }, how, false);
+  }
+  SECTION("AdamW, a NaN gradient skipped by skip_if_nonfinite")
+  {
+    fo::rules::adamw adamw;
+    adamw.lr = 1e-2;
+    adamw.weight_decay = 0.1;
+    check_host_equals_cuda<m_state, v_state>([&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); },
+                                             how, true);
+  }
+  SECTION("SGD with Nesterov momentum")
+  {
+    fo::rules::sgd sgd;
+    sgd.lr = 0.1;
+    sgd.momentum = 0.9;
+    sgd.nesterov = true;
+    check_host_equals_cuda<std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false);
+  }
+  SECTION("Lion")
+  {
+    fo::rules::lion lion;
+    lion.lr = 1e-3;
+    lion.weight_decay = 0.5;
+    check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false);
+  }
+}
+
+TEST_CASE("blocks of zeros, huge and non-finite values: the host backend's bits", "[cuda][quantized][nonfinite]")
+{
+  std::vector<std::int64_t> const sizes = {1, 255, 257, 4097, 6000};
+  std::int64_t const total = total_of(sizes);
+  std::vector<std::int64_t> offsets{0};
+  for (auto n : sizes) { offsets.push_back(offsets.back() + n); }
+  device_array<std::int64_t> offsets_device(offsets.size());
+  offsets_device.upload(offsets);
+  twin<fo::signed_q8> state(sizes, zero_blocks<fo::signed_q8>(sizes));
+  device_array<float> values_device(static_cast<std::size_t>(total));
+  using assign = assign_state<fo::slot::momentum_buffer_t>;
+
+  std::vector<float> values = mixed_values(total, 5, true);
+  std::int64_t const last = total - 6000;
+  std::fill(values.begin() + last, values.begin() + last + 256, 0.f);  // a block of zeros
+  values[static_cast<std::size_t>(last + 256 + 3)] = 3e38f;            // one huge value
+  values[static_cast<std::size_t>(last + 512 + 9)] = -3e38f;
+  for (int round = 0; round < 2; ++round) {
+    INFO("round " << round);
+    if (round == 1) {  // non-finite values: their blocks keep the first round's codes and scale
+      values = mixed_values(total, 6, true);
+      values[static_cast<std::size_t>(last + 1000)] = std::numeric_limits<float>::quiet_NaN();
+      values[static_cast<std::size_t>(last + 2000)] = std::numeric_limits<float>::infinity();
+      values[static_cast<std::size_t>(total - 1)] = -std::numeric_limits<float>::infinity();
+      values[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    values_device.upload(values);
+    fo::host::apply(assign{values.data(), offsets.data()}, fo::bind(fo::slot::momentum_buffer = state.list(false)));
+    fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = state.list(true)))
+      .run(assign{values_device.get(), offsets_device.get()});
+    state.require_same("momentum_buffer");
+  }
+}
+
+namespace {
+/// momentum = values[index % 1024] (device memory): only the position decides.
+struct by_position {
+  float const* values;
+  using reads = fo::slots<>;
+  using writes = fo::slots<fo::slot::momentum_buffer_t>;
+  template <class E>
+  FUSEDOPT_HOST_DEVICE void operator()(E& e, fo::step_info const&) const
+  {
+    e[fo::slot::momentum_buffer] = values[e.index() % 1024];
+  }
+};
+}  // namespace
+
+TEST_CASE("a quantized tensor of more than 2^31 elements", "[cuda][quantized][big]")
+{
+  std::int64_t const n = (std::int64_t{1} << 31) + 300;
+  std::size_t const bytes = static_cast<std::size_t>(fo::signed_q8::blocks_for(n)) * sizeof(fo::signed_q8);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  FO_TEST_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < bytes + (std::size_t{1} << 30)) {
+    WARN("skipped: the GPU has " << free_bytes / (1 << 20) << " MiB free, the test needs " << bytes / (1 << 20) << " MiB");
+    return;
+  }
+  std::vector<float> values(1024);
+  for (std::size_t i = 0; i < values.size(); ++i) { values[i] = static_cast<float>(i % 97) - 48.f; }
+  device_array<float> values_device(values.size());
+  values_device.upload(values);
+  device_array<fo::signed_q8> blocks(static_cast<std::size_t>(fo::signed_q8::blocks_for(n)));
+  fo::tensor_list<fo::signed_q8> list{{blocks.get(), n}};
+  fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = list)).run(by_position{values_device.get()});
+  FO_TEST_CUDA(cudaDeviceSynchronize());
+  std::size_t const count = blocks.size();
+  std::size_t const around = static_cast<std::size_t>((std::int64_t{1} << 31) / 256);  // the block at 2^31
+  for (std::size_t b : {std::size_t{0}, around - 1, around, count - 2, count - 1}) {
+    INFO("block " << b);
+    std::int64_t const used = b + 1 < count ? 256 : n - static_cast<std::int64_t>(b) * 256;
+    std::vector<float> const block_values(values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024),
+                                          values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024 + used));
+    std::vector<fo::signed_q8> got(1);
+    FO_TEST_CUDA(cudaMemcpy(got.data(), blocks.get() + b, sizeof(fo::signed_q8), cudaMemcpyDeviceToHost));
+    CHECK(same_blocks(got, reference_quantize<fo::signed_q8>(block_values), used));
+  }
+}

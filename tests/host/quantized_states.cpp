@@ -1,0 +1,419 @@
+// 8-bit blockwise-quantized states on the host backend (numeric/quantization.hpp): the maps
+// and the quantizer against the independent reference (tests/reference/quantization.hpp),
+// blocks of zeros, a huge value, non-finite values, unchanged blocks, sizes that are not
+// multiples of the block, chunking, Adam, AdamW, SGD momentum and Lion against their fp32
+// runs, byte counts, binding checks and a tensor of more than 2^31 elements.
+#include "prelude.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "bits.hpp"
+#include "reference/quantization.hpp"
+
+namespace {
+
+using fusedopt_test::assign_state;
+using fusedopt_test::keep_state;
+using fusedopt_test::read_state;
+using fusedopt_test::reference_dequantize;
+using fusedopt_test::reference_map_floats;
+using fusedopt_test::reference_quantize;
+using fusedopt_test::same_blocks;
+
+using m_t = fo::slot::momentum_buffer_t;
+/// A slot each map may be bound to: the unsigned map only holds non-negative states.
+template <class Q>
+using slot_for = std::conditional_t<Q::map_type::is_signed, m_t, fo::slot::exp_avg_sq_t>;
+
+/// Tensors of the given sizes, each its own vector of blocks.
+template <class Q>
+struct quantized_tensors {
+  std::vector<std::int64_t> sizes;
+  std::vector<std::vector<Q>> blocks;
+
+  explicit quantized_tensors(std::vector<std::int64_t> s) : sizes(std::move(s))
+  {
+    for (auto n : sizes) {
+      std::vector<Q> b(static_cast<std::size_t>(Q::blocks_for(n)));
+      for (auto& block : b) {  // the state torch starts from: zeros (scale 0, the code of 0)
+        block.absmax = 0.f;
+        std::fill(std::begin(block.codes), std::end(block.codes), std::uint8_t{Q::map_type::is_signed ? 127 : 0});
+      }
+      blocks.push_back(std::move(b));
+    }
+  }
+  [[nodiscard]] fo::tensor_list<Q> list()
+  {
+    fo::tensor_list<Q> l;
+    for (std::size_t t = 0; t < sizes.size(); ++t) { l.push_back(blocks[t].data(), sizes[t]); }
+    return l;
+  }
+};
+
+/// Runs assign_state with `values` (all tensors end to end).
+template <class Q>
+void assign(quantized_tensors<Q>& q, std::vector<float> const& values, fo::host::options opts = {})
+{
+  std::vector<std::int64_t> offsets{0};
+  for (auto n : q.sizes) { offsets.push_back(offsets.back() + n); }
+  fo::host::apply(assign_state<slot_for<Q>>{values.data(), offsets.data()}, fo::bind(slot_for<Q>{} = q.list()),
+                  fo::step_info{1}, opts);
+}
+
+std::vector<float> slice(std::vector<float> const& v, std::int64_t first, std::int64_t n)
+{
+  return {v.begin() + first, v.begin() + first + n};
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("the dynamic maps are the paper's: every code of a block of scale 1 reads back as its value",
+                   "[quantized]", fo::signed_q8, fo::unsigned_q8)
+{
+  using Q = TestType;
+  std::vector<float> const map = reference_map_floats(Q::map_type::is_signed);
+  REQUIRE(map.size() == 256);
+  CHECK(map[255] == 1.f);
+  CHECK(map[Q::map_type::is_signed ? 127 : 0] == 0.f);
+  if (Q::map_type::is_signed) {
+    CHECK(map[0] == fusedopt_test::Approx(-0.99297).epsilon(1e-5));  // -1 is not a value of the signed map
+  }
+  std::vector<Q> block(1);
+  block[0].absmax = 1.f;
+  for (int c = 0; c < 256; ++c) { block[0].codes[c] = static_cast<std::uint8_t>(c); }
+  std::vector<float> out(256, -7.f);
+  fo::tensor_list<Q> q{{block.data(), 256}};
+  fo::tensor_list<float> p{{out.data(), 256}};
+  fo::host::apply(read_state<slot_for<Q>>{}, fo::bind(fo::slot::param = p, slot_for<Q>{} = q));
+  for (int c = 0; c < 256; ++c) {
+    INFO("code " << c);
+    CHECK(fusedopt_test::bits_of(out[static_cast<std::size_t>(c)]) == fusedopt_test::bits_of(map[static_cast<std::size_t>(c)]));
+  }
+}
+
+TEMPLATE_TEST_CASE("quantizing gives the reference's scales and nearest codes, ties to the lower code",
+                   "[quantized]", fo::signed_q8, fo::unsigned_q8)
+{
+  using Q = TestType;
+  bool const is_signed = Q::map_type::is_signed;
+  std::int64_t const n = 256 * 40 + 77;
+  std::vector<float> values = fusedopt_test::mixed_values(n, 3, is_signed);
+  // Block 1: scale 1 and every exact midpoint between neighbouring codes that a float holds.
+  std::vector<float> const map = reference_map_floats(is_signed);
+  values[256] = 1.f;
+  int ties = 0;
+  for (int c = 0; c + 1 < 256 && ties < 255; ++c) {
+    double const mid = (static_cast<double>(map[c]) + map[c + 1]) / 2;
+    if (static_cast<double>(static_cast<float>(mid)) == mid) { values[static_cast<std::size_t>(257 + ties++)] = static_cast<float>(mid); }
+  }
+  for (int i = 257 + ties; i < 512; ++i) { values[static_cast<std::size_t>(i)] = 0.5f; }
+  CHECK(ties > 20);
+  quantized_tensors<Q> q({n});
+  assign(q, values);
+  auto const expected = reference_quantize<Q>(values);
+  CHECK(same_blocks(q.blocks[0], expected, n));
+  for (int k = 0; k < ties; ++k) {  // the lower of the two codes: the one whose value is below
+    std::uint8_t const code = q.blocks[0][1].codes[1 + k];
+    CHECK(map[code] < values[static_cast<std::size_t>(257 + k)]);
+  }
+  // Dequantized, every value is within half a code gap of the scale times its normalised value.
+  auto const back = reference_dequantize(q.blocks[0], n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    float const absmax = q.blocks[0][static_cast<std::size_t>(i / 256)].absmax;
+    CHECK(std::fabs(back[static_cast<std::size_t>(i)] - values[static_cast<std::size_t>(i)]) <= 0.06f * absmax);
+  }
+}
+
+TEST_CASE("blocks of zeros, one huge value, and sizes that are not multiples of the block", "[quantized]")
+{
+  std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097};
+  std::int64_t total = 0;
+  for (auto s : sizes) { total += s; }
+  std::vector<float> values = fusedopt_test::mixed_values(total, 5, true);
+  std::int64_t const last = total - 4097;             // the last tensor
+  std::fill(values.begin() + last, values.begin() + last + 256, 0.f);  // its block 0: zeros
+  values[static_cast<std::size_t>(last + 256 + 3)] = 3e38f;            // block 1: one huge value
+  values[static_cast<std::size_t>(last + 512 + 9)] = -3e38f;           // block 2: one huge negative
+  auto const chunk = GENERATE(std::int64_t{1} << 15, std::int64_t{1}, std::int64_t{300});  // rounded up to 256, 512
+  fo::host::options opts;
+  opts.chunk_elements = chunk;
+  quantized_tensors<fo::signed_q8> q(sizes);
+  assign(q, values, opts);
+  std::int64_t at = 0;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    INFO("tensor " << t << " of " << sizes[t] << " elements, chunks of " << chunk);
+    // Each tensor's blocks are its own: the reference quantizes every tensor on its own.
+    CHECK(same_blocks(q.blocks[t], reference_quantize<fo::signed_q8>(slice(values, at, sizes[t])), sizes[t]));
+    at += sizes[t];
+  }
+  auto const& big = q.blocks.back();
+  CHECK(big[0].absmax == 0.f);
+  CHECK(std::all_of(std::begin(big[0].codes), std::end(big[0].codes), [](std::uint8_t c) { return c == 127; }));
+  CHECK(big[1].absmax == 3e38f);
+  CHECK(big[1].codes[3] == 255);  // exactly the value: 1 * absmax
+  CHECK(big[2].absmax == 3e38f);
+  CHECK(big[2].codes[9] == 0);  // -0.99297 * absmax: the signed map's most negative value
+  for (int i = 0; i < 256; ++i) {
+    if (i != 3) { CHECK(big[1].codes[i] == 127); }  // all below 1e-6 of the scale: 0
+  }
+}
+
+TEST_CASE("a block with a non-finite value keeps its codes and scale; its neighbours are updated",
+          "[quantized][nonfinite]")
+{
+  float const bad = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity());
+  std::int64_t const n = 256 * 3 + 10;
+  quantized_tensors<fo::signed_q8> q({n});
+  std::vector<float> const first = fusedopt_test::mixed_values(n, 7, true);
+  assign(q, first);
+  std::vector<fo::signed_q8> const before = q.blocks[0];
+  std::vector<float> second = fusedopt_test::mixed_values(n, 8, true);
+  second[256 + 100] = bad;  // block 1
+  second[n - 1] = bad;      // block 3, the partial last one
+  assign(q, second);
+  auto const expected = reference_quantize<fo::signed_q8>(second);
+  CHECK(std::memcmp(&q.blocks[0][0], &expected[0], sizeof expected[0]) == 0);
+  CHECK(std::memcmp(&q.blocks[0][2], &expected[2], sizeof expected[2]) == 0);
+  CHECK(std::memcmp(&q.blocks[0][1], &before[1], sizeof before[1]) == 0);
+  CHECK(std::memcmp(&q.blocks[0][3], &before[3], sizeof before[3]) == 0);
+  CHECK(std::isfinite(q.blocks[0][1].absmax));
+}
+
+TEST_CASE("a block whose values come out as loaded keeps its bits (quantizing them again could move them)",
+          "[quantized]")
+{
+  std::int64_t const n = 700;
+  quantized_tensors<fo::signed_q8> q({n});
+  std::vector<fo::signed_q8>& blocks = q.blocks[0];
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    blocks[b].absmax = 0.37f + static_cast<float>(b);
+    // No element takes code 255 (the value 1): requantizing would shrink the scale.
+    for (int i = 0; i < 256; ++i) { blocks[b].codes[i] = static_cast<std::uint8_t>((i * 37 + static_cast<int>(b)) % 200); }
+  }
+  std::vector<fo::signed_q8> const before = blocks;
+  fo::host::apply(keep_state<m_t>{}, fo::bind(fo::slot::momentum_buffer = q.list()));
+  CHECK(same_blocks(blocks, before, n));
+
+  // A step skip_if_nonfinite skips leaves every state as it was, param and states alike.
+  std::vector<float> param(n, 1.f), grad(n, 0.5f);
+  grad[5] = std::numeric_limits<float>::quiet_NaN();
+  fo::tensor_list<float> p{{param.data(), n}};
+  fo::tensor_list<float const> g{{grad.data(), n}};
+  fo::rules::sgd sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  float found_inf = 0.f;
+  auto plan = fo::host::make_plan(fo::bind(fo::slot::param = p, fo::slot::grad = g, fo::slot::momentum_buffer = q.list()));
+  plan.run(fo::rules::skip_if_nonfinite(sgd, &found_inf), fo::step_info{2});
+  CHECK(found_inf == 1.f);
+  CHECK(same_blocks(blocks, before, n));
+  CHECK(std::all_of(param.begin(), param.end(), [](float x) { return x == 1.f; }));
+}
+
+namespace {
+
+/// One quantized run and one fp32 run of `rule` side by side, the fp32 states set to the
+/// dequantized quantized ones before every step (teacher forcing): the parameters must agree
+/// bit for bit and the quantized states must be the reference's quantization of the fp32
+/// states after the step. `States` are pairs (slot, quantized type).
+template <class Rule, class... States>
+class fp32_comparison {
+ public:
+  fp32_comparison(Rule rule, std::vector<std::int64_t> sizes)
+    : rule_(rule), sizes_(std::move(sizes)), q_{quantized_tensors<typename States::second_type>(sizes_)...}
+  {
+    for (auto s : sizes_) { total_ += s; }
+    param_q_ = param_f_ = fusedopt_test::mixed_values(total_, 11, true);
+    fp32_.assign(sizeof...(States), std::vector<float>(static_cast<std::size_t>(total_)));
+  }
+
+  void run(int steps)
+  {
+    for (int t = 1; t <= steps; ++t) {
+      INFO("step " << t);
+      step(t, std::index_sequence_for<States...>{});
+    }
+  }
+
+ private:
+  template <std::size_t K>
+  using state_t = std::tuple_element_t<K, std::tuple<States...>>;
+
+  template <class T>
+  fo::tensor_list<T> list_of(T* data) const
+  {
+    fo::tensor_list<T> l;
+    std::int64_t at = 0;
+    for (auto s : sizes_) {
+      l.push_back(data + at, s);
+      at += s;
+    }
+    return l;
+  }
+
+  template <std::size_t K>
+  void dequantize_state()
+  {
+    auto& out = fp32_[K];
+    out.clear();
+    for (std::size_t t = 0; t < sizes_.size(); ++t) {
+      auto const part = reference_dequantize(std::get<K>(q_).blocks[t], sizes_[t]);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+  }
+
+  template <std::size_t K>
+  void check_state() const
+  {
+    using Q = typename state_t<K>::second_type;
+    std::int64_t first = 0;
+    for (std::size_t t = 0; t < sizes_.size(); ++t) {
+      INFO("state " << K << ", tensor " << t);
+      CHECK(same_blocks(std::get<K>(q_).blocks[t], reference_quantize<Q>(slice(fp32_[K], first, sizes_[t])), sizes_[t]));
+      first += sizes_[t];
+    }
+  }
+
+  template <std::size_t... K>
+  void step(int t, std::index_sequence<K...>)
+  {
+    std::vector<float> grad = fusedopt_test::mixed_values(total_, 100 + static_cast<std::uint64_t>(t), true);
+    for (auto& x : grad) { x = std::max(-1.f, std::min(1.f, x)); }
+    fo::tensor_list<float const> const g = list_of<float const>(grad.data());
+    (dequantize_state<K>(), ...);
+    fo::host::apply(rule_, fo::bind(fo::slot::param = list_of(param_q_.data()), fo::slot::grad = g,
+                                    (typename state_t<K>::first_type{} = std::get<K>(q_).list())...),
+                    fo::step_info{t});
+    fo::host::apply(rule_, fo::bind(fo::slot::param = list_of(param_f_.data()), fo::slot::grad = g,
+                                    (typename state_t<K>::first_type{} = list_of(fp32_[K].data()))...),
+                    fo::step_info{t});
+    CHECK(std::memcmp(param_q_.data(), param_f_.data(), param_q_.size() * sizeof(float)) == 0);
+    (check_state<K>(), ...);
+  }
+
+  Rule rule_;
+  std::vector<std::int64_t> sizes_;
+  std::int64_t total_ = 0;
+  std::vector<float> param_q_, param_f_;
+  std::tuple<quantized_tensors<typename States::second_type>...> q_;
+  std::vector<std::vector<float>> fp32_;
+};
+
+template <class Rule, class... States>
+void check_against_fp32(Rule const& rule, std::vector<std::int64_t> const& sizes, int steps, States...)
+{
+  fp32_comparison<Rule, States...>(rule, sizes).run(steps);
+}
+
+/// momentum = values[index % 1024]: only the position decides.
+struct by_position {
+  float const* values;
+  using reads = fo::slots<>;
+  using writes = fo::slots<m_t>;
+  template <class E>
+  void operator()(E& e, fo::step_info const&) const
+  {
+    e[fo::slot::momentum_buffer] = values[e.index() % 1024];
+  }
+};
+
+template <class Slot, class Q>
+using state = std::pair<Slot, Q>;
+
+}  // namespace
+
+TEST_CASE("Adam, AdamW, SGD momentum and Lion on 8-bit states: the fp32 step on the dequantized states, requantized",
+          "[quantized][optimizers]")
+{
+  std::vector<std::int64_t> const sizes = {3, 256, 1000, 513};
+  using m_state = state<fo::slot::exp_avg_t, fo::signed_q8>;
+  using v_state = state<fo::slot::exp_avg_sq_t, fo::unsigned_q8>;
+  SECTION("Adam")
+  {
+    fo::rules::adam adam;
+    adam.lr = 1e-2;
+    check_against_fp32(adam, sizes, 5, m_state{}, v_state{});
+  }
+  SECTION("AdamW")
+  {
+    fo::rules::adamw adamw;
+    adamw.lr = 1e-2;
+    adamw.weight_decay = 0.1;
+    check_against_fp32(adamw, sizes, 5, m_state{}, v_state{});
+  }
+  SECTION("SGD with momentum")
+  {
+    fo::rules::sgd sgd;
+    sgd.lr = 0.1;
+    sgd.momentum = 0.9;
+    sgd.nesterov = true;
+    check_against_fp32(sgd, sizes, 5, state<fo::slot::momentum_buffer_t, fo::signed_q8>{});
+  }
+  SECTION("Lion")
+  {
+    fo::rules::lion lion;
+    lion.lr = 1e-3;
+    lion.weight_decay = 0.5;
+    check_against_fp32(lion, sizes, 5, m_state{});
+  }
+}
+
+TEST_CASE("8-bit AdamW moves at most 16.1 bytes per element with fp32 params, 10.1 with bf16", "[quantized][bytes]")
+{
+  using fp32_lists = decltype(fo::bind(fo::slot::param = fo::tensor_list<float>{}, fo::slot::grad = fo::tensor_list<float const>{},
+                                       fo::slot::exp_avg = fo::tensor_list<fo::signed_q8>{},
+                                       fo::slot::exp_avg_sq = fo::tensor_list<fo::unsigned_q8>{}));
+  using bf16_lists =
+    decltype(fo::bind(fo::slot::param = fo::tensor_list<fo::bfloat16>{}, fo::slot::grad = fo::tensor_list<fo::bfloat16 const>{},
+                      fo::slot::exp_avg = fo::tensor_list<fo::signed_q8>{}, fo::slot::exp_avg_sq = fo::tensor_list<fo::unsigned_q8>{}));
+  double const fp32 = fo::memory_traffic<fo::rules::adamw, fp32_lists>::exact_bytes;
+  double const bf16 = fo::memory_traffic<fo::rules::adamw, bf16_lists>::exact_bytes;
+  CHECK(fp32 == 16.0 + 4 * 4.0 / 256);  // 4 + 4 + 1 + 1 read, 4 + 1 + 1 written, four scales per 256
+  CHECK(bf16 == 10.0 + 4 * 4.0 / 256);
+  CHECK(fp32 <= 16.1);
+  CHECK(bf16 <= 10.1);
+  CHECK(fo::bytes_per_element_v<fo::rules::adamw, fp32_lists> == 16);  // codes only
+}
+
+TEST_CASE("binding checks quantized tensors' memory by whole blocks", "[quantized][bind]")
+{
+  std::vector<fo::signed_q8> blocks(4);
+  fo::tensor_list<fo::signed_q8> adjacent{{blocks.data(), 257}, {blocks.data() + 2, 512}};
+  CHECK_NOTHROW(fo::bind(fo::slot::momentum_buffer = adjacent));
+  fo::tensor_list<fo::signed_q8> overlapping{{blocks.data(), 257}, {blocks.data() + 1, 256}};
+  expect_error([&] { (void)fo::bind(fo::slot::momentum_buffer = overlapping); }, {"overlaps", "momentum_buffer"});
+}
+
+TEST_CASE("a quantized tensor of more than 2^31 elements", "[quantized][big]")
+{
+#if defined(__SANITIZE_ADDRESS__)
+  // 2^31 elements under ASan take minutes on the CI's two cores; the Release build runs it.
+  WARN("skipped under AddressSanitizer");
+  return;
+#endif
+  std::int64_t const n = (std::int64_t{1} << 31) + 300;
+  std::vector<float> values(1024);
+  for (std::size_t i = 0; i < values.size(); ++i) { values[i] = static_cast<float>(i % 97) - 48.f; }
+  // Every block holds the same values but for the last, partial one (300 - 256 = 44 elements).
+  std::vector<fo::signed_q8> blocks(static_cast<std::size_t>(fo::signed_q8::blocks_for(n)));
+  fo::tensor_list<fo::signed_q8> list{{blocks.data(), n}};
+  fo::host::apply(by_position{values.data()}, fo::bind(fo::slot::momentum_buffer = list));
+  std::size_t const around = static_cast<std::size_t>((std::int64_t{1} << 31) / 256);  // the block at 2^31
+  for (std::size_t b : {std::size_t{0}, around - 1, around, blocks.size() - 2}) {
+    INFO("block " << b);
+    std::vector<float> const block_values(values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024),
+                                          values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024 + 256));
+    CHECK(same_blocks(std::vector<fo::signed_q8>{blocks[b]}, reference_quantize<fo::signed_q8>(block_values), 256));
+  }
+  std::size_t const last = blocks.size() - 1;
+  std::vector<float> const tail(values.begin() + static_cast<std::ptrdiff_t>((last * 256) % 1024),
+                                values.begin() + static_cast<std::ptrdiff_t>((last * 256) % 1024 + 44));
+  CHECK(same_blocks(std::vector<fo::signed_q8>{blocks[last]}, reference_quantize<fo::signed_q8>(tail), 44));
+}
