@@ -9,6 +9,7 @@
 #include "error.hpp"
 #include "groups.hpp"
 #include "host/backend.hpp"
+#include "host/instruction_set.hpp"
 #include "meta.hpp"
 #include "numeric/dtypes.hpp"
 #include "numeric/math.hpp"

@@ -32,6 +32,8 @@ set(layers
   # Host launch logic: checks, chunk length and grid from the policy, one launch per kernel;
   # the device copies of a plan's address table, written by uploads or by launches.
   cuda_dispatch "cuda/detail/dispatch\\.cuh|cuda/detail/address_tables\\.cuh"
+  # The host backend's loop versions (AVX2, AVX-512) and the choice among them at run time.
+  host_instruction_sets "host/instruction_set\\.hpp"
   # The backends' facades, and the definitions of the CUDA one (included at its end).
   backends "host/backend\\.hpp|cuda/backend\\.cuh|cuda/detail/backend\\.inl"
   # Umbrella headers.

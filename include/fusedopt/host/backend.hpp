@@ -5,9 +5,11 @@
 /// spread over OpenMP threads when the program is built with OpenMP (the fusedopt CMake
 /// target adds it where found), else run on the calling thread. Each element is loaded once
 /// and stored once; elements never depend on each other, so the result is the same bits
-/// whatever the number of threads. With 8-bit quantized states bound, chunks hold whole
-/// blocks (`chunk_elements` is rounded up to a multiple of the block size) and a block is
-/// updated as a whole: the elements of a block depend on each other only through its scale.
+/// whatever the number of threads, and whatever the vector width the loops were compiled for
+/// (host/instruction_set.hpp: AVX2 or AVX-512 chosen at run time with GCC on x86-64). With
+/// 8-bit quantized states bound, chunks hold whole blocks (`chunk_elements` is rounded up to a
+/// multiple of the block size) and a block is updated as a whole: the elements of a block
+/// depend on each other only through its scale.
 #pragma once
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include "../error.hpp"
 #include "../rule.hpp"
 #include "../scalar.hpp"
+#include "instruction_set.hpp"
 
 #if defined(_OPENMP)
 #  include <omp.h>
@@ -56,6 +59,10 @@ struct options {
   /// Accumulators (summed over a rule's reduction passes) the plan keeps room for; a rule
   /// needing more is rejected by run(). At most `max_reduction_capacity`.
   int reduction_capacity = 8;
+  /// Widest instruction set the element loops may use: by default the widest the CPU runs
+  /// (supported_instruction_set()); a narrower one lets tests and benchmarks compare versions,
+  /// which give the same bits.
+  instruction_set widest_instruction_set = instruction_set::avx512;
 };
 
 /// @brief Lists cut into chunks once; `run` then updates every element with no allocation.
@@ -86,6 +93,10 @@ class plan {
                      "host::options::reduction_capacity must be between 0 and " +
                        std::to_string(options::max_reduction_capacity) + ", not " +
                        std::to_string(options_.reduction_capacity));
+    FUSEDOPT_EXPECTS(options_.widest_instruction_set >= instruction_set::baseline &&
+                       options_.widest_instruction_set <= instruction_set::avx512,
+                     "host::options::widest_instruction_set must be one of host::instruction_set's values");
+    instruction_set_ = effective_instruction_set(options_.widest_instruction_set);
     check_alignment(lists_, std::make_index_sequence<num_slots>{});
     written_.assign(lists_);
     std::size_t const n = lists_.num_tensors();
@@ -196,12 +207,17 @@ class plan {
     int const threads = options_.threads > 0 ? options_.threads : omp_get_max_threads();
 #  pragma omp parallel for schedule(static) num_threads(threads)
 #endif
-    for (std::int64_t c = 0; c < count; ++c) { run_chunk<access>(body, chunks_[static_cast<std::size_t>(c)]); }
+    for (std::int64_t c = 0; c < count; ++c) {
+      chunk const& work = chunks_[static_cast<std::size_t>(c)];
+      detail::run_for(instruction_set_, [&]() FUSEDOPT_HOST_LOOP { run_chunk<access>(body, work); });
+    }
     detail::after_step(rule, step, results);
   }
 
   [[nodiscard]] lists_type const& lists() const { return lists_; }
   [[nodiscard]] std::size_t num_chunks() const { return chunks_.size(); }
+  /// @brief The instruction set the loops run with (effective_instruction_set of the options).
+  [[nodiscard]] instruction_set used_instruction_set() const { return instruction_set_; }
 
  private:
   struct chunk {
@@ -232,10 +248,14 @@ class plan {
   }
 
   template <class Access, class Body>
-  void run_chunk(Body const& body, chunk const& c) const
+  FUSEDOPT_HOST_LOOP void run_chunk(Body const& body, chunk const& c) const
   {
     std::array<void*, num_slots> const bases = bases_[static_cast<std::size_t>(c.tensor)];
-    auto const& tensor_body = detail::body_for_tensor(body, c.tensor);
+    // A copy, not a reference: a local body's options (flags, factors) cannot be changed by
+    // the loop's stores, so the compiler keeps them in registers and if-converts or unswitches
+    // the choices they make (a double tensor's stores may alias a double member of a body
+    // reached through a reference, and then every choice stays a branch per element).
+    auto const tensor_body = detail::body_for_tensor(body, c.tensor);
     if constexpr (Access::stores_quantized) {
       constexpr std::int64_t block = Access::block_elements;
       for (std::int64_t i = c.begin; i < c.end; i += block) {
@@ -275,8 +295,10 @@ class plan {
 #  pragma omp parallel for schedule(static) num_threads(threads)
 #endif
     for (std::int64_t c = 0; c < count; ++c) {
-      reduce_chunk<access, typename traits::reads, reduction>(body, chunks_[static_cast<std::size_t>(c)],
-                                                              partials + c * n);
+      chunk const& work = chunks_[static_cast<std::size_t>(c)];
+      detail::run_for(instruction_set_, [&]() FUSEDOPT_HOST_LOOP {
+        reduce_chunk<access, typename traits::reads, reduction>(body, work, partials + c * n);
+      });
     }
     // Fixed order from here: chunks of a tensor in chunk order, then tensors in tensor order.
     for (std::size_t t = 0; t < tensors; ++t) {
@@ -301,7 +323,7 @@ class plan {
   // float, not double), as the CUDA backend does for a thread's share of a chunk. Finite sums
   // pay one test per chunk and keep their bits.
   template <class Access, class Reads, class Reduction, class Body>
-  void reduce_chunk(Body const& body, chunk const& c, double* partial) const
+  FUSEDOPT_HOST_LOOP void reduce_chunk(Body const& body, chunk const& c, double* partial) const
   {
     using T = typename Access::value_type;
     constexpr int n = Reduction::size;
@@ -320,7 +342,7 @@ class plan {
   // order at the end: independent chains the compiler can vectorise, and the same bits for
   // any thread count.
   template <class Access, class Reads, class Reduction, class A, class Body>
-  accumulator<A, Reduction::size> reduce_lanes(Body const& body, chunk const& c) const
+  FUSEDOPT_HOST_LOOP accumulator<A, Reduction::size> reduce_lanes(Body const& body, chunk const& c) const
   {
     constexpr int n = Reduction::size;
     constexpr int lanes = 8;
@@ -351,6 +373,7 @@ class plan {
   // The memory of every tensor the rule writes, sorted: rebind(slot, addresses) checks against it.
   detail::written_memory written_;
   options options_;
+  instruction_set instruction_set_ = instruction_set::baseline;
   std::vector<std::array<void*, num_slots>> bases_;
   std::vector<chunk> chunks_;
   mutable std::vector<double> workspace_;  // reduction results and chunk partials

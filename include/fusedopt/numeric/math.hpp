@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "../config.hpp"
 
@@ -44,6 +45,30 @@ FUSEDOPT_HOST_DEVICE double negate_if(double x, bool flip)
   bits ^= static_cast<std::uint64_t>(flip) << 63;
   std::memcpy(&x, &bits, sizeof bits);
   return x;
+}
+
+/// `chosen ? a : b` for a choice that is the same for every element of a step, written with
+/// integer masks: GCC turns a conditional into a branch when it can sink the arithmetic of `a`
+/// into it, and (floating-point traps being on by default) then cannot if-convert a branch
+/// holding a float operation, so the host loop stays scalar ("control flow in loop"). Both
+/// values are computed; the result has the bits of the conditional's.
+template <class T>
+FUSEDOPT_HOST_DEVICE T select(bool chosen, T a, T b)
+{
+#if FUSEDOPT_DEVICE_PASS
+  return chosen ? a : b;
+#else
+  using bits_type = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
+  static_assert(sizeof(T) == sizeof(bits_type), "math::select takes float or double");
+  bits_type x, y;
+  std::memcpy(&x, &a, sizeof x);
+  std::memcpy(&y, &b, sizeof y);
+  bits_type const mask = bits_type{0} - static_cast<bits_type>(chosen);
+  bits_type const z = (x & mask) | (y & ~mask);
+  T result;
+  std::memcpy(&result, &z, sizeof result);
+  return result;
+#endif
 }
 
 /// -1, 0 or +1 (0 for NaN), as torch.sign.

@@ -54,11 +54,12 @@ struct scale_by_adam {
       auto const [m, v] = detail::update_adam_moments(e, beta1, beta2);
       T second = v;
       if constexpr (E::has(slot::max_exp_avg_sq)) {
-        if (amsgrad) {
-          T& vmax = e[slot::max_exp_avg_sq];
-          vmax = math::maximum(vmax, v);
-          second = vmax;
-        }
+        // Selected, not branched on (math::select says why); without amsgrad the running
+        // maximum is stored back unchanged.
+        T& vmax = e[slot::max_exp_avg_sq];
+        T const larger = math::maximum(vmax, v);
+        vmax = math::select(amsgrad, larger, vmax);
+        second = math::select(amsgrad, larger, v);
       }
       T const denom = math::sqrt(second) / static_cast<T>(bias_correction2_sqrt) + static_cast<T>(eps);
       e[slot::update] = (m / static_cast<T>(bias_correction1)) / denom;

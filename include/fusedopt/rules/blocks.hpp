@@ -78,7 +78,7 @@ struct add_weight_decay {
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       auto const wd = static_cast<detail::value_t<E>>(weight_decay);
-      e[slot::grad] = weight_decay != 0 ? e[slot::grad] + wd * e[slot::param] : e[slot::grad];
+      e[slot::grad] = math::select(weight_decay != 0, e[slot::grad] + wd * e[slot::param], e[slot::grad]);
     }
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {weight_decay.get()}; }
@@ -127,8 +127,9 @@ struct momentum {
     double momentum, one_minus_dampening;
     bool first_step, nesterov;
 
-    // Every case is computed and selected (the flags are the same for every element of a
-    // step): a branch or an early return here keeps GCC from vectorising the host loop.
+    // Every case is computed and selected with math::select (the flags are the same for
+    // every element of a step): a branch, an early return or a conditional whose arithmetic
+    // the compiler sinks into a branch keeps GCC from vectorising the host loop.
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
@@ -139,11 +140,11 @@ struct momentum {
         T const mu = static_cast<T>(momentum);
         T const old = buf;
         T const blended = mu * old + static_cast<T>(one_minus_dampening) * g;
-        T const next = first_step ? g : blended;
+        T const next = math::select(first_step, g, blended);
         bool const active = momentum != 0;
-        buf = active ? next : old;  // with momentum 0 the buffer is left as it was
-        T const direction = nesterov ? g + mu * next : next;
-        e[slot::update] = active ? direction : g;
+        buf = math::select(active, next, old);  // with momentum 0 the buffer is left as it was
+        T const direction = math::select(nesterov, g + mu * next, next);
+        e[slot::update] = math::select(active, direction, g);
       } else {
         e[slot::update] = g;
       }
