@@ -986,7 +986,8 @@ class _EightBitStates:
         return super()._new_state(p, group, key)
 
     def _moment_for(self, p, group, key, value):
-        """A loaded moment in the form p's state takes in this optimizer."""
+        """A loaded moment in the form p's state takes in this optimizer: a new tensor (torch's
+        load_state_dict copies the state_dict; the moments are taken from the caller's)."""
         is_signed = _MOMENT_SIGNED[key]
         if value.dtype == torch.uint8:
             if value.numel() != _blocks(p.numel()) * _record_bytes():
@@ -994,11 +995,11 @@ class _EightBitStates:
                                  f"parameter of {p.numel()} elements has {value.numel()} bytes, not "
                                  f"{_blocks(p.numel())} records of {_record_bytes()}")
             if self._holds_8bit(p, group):
-                return value.to(p.device).reshape(-1, _record_bytes()).contiguous()
+                return value.to(p.device, copy=True).reshape(-1, _record_bytes())
             return dequantize_state(value.to(p.device), p.shape, is_signed, p.dtype)
         if self._holds_8bit(p, group):
             return quantize_state(value.to(p.device), is_signed)
-        return value.to(dtype=p.dtype, device=p.device)  # as torch casts a state
+        return value.to(dtype=p.dtype, device=p.device, copy=True)  # as torch casts its copy of the state
 
     def load_state_dict(self, state_dict):
         # torch casts every loaded state to its parameter's dtype: the moments are set apart
@@ -1072,16 +1073,17 @@ class Lion8bit(_EightBitStates, Lion):
 
 class SGD8bit(_EightBitStates, SGD):
     """SGD with an 8-bit momentum buffer (bitsandbytes' SGD8bit; torch.optim.SGD's arguments and
-    ``min_8bit_size``). A momentum is required, as bitsandbytes': without one there is no state."""
+    ``min_8bit_size``). A momentum is required (in some group), as bitsandbytes': without one
+    there is no state; a group without momentum steps as SGD's."""
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  min_8bit_size=4096, maximize=False, foreach=None, differentiable=False, fused=None):
-        if momentum == 0:
-            raise NotImplementedError("fusedopt_torch.SGD8bit keeps an 8-bit momentum buffer: give it a momentum "
-                                      "(use SGD without one)")
         super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                          nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable,
                          fused=fused)
+        if all(g["momentum"] == 0 for g in self.param_groups):
+            raise NotImplementedError("fusedopt_torch.SGD8bit keeps an 8-bit momentum buffer: give it a momentum "
+                                      "(use SGD without one)")
         self._set_min_8bit_size(min_8bit_size)
 
 
