@@ -381,7 +381,7 @@ std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, voi
   using compensated = low_precision_of<Build, true>;
   if (l.amsgrad) {
     if constexpr (Quantized) {
-      // As bitsandbytes' 8-bit Adam: no AMSGrad (Python refuses it; no kernels for it).
+      // No AMSGrad with 8-bit moments: Python refuses it, and no kernels are built for it.
       throw fo::error("fusedopt_torch: 8-bit Adam states have no AMSGrad variant");
     } else {
       return l.kahan ? plan_of<B, compensated, m, v, max_exp_avg_sq_t, compensation_t>(t, x, s)

@@ -1025,7 +1025,7 @@ class _EightBitStates:
 
 class Adam8bit(_EightBitStates, Adam):
     """Adam with 8-bit moments (bitsandbytes' Adam8bit; torch.optim.Adam's arguments and
-    ``min_8bit_size``). No AMSGrad, as bitsandbytes' 8-bit Adam. ``kahan`` and
+    ``min_8bit_size``). No AMSGrad (NotImplementedError). ``kahan`` and
     ``stochastic_rounding`` as Adam's, for bfloat16 / float16 parameters."""
 
     _name = "Adam8bit"
