@@ -9,10 +9,12 @@ by the kernels. The step counts live in the extension (one counter per bucket, n
 per parameter); ``state_dict()`` writes them into torch's ``state[p]['step']`` entries (float32
 CPU tensors, as torch's non-capturable optimizers keep them) and ``load_state_dict`` reads them
 back. Read ``state[p]['step']`` after ``state_dict()``: between two calls it is not refreshed.
+
+The 8-bit classes (Adam8bit, AdamW8bit, Lion8bit, SGD8bit) keep the moments of large parameters
+as uint8 tensors of fusedopt's blockwise records instead (_EightBitStates, quantize_state).
 """
 
 import functools
-import itertools
 import sys
 
 import torch
