@@ -4,7 +4,7 @@ reference written from the paper's definition; each optimizer against its fp32 c
 on the dequantized states (teacher forcing: the same parameters, and records that are the
 quantization of the fp32 states), over two parameter groups, float32 and bfloat16 parameters;
 state_dict round trips, torch.optim state_dicts quantized on loading, min_8bit_size, non-finite
-gradients, and the state memory."""
+gradients, GradScaler's fused protocol, and the state memory."""
 
 import io
 import os
@@ -14,7 +14,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fusedopt_torch as ft  # noqa: E402
+import test_amp  # noqa: E402  (its checks, run on 8-bit classes below; a module import is not collected)
 from test_parity import DEVICES, need_device  # noqa: E402
 
 BLOCK, RECORD = 256, 260
@@ -297,3 +299,12 @@ def test_kahan_with_8_bit_moments():
     state = opt.state[params[0]]
     assert state["exp_avg"].dtype == torch.uint8 and state["kahan_comp"].dtype == torch.bfloat16
     assert state["kahan_comp"].abs().max() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", [(ft.AdamW8bit, "AdamW", dict(lr=1e-2, min_8bit_size=0)),
+                                    (ft.SGD8bit, "SGD", dict(lr=1e-2, momentum=0.9, min_8bit_size=0))],
+                         ids=["AdamW8bit", "SGD8bit"])
+def test_gradscaler_protocol_equals_unscaled_gradients_and_skips(family, device):
+    """test_amp's check on 8-bit moments: a step skipped by found_inf leaves every record's bits."""
+    test_amp.test_fused_protocol_equals_unscaled_gradients_and_skips(family, device)
