@@ -85,6 +85,50 @@ struct adam_memory {
   }
 };
 
+/// Adam with parameters and gradients of type P and 8-bit blockwise states (issue 16): the
+/// states of each tensor are its own run of blocks.
+template <class P>
+struct q8_adam_memory {
+  std::vector<std::int64_t> sizes;
+  adam_memory<P, P> dense;  // params and grads (its fp32-or-P states are unused)
+  fo::signed_q8* m = nullptr;
+  fo::unsigned_q8* v = nullptr;
+  std::vector<std::int64_t> first_block;
+
+  explicit q8_adam_memory(std::vector<std::int64_t> const& s) : sizes(s), dense(s)
+  {
+    std::int64_t blocks = 0;
+    for (auto n : sizes) {
+      first_block.push_back(blocks);
+      blocks += fo::signed_q8::blocks_for(n);
+    }
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&m, static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&v, static_cast<std::size_t>(blocks) * sizeof(fo::unsigned_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMemset(m, 0, static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMemset(v, 0, static_cast<std::size_t>(blocks) * sizeof(fo::unsigned_q8)));
+  }
+  ~q8_adam_memory()
+  {
+    (void)cudaFree(m);
+    (void)cudaFree(v);
+  }
+  auto lists() const
+  {
+    fo::tensor_list<P> p;
+    fo::tensor_list<P const> g;
+    fo::tensor_list<fo::signed_q8> mm;
+    fo::tensor_list<fo::unsigned_q8> vv;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      p.push_back(dense.params[0] + dense.offsets[i], sizes[i]);
+      g.push_back(dense.params[1] + dense.offsets[i], sizes[i]);
+      mm.push_back(m + first_block[i], sizes[i]);
+      vv.push_back(v + first_block[i], sizes[i]);
+    }
+    return fo::bind(slot::param = p, slot::grad = g, slot::exp_avg = mm, slot::exp_avg_sq = vv);
+  }
+  std::int64_t elements() const { return dense.elements(); }
+};
+
 /// Median over `batches` of the mean time of `per_batch` back-to-back calls of `f`, in seconds.
 template <class F>
 double time_gpu(F&& f, int per_batch, int batches = 7)
@@ -397,6 +441,20 @@ int eviction_sweep(double copy)
 
 }  // namespace
 
+/// AdamW with 8-bit states (issue 16): time per step against the copy, for the bytes
+/// `memory_traffic::exact_bytes` counts (codes and scales).
+template <class P>
+void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, double copy, int pb)
+{
+  q8_adam_memory<P> memory(sizes);
+  auto const lists = memory.lists();
+  fo::rules::adamw const rule;
+  auto const plan = fo::cuda::make_plan(lists);
+  double const bytes = fo::memory_traffic<fo::rules::adamw, std::decay_t<decltype(lists)>>::exact_bytes *
+                       static_cast<double>(memory.elements());
+  print({name, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
+}
+
 /// Every variant on one workload: block size, bytes per slot, streaming hints, chunk, cap.
 template <class Rule, class Lists>
 void variants(std::string const& prefix, Rule const& rule, Lists const& lists, double bytes, double copy, int pb,
@@ -466,6 +524,8 @@ int main(int argc, char** argv)
       print({"adamw bf16/fp32 " + w.name, s, bytes, copy});
       if (tune) { variants(w.name + " adamw bf16", rule, lists, bytes, copy, pb, sms); }
     }
+    q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb);
+    q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb);
   }
   std::printf("\nheadline (Adam fp32, fraction of D2D copy):");
   for (auto const& r : headline) { std::printf(" %s %.1f%%", r.name.substr(10, 2).c_str(), 100.0 * r.bytes / r.seconds / r.copy); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -128,6 +129,41 @@ TEMPLATE_TEST_CASE("quantizing gives the reference's scales and nearest codes, t
     float const absmax = q.blocks[0][static_cast<std::size_t>(i / 256)].absmax;
     CHECK(std::fabs(back[static_cast<std::size_t>(i)] - values[static_cast<std::size_t>(i)]) <= 0.06f * absmax);
   }
+}
+
+TEMPLATE_TEST_CASE("the bucketed code search agrees with the nearest-value scan near every midpoint and bucket edge",
+                   "[quantized]", fo::signed_q8, fo::unsigned_q8)
+{
+  using Q = TestType;
+  bool const is_signed = Q::map_type::is_signed;
+  std::vector<float> const map = reference_map_floats(is_signed);
+  auto const& library = fo::detail::host_map<typename Q::map_type>;
+  std::vector<float> probes{0.f, -0.f, 1.f};
+  auto around = [&](double x) {  // x and the floats within 3 ulps of it, both signs
+    float f = static_cast<float>(x);
+    for (int k = 0; k < 3; ++k) { f = std::nextafter(f, 0.f); }
+    for (int k = 0; k < 7; ++k, f = std::nextafter(f, 2.f)) {
+      if (std::fabs(f) <= 1.f) {
+        probes.push_back(f);
+        if (is_signed) { probes.push_back(-f); }
+      }
+    }
+  };
+  for (int c = 0; c + 1 < 256; ++c) { around((static_cast<double>(map[c]) + map[c + 1]) / 2); }
+  for (float v : map) { around(v); }
+  for (int b = 0; b < fo::detail::quantization_buckets; ++b) { around(fo::detail::bucket_low(b)); }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> exponent(-30.f, 0.f);
+  for (int i = 0; i < 200000; ++i) {
+    float const f = std::pow(2.f, exponent(rng));
+    probes.push_back(is_signed && (i & 1) ? -f : f);
+  }
+  int mismatches = 0;
+  for (float q : probes) {
+    if (fo::detail::quantize(library, q, 1.f) != fusedopt_test::reference_code(map, q, 1.f)) { ++mismatches; }
+  }
+  CHECK(mismatches == 0);
+  CHECK(probes.size() > 20000);
 }
 
 TEST_CASE("blocks of zeros, one huge value, and sizes that are not multiples of the block", "[quantized]")

@@ -87,11 +87,41 @@ constexpr std::int64_t storage_units(std::int64_t elements)
   }
 }
 
-/// A map's 256 values, sorted, and the 255 midpoints between neighbours (exact in double).
+/// Buckets of the code search: |q| in [2^-23, 1] by its float exponent (104..127) and the top
+/// 7 bits of its mantissa, 128 buckets per octave; the last one holds 1.0 alone. Smaller |q|
+/// round to the code of 0 (the nearest nonzero values are 5.5e-7 and more away).
+inline constexpr int quantization_buckets = 23 * 128 + 1;
+inline constexpr std::uint32_t quantization_smallest_bits = 104u << 23;  // 2^-23
+
+/// A map's 256 values, sorted; the 255 midpoints between neighbours (exact in double), then two
+/// entries above every q (so that the search may look two past its guess); and the guesses of
+/// the search: for each bucket of |q| (quantization_buckets), the number of midpoints below
+/// every q >= 0 of the bucket (`below_positive`) and below every q < 0 of it (`below_negative`).
+/// A bucket holds at most two midpoints (make_dynamic_map checks it), so a code is its guess
+/// plus two comparisons.
 struct quantization_map {
   float values[256];
-  double midpoints[255];
+  double midpoints[257];
+  std::uint8_t below_positive[quantization_buckets];
+  std::uint8_t below_negative[quantization_buckets];
+  std::uint8_t zero_code;
 };
+
+/// The lower end of bucket `b` of |q| (see quantization_buckets), exact in double.
+constexpr double bucket_low(int b)
+{
+  double octave = 1.0;
+  for (int e = 127; e > 104 + b / 128; --e) { octave *= 0.5; }
+  return octave * (1.0 + (b % 128) / 128.0);
+}
+
+/// Midpoints of `map` below `q` (strictly, or at most `q` when `inclusive`).
+constexpr int midpoints_below(quantization_map const& map, double q, bool inclusive)
+{
+  int n = 0;
+  while (n < 255 && (map.midpoints[n] < q || (inclusive && map.midpoints[n] == q))) { ++n; }
+  return n;
+}
 
 constexpr quantization_map make_dynamic_map(bool is_signed)
 {
@@ -118,6 +148,38 @@ constexpr quantization_map make_dynamic_map(bool is_signed)
   for (int c = 0; c < 256; ++c) { map.values[c] = static_cast<float>(all[c]); }
   for (int c = 0; c < 255; ++c) {
     map.midpoints[c] = (static_cast<double>(map.values[c]) + static_cast<double>(map.values[c + 1])) * 0.5;
+  }
+  map.midpoints[255] = map.midpoints[256] = 2.0;
+  map.zero_code = static_cast<std::uint8_t>(midpoints_below(map, 0.0, false));
+  // The guesses, walking the buckets in order (the counts move monotonically, so the whole table
+  // takes a few thousand steps: nvcc's constant evaluation has a budget). Bucket b is
+  // [bucket_low(b), bucket_low(b + 1)), 2^(e - 127) (1 + m / 128) for e = 104 + b / 128, m = b % 128.
+  double lows[quantization_buckets + 1] = {};  // lows[b + 1] is bucket b's high end
+  double octave = 1.0 / 8388608.0;               // 2^-23
+  for (int b = 0; b < quantization_buckets; ++b) {
+    if (b > 0 && b % 128 == 0) { octave *= 2.0; }
+    lows[b] = octave * (1.0 + (b % 128) / 128.0);
+  }
+  lows[quantization_buckets] = 2.0;
+  int below = 0;  // midpoints below the bucket's low end
+  for (int b = 0; b < quantization_buckets; ++b) {
+    while (below < 255 && map.midpoints[below] < lows[b]) { ++below; }
+    map.below_positive[b] = static_cast<std::uint8_t>(below);
+  }
+  int at_or_below = 0;  // midpoints at or below minus the bucket's high end
+  for (int b = quantization_buckets - 1; b >= 0; --b) {
+    while (at_or_below < 255 && map.midpoints[at_or_below] <= -lows[b + 1]) { ++at_or_below; }
+    map.below_negative[b] = static_cast<std::uint8_t>(at_or_below);
+  }
+  // The search looks two midpoints past its guess: no bucket may hold three. Of q >= 0 in bucket
+  // b, the midpoints below the next bucket; of q < 0, at most those at or below -low (the guess
+  // of bucket b - 1, or of 0 for the first bucket).
+  for (int b = 0; b < quantization_buckets; ++b) {
+    int const positive_end = b + 1 < quantization_buckets ? map.below_positive[b + 1] : 255;
+    int const negative_end = b > 0 ? map.below_negative[b - 1] : map.zero_code;
+    if (positive_end - map.below_positive[b] > 2 || negative_end - map.below_negative[b] > 2) {
+      throw "fusedopt: a quantization bucket holds more than two midpoints";  // not a constant expression
+    }
   }
   return map;
 }
@@ -148,14 +210,21 @@ FUSEDOPT_HOST_DEVICE float dequantize(quantization_map const& map, std::uint8_t 
 }
 
 /// The code of `x` in a block of absolute maximum `absmax` (>= |x|, finite): the nearest map
-/// value to x / absmax, the lower one at an exact tie; the code of 0 when absmax is 0. A
-/// branch-free bisection over the 255 midpoints (8 comparisons).
+/// value to q = x / absmax (in float), the lower one at an exact tie; the code of 0 when absmax
+/// is 0. That is the number of midpoints below q, compared in double: the bucket of |q| gives
+/// how many lie below the whole bucket, and two comparisons the ones inside it (three
+/// dependent loads where a bisection takes eight).
 FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map const& map, float x, float absmax)
 {
-  double const q = absmax > 0.f ? static_cast<double>(x / absmax) : 0.0;
-  int code = 0;
-  for (int step = 128; step > 0; step >>= 1) { code += q > map.midpoints[code + step - 1] ? step : 0; }
-  return static_cast<std::uint8_t>(code);
+  if (!(absmax > 0.f)) { return map.zero_code; }
+  float const q = x / absmax;
+  std::uint32_t const bits = float_bits(q);
+  std::uint32_t const magnitude = bits & 0x7fffffffu;
+  if (magnitude < quantization_smallest_bits) { return map.zero_code; }
+  auto const bucket = static_cast<int>((magnitude - quantization_smallest_bits) >> 16);
+  int const guess = (bits >> 31) != 0 ? map.below_negative[bucket] : map.below_positive[bucket];
+  double const wide = q;
+  return static_cast<std::uint8_t>(guess + (map.midpoints[guess] < wide ? 1 : 0) + (map.midpoints[guess + 1] < wide ? 1 : 0));
 }
 
 }  // namespace detail
