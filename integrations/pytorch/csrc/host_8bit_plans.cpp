@@ -46,22 +46,22 @@ struct load_into_param {
   }
 };
 
-/// Calls `f(slot, tag<record type>)` with a slot each map may be bound to (exp_avg: signed).
-template <class F>
-void with_map(bool is_signed, F&& f)
+/// Runs the conversion `Rule<Slot>` over the floats and the records of one state on the host:
+/// `Slot` a slot the map suits (exp_avg: signed, exp_avg_sq: unsigned), `bind(slot, tag<record
+/// type>)` the lists.
+template <template <class> class Rule, class Bind>
+void convert(bool is_signed, int threads, Bind const& bind)
 {
+  auto const run = [&](auto s, auto record) {
+    fo::host::options o;
+    o.threads = threads;
+    fo::host::apply(Rule<decltype(s)>{}, bind(s, record), fo::step_info{1}, o);
+  };
   if (is_signed) {
-    f(slot::exp_avg, tag<fo::signed_q8>{});
+    run(slot::exp_avg, tag<fo::signed_q8>{});
   } else {
-    f(slot::exp_avg_sq, tag<fo::unsigned_q8>{});
+    run(slot::exp_avg_sq, tag<fo::unsigned_q8>{});
   }
-}
-
-fo::host::options on_threads(int threads)
-{
-  fo::host::options o;
-  o.threads = threads;
-  return o;
 }
 
 }  // namespace
@@ -70,24 +70,18 @@ fo::host::options on_threads(int threads)
 void quantize_state(float const* values, std::int64_t n, void* records, bool is_signed, int threads)
 {
   using namespace detail;
-  with_map(is_signed, [&](auto s, auto record) {
-    using Slot = decltype(s);
+  convert<store_grad_into>(is_signed, threads, [&](auto s, auto record) {
     using Q = typename decltype(record)::type;
-    fo::host::apply(store_grad_into<Slot>{},
-                    fo::bind(slot::grad = readonly<float>({values}, {n}), Slot{} = writable<Q>({records}, {n})),
-                    fo::step_info{1}, on_threads(threads));
+    return fo::bind(slot::grad = readonly<float>({values}, {n}), decltype(s){} = writable<Q>({records}, {n}));
   });
 }
 
 void dequantize_state(void const* records, std::int64_t n, float* values, bool is_signed, int threads)
 {
   using namespace detail;
-  with_map(is_signed, [&](auto s, auto record) {
-    using Slot = decltype(s);
+  convert<load_into_param>(is_signed, threads, [&](auto s, auto record) {
     using Q = typename decltype(record)::type;
-    fo::host::apply(load_into_param<Slot>{},
-                    fo::bind(slot::param = writable<float>({values}, {n}), Slot{} = readonly<Q>({records}, {n})),
-                    fo::step_info{1}, on_threads(threads));
+    return fo::bind(slot::param = writable<float>({values}, {n}), decltype(s){} = readonly<Q>({records}, {n}));
   });
 }
 
