@@ -1,7 +1,7 @@
 /// @file cuda_families.hpp
-/// @brief One CUDA entry point per plan function of families.hpp (8-bit ones included), each defined in its own .cu
-/// (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>)) so that nvcc compiles them
-/// in parallel. No CUDA or torch types.
+/// @brief One CUDA entry point per plan function of families.hpp (the 8-bit ones included), each
+/// defined in its own .cu (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>)) so that
+/// nvcc compiles them in parallel. No CUDA or torch types.
 #pragma once
 
 #include "plans.hpp"

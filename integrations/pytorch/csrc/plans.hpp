@@ -153,6 +153,7 @@ struct amp_inputs {
   X(adamw, adamw8bit)                        \
   X(lion, lion8bit)
 
+/// @brief Whether family `f` has plans with 8-bit moments.
 constexpr bool supports_quantized_states(family f)
 {
 #define FUSEDOPT_TORCH_IS(name, plans) f == family::name ||
@@ -173,10 +174,11 @@ constexpr std::int64_t quantized_blocks(std::int64_t elements)
 /// @brief Stores `n` floats as the records of an 8-bit state (`is_signed`: the signed map of
 /// first moments, else the unsigned map of second moments) with the bits a step would store:
 /// the library's quantizer, run by the host backend (a block with a non-finite value keeps the
-/// records' previous bits). Defined in host_plans.cpp.
+/// records' previous bits). Defined in host_8bit_plans.cpp.
 void quantize_state(float const* values, std::int64_t n, void* records, bool is_signed, int threads);
 
-/// @brief The `n` values of an 8-bit state's records, as a step reads them. Defined in host_plans.cpp.
+/// @brief The `n` values of an 8-bit state's records, as a step reads them. Defined in
+/// host_8bit_plans.cpp.
 void dequantize_state(void const* records, std::int64_t n, float* values, bool is_signed, int threads);
 
 /// @brief The families that take `kahan` and `stochastic_rounding` for low-precision parameters.
@@ -221,7 +223,8 @@ double nadam_mu(double beta1, double momentum_decay, std::int64_t t);
 double nadam_advanced(double product, double mu, bool single);
 
 /// @brief A host-backend plan (CPU memory) run on `threads` OpenMP threads (torch's
-/// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists.
+/// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists, or layout::quantized
+/// for a family without 8-bit states.
 std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& tensors, int threads);
 
 /// @brief A CUDA plan on the current device (device memory), built on `stream`.
