@@ -17,6 +17,12 @@ Usage: python3 bench/compare_torch.py [--workloads W1,W3] [--optimizers adam_fp3
        [--variants foreach,fused,fused_graph,compile] [--out FILE] [--markdown]
 JSON goes to --out, or $OUT/compare_torch.json when $OUT is set.
 
+8-bit states (issue 16): `--variants ...,fusedopt_8bit` adds a row per case with fusedopt_torch's
+8-bit class (Adam8bit for adam_fp32, AdamW8bit for adamw_bf16, SGD8bit for sgd_momentum_fp32;
+min_8bit_size=0, so every tensor's moments are 8-bit), its % copy counted with the bytes it moves
+(16.06 per element for Adam fp32), and the summary's `eight_bit_ratio` = best torch GPU time /
+its GPU time (issue 16's target: >= 1.6 on W2 and W4 for AdamW fp32, whose traffic is Adam's).
+
 CPU section (--cpu): CPU tensors, fusedopt_torch (fusedopt's host backend, torch.get_num_threads()
 OpenMP threads) beside torch's forloop (foreach=False), foreach and fused CPU optimizers, on W1-W3
 for Adam fp32, AdamW bf16, SGD momentum fp32 and Adagrad fp32; wall time per step() (median of
@@ -38,6 +44,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
 import torch_peers as peers  # noqa: E402
 
+# fusedopt_torch's 8-bit class per case and the bytes per element it moves (docs/quantized_states.md:
+# a code per moment read and written, and the blocks' scales, 4 / 256 bytes per moment each way).
+EIGHT_BIT = {"adam_fp32": ("Adam8bit", 16 + 4 * 4 / 256), "adamw_bf16": ("AdamW8bit", 10 + 4 * 4 / 256),
+             "sgd_momentum_fp32": ("SGD8bit", 14 + 2 * 4 / 256)}
+FUSEDOPT_VARIANTS = ("fusedopt", "fusedopt_8bit")  # the rest are torch's
+
 # Issue 6's targets: fusedopt GPU time vs the best torch variant, and host time vs torch fused.
 GPU_TARGETS = {"W1": 1.15, "W2": 1.15, "W3": 5.0, "W4": 1.0}
 HOST_TARGET = {"W3": 20.0}
@@ -53,24 +65,27 @@ def extra_memory(step):
     return max(0, torch.cuda.max_memory_allocated() - before)
 
 
-def fusedopt_step(optimizer, params):
+def fusedopt_step(optimizer, params, eight_bit=False):
     import fusedopt_torch
 
     cls_name, _, kwargs, _, _ = peers.OPTIMIZERS[optimizer]
+    if eight_bit:
+        cls_name, kwargs = EIGHT_BIT[optimizer][0], dict(kwargs, min_8bit_size=0)
     opt = getattr(fusedopt_torch, cls_name)(params, **kwargs)
     return opt.step, [opt]
 
 
 def run_one(args, timer, copy_bps, workload, optimizer, variant, params):
     sizes = [p.numel() for p in params]
-    bytes_per_step = peers.OPTIMIZERS[optimizer][3] * sum(sizes)
+    per_element = EIGHT_BIT[optimizer][1] if variant == "fusedopt_8bit" else peers.OPTIMIZERS[optimizer][3]
+    bytes_per_step = per_element * sum(sizes)
     row = dict(workload=workload, optimizer=optimizer, variant=variant, tensors=len(sizes), elements=sum(sizes),
                bytes_per_step=bytes_per_step)
     keep = None
     try:
         t0 = time.perf_counter()
-        if variant == "fusedopt":
-            step, keep = fusedopt_step(optimizer, params)
+        if variant in FUSEDOPT_VARIANTS:
+            step, keep = fusedopt_step(optimizer, params, eight_bit=variant == "fusedopt_8bit")
         else:
             step, keep = peers.make_step(variant, optimizer, params, torch.device("cuda"))
         if variant == "compile":
@@ -83,7 +98,7 @@ def run_one(args, timer, copy_bps, workload, optimizer, variant, params):
         row.update(peers.measure(timer, step, 5, args.steps_per_round, args.rounds))
         row["pct_copy"] = 100.0 * bytes_per_step / (row["gpu_us"] * 1e-6) / copy_bps
         row["host_bound"] = row["host_us"] > row["gpu_us"]
-        if variant == "fusedopt":
+        if variant in FUSEDOPT_VARIANTS:
             row["plan_rebuilds"] = keep[0].plan_rebuilds()
         print(f"  {workload} {optimizer:18s} {variant:12s} {row['gpu_us']:10.1f} us/step {row['pct_copy']:6.1f}% copy"
               f"  host {row['host_us']:8.1f} us  extra {row['extra_bytes'] / 2**20:8.2f} MiB", flush=True)
@@ -105,7 +120,8 @@ def summarize(rows):
     for w, o in keys:
         mine = [r for r in rows if r["workload"] == w and r["optimizer"] == o]
         ours = next((r for r in mine if r["variant"] == "fusedopt" and "gpu_us" in r), None)
-        torch_rows = [r for r in mine if r["variant"] != "fusedopt" and "gpu_us" in r]
+        eight = next((r for r in mine if r["variant"] == "fusedopt_8bit" and "gpu_us" in r), None)
+        torch_rows = [r for r in mine if r["variant"] not in FUSEDOPT_VARIANTS and "gpu_us" in r]
         best = min(torch_rows, key=lambda r: r["gpu_us"]) if torch_rows else None
         fused = next((r for r in torch_rows if r["variant"] == "fused"), None)
         s = dict(workload=w, optimizer=o)
@@ -119,6 +135,9 @@ def summarize(rows):
             if o == "adam_fp32":
                 s["gpu_target"] = GPU_TARGETS.get(w)
                 s["host_target"] = HOST_TARGET.get(w)
+        if eight and best:
+            s.update(eight_bit_gpu_us=eight["gpu_us"], eight_bit_pct_copy=eight["pct_copy"],
+                     eight_bit_ratio=best["gpu_us"] / eight["gpu_us"])
         out.append(s)
     return out
 
@@ -157,6 +176,11 @@ def print_tables(rows, summary, copy_bps, markdown=False):
         else:
             print(f"{s['workload']:3s} {s['optimizer']:18s} {s['fusedopt_gpu_us']:9.1f} {best:>22s} {s['gpu_ratio']:6.2f} "
                   f"{tgt:>6s} {s['fusedopt_host_us']:8.1f} {fh:>10s} {hx:>7s} {s['fusedopt_extra_bytes'] / 2**20:6.2f}")
+    for s in summary:
+        if "eight_bit_ratio" in s:
+            print(f"8-bit: {s['workload']} {s['optimizer']} {EIGHT_BIT[s['optimizer']][0]} {s['eight_bit_gpu_us']:.1f} us "
+                  f"({s['eight_bit_pct_copy']:.1f}% copy), best torch {s['best_torch_gpu_us']:.1f} us: "
+                  f"{s['eight_bit_ratio']:.2f}x")
 
 
 # CPU cases: (torch.optim class, dtype, kwargs, bytes per element at the minimum in torch's layout).
@@ -246,7 +270,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="W1,W2,W3,W4")
     p.add_argument("--optimizers", default=",".join(peers.OPTIMIZERS))
-    p.add_argument("--variants", default=",".join(peers.VARIANTS), help="torch variants (fusedopt always runs)")
+    p.add_argument("--variants", default=",".join(peers.VARIANTS), help="torch variants (fusedopt always runs), and fusedopt_8bit (8-bit states)")
     p.add_argument("--compile-all", action="store_true", help="torch.compile every case, not only Adam W1/W2/W4")
     p.add_argument("--budget", type=float, default=250.0, help="seconds for everything; later rows are skipped")
     p.add_argument("--steps-per-round", type=int, default=10)

@@ -12,6 +12,9 @@ every step and the held-out loss at the end:
   bf16                bfloat16 parameters (model.to(torch.bfloat16)), fusedopt_torch.AdamW
   bf16 kahan          the same with kahan=True (a bf16 compensation state)
   bf16 stochastic     the same with stochastic_rounding=True
+  fp32 8bit           fp32 parameters, fusedopt_torch.AdamW8bit (8-bit moments of the tensors of
+                      at least 4096 elements, min_8bit_size's default, as bitsandbytes')
+  bf16 8bit, bf16 8bit kahan   (not run by default) bfloat16 parameters with AdamW8bit, plain or kahan=True
 
 Prints a table (final losses as the mean of the last 50 steps' training losses, and the
 held-out loss) and writes the curves to --out (JSON); bench/plot_quality.py draws them.
@@ -61,8 +64,10 @@ def make_optimizer(name, params, lr):
         return torch.optim.AdamW(params, fused=True, **kw)
     import fusedopt_torch
 
-    extra = {"bf16 kahan": dict(kahan=True), "bf16 stochastic": dict(stochastic_rounding=True)}.get(name, {})
-    return fusedopt_torch.AdamW(params, **kw, **extra)
+    extra = dict(kahan=True) if name.endswith("kahan") else dict(stochastic_rounding=True) if name.endswith(
+        "stochastic") else {}
+    cls = fusedopt_torch.AdamW8bit if "8bit" in name else fusedopt_torch.AdamW
+    return cls(params, **kw, **extra)
 
 
 def run(name, args, data, initial, device):
@@ -111,7 +116,7 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--variants", default="fp32 torch,fp32 fusedopt,bf16,bf16 kahan,bf16 stochastic")
+    p.add_argument("--variants", default="fp32 torch,fp32 fusedopt,fp32 8bit,bf16,bf16 kahan,bf16 stochastic")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     device = torch.device(args.device)

@@ -95,10 +95,10 @@ class GPT(torch.nn.Module):
 
 def make_optimizer(name, params, device):
     kwargs = dict(lr=3e-4, weight_decay=0.1, betas=(0.9, 0.95))
-    if name == "fusedopt":
+    if name in ("fusedopt", "fusedopt_8bit"):
         import fusedopt_torch
 
-        return fusedopt_torch.AdamW(params, **kwargs)
+        return (fusedopt_torch.AdamW if name == "fusedopt" else fusedopt_torch.AdamW8bit)(params, **kwargs)
     if name == "torch_fused":
         return torch.optim.AdamW(params, fused=True, **kwargs)
     if name == "torch_foreach":
@@ -182,7 +182,7 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
         repeats += a in seen
         seen.add(a)
     row.update(address_sets=len(seen), address_repeats=repeats)
-    if optimizer == "fusedopt":
+    if optimizer.startswith("fusedopt"):
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_rebinds=opt.plan_rebinds())
         if phases is not None:
             # The engine's host time by phase, mean per timed step (csrc/binding.cpp, host_times).
@@ -204,14 +204,16 @@ def section(device, args, shape):
     n = sum(v.numel() for k, v in initial.items())
     print(f"\n{device.type}: GPT vocab {vocab}, d {d}, {layers} layers, batch {batch} x {seq}; {n / 1e6:.1f}M parameters; "
           f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
-    configurations = [(o, stn, False, False) for stn in (True, False) for o in ("torch_fused", "torch_foreach", "fusedopt")
+    configurations = [(o, stn, False, False) for stn in (True, False)
+                      for o in ("torch_fused", "torch_foreach", "fusedopt", "fusedopt_8bit")
                       if o in args.optimizers.split(",")]
     if args.gc_off:
         # The same loops with Python's garbage collector off: whether collections land in the step.
         configurations += [(o, stn, False, True) for stn in (True, False) for o in ("torch_fused", "fusedopt")
                            if o in args.optimizers.split(",")]
     if device.type == "cuda" and hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        configurations += [(o, True, True, False) for o in ("torch_fused", "fusedopt") if o in args.optimizers.split(",")]
+        configurations += [(o, True, True, False) for o in ("torch_fused", "fusedopt", "fusedopt_8bit")
+                           if o in args.optimizers.split(",")]
     rows = []
     for optimizer, set_to_none, grad_scaler, gc_off in configurations:
         label = (f"{optimizer:14s} set_to_none={set_to_none!s:5s}{' fp16+GradScaler' if grad_scaler else ''}"
@@ -285,7 +287,8 @@ def main():
     p.add_argument("--cpu-seq", type=int, default=64)
     p.add_argument("--out", default=None)
     p.add_argument("--gc-off", action="store_true", help="also run torch fused and fusedopt with gc disabled")
-    p.add_argument("--optimizers", default="torch_fused,torch_foreach,fusedopt", help="which of them to run")
+    p.add_argument("--optimizers", default="torch_fused,torch_foreach,fusedopt",
+                   help="which of them to run (also fusedopt_8bit: fusedopt_torch.AdamW8bit)")
     args = p.parse_args()
     results, verdicts = [], {}
     for name in [x for x in args.device.split(",") if x]:

@@ -156,6 +156,33 @@ void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* wha
               " must be dense with the parameter's strides (an elementwise step runs over the memory of each tensor)");
 }
 
+/// Whether state `s` holds 8-bit records (a uint8 tensor, plans.hpp's quantized_record_bytes
+/// per block) rather than elements of its parameter's dtype.
+bool holds_records(at::Tensor const& s) { return s.defined() && s.scalar_type() == at::kByte; }
+
+/// Checks 8-bit state records of parameter `p`: the memory a plan reads and writes for them.
+void check_records(at::Tensor const& p, at::Tensor const& s, std::size_t index)
+{
+  std::int64_t const blocks = quantized_blocks(p.numel());
+  FUSEDOPT_TORCH_CHECK(s.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(),
+                       " but its 8-bit state is on ", s.device());
+  FUSEDOPT_TORCH_CHECK(s.is_contiguous() && s.numel() == blocks * quantized_record_bytes, "fusedopt_torch: parameter ",
+                       index, ": its 8-bit state must be a contiguous uint8 tensor of ", blocks, " records of ",
+                       quantized_record_bytes, " bytes, not of shape ", s.sizes());
+  FUSEDOPT_TORCH_CHECK(reinterpret_cast<std::uintptr_t>(s.data_ptr()) % alignof(float) == 0, "fusedopt_torch: parameter ",
+                       index, ": its 8-bit state must be 4-byte aligned (each record starts with a float scale)");
+}
+
+/// A state of parameter `p`: 8-bit records or a tensor of the parameter's layout.
+void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index)
+{
+  if (holds_records(s)) {
+    check_records(p, s, index);
+  } else {
+    check_same_layout(p, s, "state", index);
+  }
+}
+
 /// Host time of the engine's steps by phase, summed (bench/step_probe.py and bench/train_loop.py
 /// print it, to tell where a step's host time goes): a few clock reads per step.
 struct phase_times {
@@ -211,7 +238,7 @@ class engine {
                     " is not dense (fusedopt steps the memory of each tensor as one flat array)");
         dtype_of(params[i]);
         if (states[i]) {
-          for (auto const& s : *states[i]) { check_same_layout(params[i], s, "state", i); }
+          for (auto const& s : *states[i]) { check_state(params[i], s, i); }
           d.states[i] = *states[i];
           d.has_state[i] = 1;
         }
@@ -393,6 +420,28 @@ class engine {
     }
   }
 
+  /// Checks the states of parameter `i` of `d` for its group's layout; returns whether they are
+  /// 8-bit records. Under layout::quantized every state but the Kahan compensation (the last,
+  /// of the parameter's dtype) is records: a plan binds them so.
+  bool check_states(group_data const& d, std::size_t i) const
+  {
+    auto const& states = d.states[i];
+    bool const quantized = !states.empty() && holds_records(states.front());
+    FUSEDOPT_TORCH_CHECK(!quantized || supports_quantized_states(family_), "fusedopt_torch: parameter ", i,
+                         " has 8-bit states, which this optimizer does not take");
+    for (std::size_t k = 0; k < states.size(); ++k) {
+      bool const records = quantized && !(d.lay.kahan && k + 1 == states.size());
+      if (records) {
+        FUSEDOPT_TORCH_CHECK(holds_records(states[k]), "fusedopt_torch: parameter ", i, ": state ", k,
+                             " must be 8-bit records as its first state is");
+        check_records(d.params[i], states[k], i);
+      } else {
+        check_same_layout(d.params[i], states[k], "state", i);
+      }
+    }
+    return quantized;
+  }
+
   void rebuild(std::size_t g)
   {
     auto& d = groups_[g];
@@ -406,21 +455,22 @@ class engine {
     d.next_param_ptrs.assign(n, nullptr);  // sized here: a step allocates nothing
     d.next_grad_ptrs.assign(n, nullptr);
     // Bucket key: device, dtype, step (and NAdam's mu_product: parameters of one step may differ in it
-    // when the group's betas or momentum_decay changed while some of them had no gradient).
-    std::map<std::tuple<int, int, std::int64_t, double>, std::vector<int>> keys;
+    // when the group's betas or momentum_decay changed while some of them had no gradient), and
+    // whether the states are 8-bit records.
+    std::map<std::tuple<int, int, std::int64_t, double, bool>, std::vector<int>> keys;
     for (std::size_t i = 0; i < n; ++i) {
       at::Tensor const& p = d.params[i];
       d.param_ptrs[i] = p.data_ptr();
       at::Tensor const& gr = p.grad();
       if (!gr.defined()) { continue; }
       check_same_layout(p, gr, "gradient", i);
-      for (auto const& s : d.states[i]) { check_same_layout(p, s, "state", i); }
+      bool const quantized = check_states(d, i);
       d.grad_ptrs[i] = gr.data_ptr();
       int const device = p.is_cuda() ? p.get_device() : -1;
       FUSEDOPT_TORCH_CHECK(p.is_cuda() || p.is_cpu(), "fusedopt_torch: parameter ", i, " is on ", p.device(),
                   "; CPU and CUDA tensors are supported");
       double const mu = d.mu_products.empty() ? 1.0 : d.mu_products[i];
-      keys[{device, static_cast<int>(dtype_of(p)), d.steps[i], mu}].push_back(static_cast<int>(i));
+      keys[{device, static_cast<int>(dtype_of(p)), d.steps[i], mu, quantized}].push_back(static_cast<int>(i));
     }
     for (auto& [key, members] : keys) {
       bucket b;
@@ -442,13 +492,15 @@ class engine {
         for (std::size_t k = 0; k < states; ++k) { x.states[k].push_back(d.states[u][k].data_ptr()); }
       }
       auto const t = static_cast<dtype>(std::get<1>(key));
+      layout l = d.lay;
+      l.quantized = std::get<4>(key);
       try {
         if (b.device < 0) {
-          b.p = make_host_plan(family_, t, d.lay, x, at::get_num_threads());
+          b.p = make_host_plan(family_, t, l, x, at::get_num_threads());
         } else {
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
           c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
-          b.p = make_cuda_plan(family_, t, d.lay, x, at::cuda::getCurrentCUDAStream(b.device).stream());
+          b.p = make_cuda_plan(family_, t, l, x, at::cuda::getCurrentCUDAStream(b.device).stream());
 #else
           fail("fusedopt_torch was built without CUDA; parameters are on cuda:", b.device);
 #endif
@@ -748,6 +800,38 @@ inline hyper hyper_of(py::kwargs const& fields)
   return h;
 }
 
+/// `_C.quantize_state(values, records, is_signed)`: stores `values` (any floating dtype, shape
+/// and device) into the 8-bit `records` (of a state of values.numel() elements, on any device)
+/// with the bits a step would store. On the host backend: a CUDA state makes a round trip
+/// through host memory (loading a state_dict, not a step).
+void quantize_state_into(at::Tensor const& values, at::Tensor records, bool is_signed)
+{
+  auto const n = values.numel();
+  FUSEDOPT_TORCH_CHECK(records.scalar_type() == at::kByte && records.numel() == quantized_blocks(n) * quantized_record_bytes,
+                       "fusedopt_torch: quantize_state: ", n, " values need ", quantized_blocks(n), " records of ",
+                       quantized_record_bytes, " bytes, not a ", records.scalar_type(), " tensor of shape ",
+                       records.sizes());
+  auto const source = values.detach().to(at::kCPU, at::kFloat).contiguous();
+  auto target = records.to(at::kCPU).contiguous();
+  quantize_state(source.data_ptr<float>(), n, target.data_ptr(), is_signed, at::get_num_threads());
+  if (!target.is_same(records)) { records.copy_(target); }
+}
+
+/// `_C.dequantize_state(records, numel, is_signed)`: the float32 values of 8-bit records, as a
+/// step reads them, on the records' device.
+at::Tensor dequantize_state_of(at::Tensor const& records, std::int64_t numel, bool is_signed)
+{
+  FUSEDOPT_TORCH_CHECK(records.scalar_type() == at::kByte &&
+                         records.numel() == quantized_blocks(numel) * quantized_record_bytes,
+                       "fusedopt_torch: dequantize_state: ", numel, " values are ", quantized_blocks(numel),
+                       " records of ", quantized_record_bytes, " bytes, not a ", records.scalar_type(),
+                       " tensor of shape ", records.sizes());
+  auto const source = records.detach().to(at::kCPU).contiguous();
+  auto values = at::empty({numel}, at::TensorOptions().dtype(at::kFloat));
+  dequantize_state(source.data_ptr(), numel, values.data_ptr<float>(), is_signed, at::get_num_threads());
+  return values.to(records.device());
+}
+
 }  // namespace fusedopt_torch
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
@@ -785,6 +869,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("rebinds", &engine::rebinds)
     .def("host_times", &engine::host_times)
     .def("plans", &engine::plans);
+  m.def("quantize_state", &fusedopt_torch::quantize_state_into, py::arg("values"), py::arg("records"),
+        py::arg("is_signed"));
+  m.def("dequantize_state", &fusedopt_torch::dequantize_state_of, py::arg("records"), py::arg("numel"),
+        py::arg("is_signed"));
+  m.attr("quantized_block_elements") = fusedopt_torch::quantized_block_elements;
+  m.attr("quantized_record_bytes") = fusedopt_torch::quantized_record_bytes;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
   m.attr("with_cuda") = true;
 #else

@@ -1,7 +1,7 @@
 /// @file cuda_families.hpp
-/// @brief One CUDA entry point per plan function of families.hpp, each defined in its own .cu
-/// (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>)) so that nvcc compiles them
-/// in parallel. No CUDA or torch types.
+/// @brief One CUDA entry point per plan function of families.hpp (the 8-bit ones included), each
+/// defined in its own .cu (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>)) so that
+/// nvcc compiles them in parallel. No CUDA or torch types.
 #pragma once
 
 #include "plans.hpp"
@@ -12,6 +12,7 @@ namespace detail {
 #define FUSEDOPT_TORCH_DECLARE(name, plans) \
   std::unique_ptr<plan> cuda_##plans(family, dtype, layout const&, lists const&, void*);
 FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_DECLARE)
+FUSEDOPT_TORCH_QUANTIZED_FAMILIES(FUSEDOPT_TORCH_DECLARE)
 #undef FUSEDOPT_TORCH_DECLARE
 
 }  // namespace detail

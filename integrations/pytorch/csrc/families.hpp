@@ -10,6 +10,7 @@
 // The headers used, not the umbrella fusedopt.hpp: each .cu compiles only what it needs.
 #include <fusedopt/bind.hpp>
 #include <fusedopt/chain.hpp>
+#include <fusedopt/numeric/quantization.hpp>
 #include <fusedopt/rules/adadelta.hpp>
 #include <fusedopt/rules/adagrad.hpp>
 #include <fusedopt/rules/adam.hpp>
@@ -294,12 +295,45 @@ struct build_nadam : builder<rule_of<rules::nadam>> {
 
 // ---- plans per family (one function per .cu) -----------------------------------------------
 
+/// A state slot stored as 8-bit blockwise records (layout::quantized): the unsigned map where
+/// the slot is never negative, else the signed one.
+template <class Slot>
+struct q8 {};
+
+/// How a plan binds state `S` (a slot, or q8<slot>) of parameters of element type T.
+template <class S>
+struct stored {
+  using slot_type = S;
+  template <class T>
+  using element_type = T;
+  static constexpr bool quantized = false;
+};
+template <class Slot>
+struct stored<q8<Slot>> {
+  using slot_type = Slot;
+  template <class T>
+  using element_type =
+    std::conditional_t<fo::accepts_unsigned_quantization<Slot>::value, fo::unsigned_q8, fo::signed_q8>;
+  static constexpr bool quantized = true;
+};
+
+/// `Slot` as plans of 8-bit (Quantized) or full-precision moments bind it.
+template <bool Quantized, class Slot>
+using moment = std::conditional_t<Quantized, q8<Slot>, Slot>;
+
+// The records' layout is what Python allocates (plans.hpp's quantized_record_bytes).
+static_assert(sizeof(fo::signed_q8) == quantized_record_bytes && sizeof(fo::unsigned_q8) == quantized_record_bytes &&
+                fo::signed_q8::block_elements == quantized_block_elements,
+              "fusedopt_torch: the 8-bit record layout differs from fusedopt's");
+
 /// Param, grad and the states of `x` (in the Python class's `_state_keys` order) bound to the
 /// slots `States...`.
 template <class T, class... States, std::size_t... K>
 auto bind_with_states(lists const& x, std::index_sequence<K...>)
 {
-  return fo::bind(param<T>(x), grad<T>(x), (States{} = state<T>(x, K))...);
+  return fo::bind(param<T>(x), grad<T>(x),
+                  (typename stored<States>::slot_type{} =
+                     state<typename stored<States>::template element_type<T>>(x, K))...);
 }
 
 /// A plan of backend B running `Build`'s rule over param, grad and `States...`. The binding is
@@ -310,7 +344,11 @@ std::unique_ptr<plan> plan_of(dtype t, lists const& x, void* s, int reduction_ca
   return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
     using builder = builder_for<Build, T>;
-    if constexpr (builder::enabled) {
+    // fusedopt computes 8-bit states in float: no double parameters with them.
+    constexpr bool quantized_double = std::is_same_v<T, double> && (stored<States>::quantized || ...);
+    if constexpr (quantized_double) {
+      throw fo::error("fusedopt_torch: 8-bit states are for float32, float16 and bfloat16 parameters");
+    } else if constexpr (builder::enabled) {
       return wrap<B>(
         [](lists const& y) { return bind_with_states<T, States...>(y, std::index_sequence_for<States...>{}); }, x,
         typename builder::type{}, s, reduction_capacity);
@@ -320,25 +358,37 @@ std::unique_ptr<plan> plan_of(dtype t, lists const& x, void* s, int reduction_ca
   });
 }
 
-template <class B>
+template <class B, bool Quantized = false>
 std::unique_ptr<plan> sgd_plan(family, dtype t, layout const& l, lists const& x, void* s)
 {
-  return l.momentum ? plan_of<B, build_sgd, slot::momentum_buffer_t>(t, x, s) : plan_of<B, build_sgd>(t, x, s);
+  if constexpr (Quantized) {
+    // A bucket without momentum has no states, so it never has quantized ones.
+    FUSEDOPT_EXPECTS(l.momentum, "fusedopt_torch: 8-bit SGD states need momentum");
+    return plan_of<B, build_sgd, q8<slot::momentum_buffer_t>>(t, x, s);
+  } else {
+    return l.momentum ? plan_of<B, build_sgd, slot::momentum_buffer_t>(t, x, s) : plan_of<B, build_sgd>(t, x, s);
+  }
 }
 
-template <class B, class Build>
+template <class B, class Build, bool Quantized = false>
 std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, void* s)
 {
   // States: exp_avg, exp_avg_sq, [max_exp_avg_sq: amsgrad], [kahan_comp: kahan].
   using namespace slot;
+  using m = moment<Quantized, exp_avg_t>;
+  using v = moment<Quantized, exp_avg_sq_t>;
   using plain = low_precision_of<Build, false>;
   using compensated = low_precision_of<Build, true>;
-  if (l.kahan) {
-    return l.amsgrad ? plan_of<B, compensated, exp_avg_t, exp_avg_sq_t, max_exp_avg_sq_t, compensation_t>(t, x, s)
-                     : plan_of<B, compensated, exp_avg_t, exp_avg_sq_t, compensation_t>(t, x, s);
+  if (l.amsgrad) {
+    if constexpr (Quantized) {
+      // No AMSGrad with 8-bit moments: Python refuses it, and no kernels are built for it.
+      throw fo::error("fusedopt_torch: 8-bit Adam states have no AMSGrad variant");
+    } else {
+      return l.kahan ? plan_of<B, compensated, m, v, max_exp_avg_sq_t, compensation_t>(t, x, s)
+                     : plan_of<B, plain, m, v, max_exp_avg_sq_t>(t, x, s);
+    }
   }
-  return l.amsgrad ? plan_of<B, plain, exp_avg_t, exp_avg_sq_t, max_exp_avg_sq_t>(t, x, s)
-                   : plan_of<B, plain, exp_avg_t, exp_avg_sq_t>(t, x, s);
+  return l.kahan ? plan_of<B, compensated, m, v, compensation_t>(t, x, s) : plan_of<B, plain, m, v>(t, x, s);
 }
 
 template <class B>
@@ -382,10 +432,10 @@ std::unique_ptr<plan> lamb_plan(family, dtype t, layout const& l, lists const& x
                 : plan_of<B, build_lamb, exp_avg_t, exp_avg_sq_t>(t, x, s, capacity);
 }
 
-template <class B>
+template <class B, bool Quantized = false>
 std::unique_ptr<plan> lion_plan(family, dtype t, layout const&, lists const& x, void* s)
 {
-  return plan_of<B, build_lion, slot::exp_avg_t>(t, x, s);
+  return plan_of<B, build_lion, moment<Quantized, slot::exp_avg_t>>(t, x, s);
 }
 
 template <class B>
@@ -411,6 +461,32 @@ std::unique_ptr<plan> nadam_plan(family, dtype t, layout const&, lists const& x,
 {
   // torch's mu_product is a scalar per bucket (hyper::mu_product), not a slot.
   return plan_of<B, build_nadam, slot::exp_avg_t, slot::exp_avg_sq_t>(t, x, s);
+}
+
+// ---- plans of 8-bit moments (FUSEDOPT_TORCH_QUANTIZED_FAMILIES; one function per .cu) ----------
+
+template <class B>
+std::unique_ptr<plan> sgd8bit_plan(family f, dtype t, layout const& l, lists const& x, void* s)
+{
+  return sgd_plan<B, true>(f, t, l, x, s);
+}
+
+template <class B>
+std::unique_ptr<plan> adam8bit_plan(family, dtype t, layout const& l, lists const& x, void* s)
+{
+  return adam_plan_of<B, build_adam, true>(t, l, x, s);
+}
+
+template <class B>
+std::unique_ptr<plan> adamw8bit_plan(family, dtype t, layout const& l, lists const& x, void* s)
+{
+  return adam_plan_of<B, build_adamw, true>(t, l, x, s);
+}
+
+template <class B>
+std::unique_ptr<plan> lion8bit_plan(family f, dtype t, layout const& l, lists const& x, void* s)
+{
+  return lion_plan<B, true>(f, t, l, x, s);
 }
 
 }  // namespace detail

@@ -104,11 +104,14 @@ struct layout {
   bool centered = false;  ///< RMSprop: grad_avg
   bool clip = false;      ///< LAMB: a clip_by_global_norm pass in front
   bool kahan = false;     ///< a compensation state last (supports_low_precision families)
+  /// The moments (exp_avg, exp_avg_sq, momentum_buffer) as 8-bit blockwise records
+  /// (FUSEDOPT_TORCH_QUANTIZED_FAMILIES): set per bucket, from its parameters' state tensors.
+  bool quantized = false;
 
   friend bool operator==(layout const& a, layout const& b)
   {
     return a.amsgrad == b.amsgrad && a.momentum == b.momentum && a.centered == b.centered && a.clip == b.clip &&
-           a.kahan == b.kahan;
+           a.kahan == b.kahan && a.quantized == b.quantized;
   }
   friend bool operator!=(layout const& a, layout const& b) { return !(a == b); }
 };
@@ -140,6 +143,43 @@ struct amp_inputs {
   float const* found_inf = nullptr;
   [[nodiscard]] bool any() const { return grad_scale != nullptr || found_inf != nullptr; }
 };
+
+/// @brief The families whose moments may be stored as 8-bit blockwise records (layout::quantized):
+/// X(name, plans) for each, where `plans` names their plan functions as FUSEDOPT_TORCH_FAMILIES
+/// does (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu).
+#define FUSEDOPT_TORCH_QUANTIZED_FAMILIES(X) \
+  X(sgd, sgd8bit)                            \
+  X(adam, adam8bit)                          \
+  X(adamw, adamw8bit)                        \
+  X(lion, lion8bit)
+
+/// @brief Whether family `f` has plans with 8-bit moments.
+constexpr bool supports_quantized_states(family f)
+{
+#define FUSEDOPT_TORCH_IS(name, plans) f == family::name ||
+  return FUSEDOPT_TORCH_QUANTIZED_FAMILIES(FUSEDOPT_TORCH_IS) false;
+#undef FUSEDOPT_TORCH_IS
+}
+
+/// @brief Elements per block of an 8-bit state, and bytes per block record: fusedopt's
+/// `signed_q8` / `unsigned_q8`, `{float absmax; uint8_t codes[256];}` (a state of n elements
+/// is a uint8 tensor of `quantized_blocks(n) * quantized_record_bytes` bytes).
+constexpr std::int64_t quantized_block_elements = 256;
+constexpr std::int64_t quantized_record_bytes = 4 + quantized_block_elements;
+constexpr std::int64_t quantized_blocks(std::int64_t elements)
+{
+  return (elements + quantized_block_elements - 1) / quantized_block_elements;
+}
+
+/// @brief Stores `n` floats as the records of an 8-bit state (`is_signed`: the signed map of
+/// first moments, else the unsigned map of second moments) with the bits a step would store:
+/// the library's quantizer, run by the host backend (a block with a non-finite value keeps the
+/// records' previous bits). Defined in host_8bit_plans.cpp.
+void quantize_state(float const* values, std::int64_t n, void* records, bool is_signed, int threads);
+
+/// @brief The `n` values of an 8-bit state's records, as a step reads them. Defined in
+/// host_8bit_plans.cpp.
+void dequantize_state(void const* records, std::int64_t n, float* values, bool is_signed, int threads);
 
 /// @brief The families that take `kahan` and `stochastic_rounding` for low-precision parameters.
 constexpr bool supports_low_precision(family f) { return f == family::adam || f == family::adamw; }
@@ -183,7 +223,8 @@ double nadam_mu(double beta1, double momentum_decay, std::int64_t t);
 double nadam_advanced(double product, double mu, bool single);
 
 /// @brief A host-backend plan (CPU memory) run on `threads` OpenMP threads (torch's
-/// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists.
+/// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists, or layout::quantized
+/// for a family without 8-bit states.
 std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& tensors, int threads);
 
 /// @brief A CUDA plan on the current device (device memory), built on `stream`.

@@ -7,8 +7,9 @@ CUDA tensors step through fusedopt's CUDA backend (one launch per parameter grou
 plans cached across steps), CPU tensors through its host backend. See docs/pytorch.md.
 """
 
-from .optimizers import (LAMB, SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, FusedOptimizer, Lion, NAdam,  # noqa: F401
-                         RAdam, RMSprop)
+from .optimizers import (LAMB, SGD, SGD8bit, Adadelta, Adagrad, Adam, Adam8bit, Adamax, AdamW,  # noqa: F401
+                         AdamW8bit, FusedOptimizer, Lion, Lion8bit, NAdam, RAdam, RMSprop, dequantize_state,
+                         quantize_state)
 from . import _ext
 
 
@@ -23,4 +24,4 @@ def with_cuda():
 
 
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta", "LAMB", "Lion",
-           "extension", "with_cuda"]
+           "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state", "extension", "with_cuda"]

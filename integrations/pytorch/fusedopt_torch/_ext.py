@@ -36,8 +36,8 @@ def cuda_wanted():
 
 
 def sources(with_cuda):
-    """The extension's sources: binding and host plans, plus one .cu per family with CUDA."""
-    files = [CSRC / "binding.cpp", CSRC / "host_plans.cpp"]
+    """The extension's sources: binding and host plans (8-bit ones apart), plus one .cu per family with CUDA."""
+    files = [CSRC / "binding.cpp", CSRC / "host_plans.cpp", CSRC / "host_8bit_plans.cpp"]
     if with_cuda:
         files += sorted(CSRC.glob("cuda_*.cu"))
     return [str(f) for f in files]

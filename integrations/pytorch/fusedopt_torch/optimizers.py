@@ -9,6 +9,9 @@ by the kernels. The step counts live in the extension (one counter per bucket, n
 per parameter); ``state_dict()`` writes them into torch's ``state[p]['step']`` entries (float32
 CPU tensors, as torch's non-capturable optimizers keep them) and ``load_state_dict`` reads them
 back. Read ``state[p]['step']`` after ``state_dict()``: between two calls it is not refreshed.
+
+The 8-bit classes (Adam8bit, AdamW8bit, Lion8bit, SGD8bit) keep the moments of large parameters
+as uint8 tensors of fusedopt's blockwise records instead (_EightBitStates, quantize_state).
 """
 
 import functools
@@ -458,7 +461,8 @@ class FusedOptimizer(Optimizer):
         if state is not None:
             for k in keys:
                 s = state[k]
-                if _engine_view(s).stride() != proxy.stride():
+                # 8-bit records (uint8) are a flat array of blocks, with no strides to match.
+                if s.dtype != torch.uint8 and _engine_view(s).stride() != proxy.stride():
                     fresh = torch.empty_like(p) if dense else torch.empty(p.shape, dtype=p.dtype, device=p.device)
                     state[k] = fresh.copy_(s)
         if proxy is not p:
@@ -623,8 +627,8 @@ class Adam(FusedOptimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         for group in self.param_groups:
-            if type(self) is AdamW:
-                group["decoupled_weight_decay"] = True  # as torch's AdamW.__setstate__
+            if isinstance(self, AdamW):
+                group["decoupled_weight_decay"] = True  # as torch's AdamW.__setstate__ (AdamW8bit too)
             else:
                 group.setdefault("decoupled_weight_decay", False)
         self._dirty = True
@@ -912,5 +916,184 @@ class Lion(FusedOptimizer):
         return _hyper(group, beta1=b1, beta2=b2, weight_decay=group["weight_decay"], maximize=bool(group.get("maximize", False)))
 
 
+# ---- 8-bit states (bitsandbytes' names) -----------------------------------------------------------
+
+# The moments an 8-bit optimizer quantizes, and whether each takes the signed map (first moments,
+# momentum) or the unsigned one (second moments, never negative): fusedopt's slots' choice.
+_MOMENT_SIGNED = {"exp_avg": True, "exp_avg_sq": False, "momentum_buffer": True}
+
+
+def _record_bytes():
+    return _ext.load().quantized_record_bytes
+
+
+def _blocks(numel):
+    block = _ext.load().quantized_block_elements
+    return (numel + block - 1) // block
+
+
+def _zero_records(numel, is_signed, device=None):
+    """The records of a state of `numel` zeros: scale 0 and the code of 0 (127 in the signed map)."""
+    records = torch.zeros(_blocks(numel), _record_bytes(), dtype=torch.uint8, device=device)
+    if is_signed:
+        records[:, 4:] = 127
+    return records
+
+
+def quantize_state(values, is_signed):
+    """The 8-bit records of a state (any floating tensor): a uint8 tensor of shape
+    [blocks, 260] on values' device, record b holding elements [256 b, 256 b + 256) of the
+    flattened values as a float32 scale (bytes 0-3, little-endian) and 256 codes (bytes 4-259).
+    The bits are those a step stores (fusedopt's quantizer on its host backend; a block with a
+    non-finite value stays zero). `is_signed`: the signed map (exp_avg, momentum_buffer), else
+    the unsigned one (exp_avg_sq). docs/pytorch.md, "8-bit states"."""
+    records = _zero_records(values.numel(), is_signed, values.device)
+    _ext.load().quantize_state(values, records, is_signed)
+    return records
+
+
+def dequantize_state(records, shape, is_signed, dtype=torch.float32):
+    """The values of 8-bit records (quantize_state's format) as a step reads them, in `shape`."""
+    shape = torch.Size(shape)
+    return _ext.load().dequantize_state(records, shape.numel(), is_signed).view(shape).to(dtype)
+
+
+class _EightBitStates:
+    """The moments of parameters with at least ``min_8bit_size`` elements (a group option,
+    default 4096 as bitsandbytes) in 8 bits: ``state[p][key]`` is then a uint8 tensor of
+    records (quantize_state's format) that the engine binds as fusedopt's signed_q8 /
+    unsigned_q8 blocks. Smaller parameters, float64, complex and DTensor ones keep moments of
+    the parameter's dtype, as torch does. ``load_state_dict`` converts every moment to the form
+    its parameter takes here: full-precision moments (torch.optim's state_dict) are quantized,
+    records kept (or dequantized for a parameter under ``min_8bit_size``)."""
+
+    def _set_min_8bit_size(self, min_8bit_size):
+        """Makes min_8bit_size a default of every group (after the base class's constructor, which
+        builds its own defaults). Groups loaded from another optimizer's state_dict lack it: they
+        take the default."""
+        if not (isinstance(min_8bit_size, int) and min_8bit_size >= 0):
+            raise ValueError(f"Invalid min_8bit_size value: {min_8bit_size}")
+        self.defaults["min_8bit_size"] = min_8bit_size
+        for group in self.param_groups:
+            group.setdefault("min_8bit_size", min_8bit_size)
+
+    def _holds_8bit(self, p, group):
+        """Whether p's moments are 8-bit records (fusedopt computes them in float: not for float64)."""
+        return (p.dtype in (torch.float32, torch.float16, torch.bfloat16) and not _is_dtensor(p)
+                and p.numel() >= group.get("min_8bit_size", self.defaults["min_8bit_size"]))
+
+    def _new_state(self, p, group, key):
+        if key in _MOMENT_SIGNED and self._holds_8bit(p, group):
+            return _zero_records(p.numel(), _MOMENT_SIGNED[key], p.device)
+        return super()._new_state(p, group, key)
+
+    def _moment_for(self, p, group, key, value):
+        """A loaded moment in the form p's state takes in this optimizer: a new tensor (torch's
+        load_state_dict copies the state_dict; the moments are taken from the caller's)."""
+        is_signed = _MOMENT_SIGNED[key]
+        if value.dtype == torch.uint8:
+            if value.numel() != _blocks(p.numel()) * _record_bytes():
+                raise ValueError(f"fusedopt_torch.{type(self).__name__}.load_state_dict: state '{key}' of a "
+                                 f"parameter of {p.numel()} elements has {value.numel()} bytes, not "
+                                 f"{_blocks(p.numel())} records of {_record_bytes()}")
+            if self._holds_8bit(p, group):
+                return value.to(p.device, copy=True).reshape(-1, _record_bytes())
+            return dequantize_state(value.to(p.device), p.shape, is_signed, p.dtype)
+        if self._holds_8bit(p, group):
+            return quantize_state(value.to(p.device), is_signed)
+        return value.to(dtype=p.dtype, device=p.device, copy=True)  # as torch casts its copy of the state
+
+    def load_state_dict(self, state_dict):
+        # torch casts every loaded state to its parameter's dtype: the moments are set apart
+        # and converted here instead (records would become floats).
+        moments, others = {}, {}
+        for i, entries in state_dict["state"].items():
+            moments[i] = {k: v for k, v in entries.items() if k in _MOMENT_SIGNED and isinstance(v, torch.Tensor)}
+            others[i] = {k: v for k, v in entries.items() if k not in moments[i]}
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        super().load_state_dict({**state_dict, "state": others})
+        # torch's map from saved ids to parameters (group by group, in order; lengths checked above).
+        targets = [(p, g) for g in self.param_groups for p in g["params"]]
+        for i, (p, group) in zip(saved_ids, targets):
+            for key, value in moments.get(i, {}).items():
+                self.state[p][key] = self._moment_for(p, group, key, value)
+
+    def dequantized_state(self, p):
+        """``state[p]`` with every 8-bit moment as a tensor of p's shape (float32): what a step reads."""
+        return {k: dequantize_state(v, p.shape, _MOMENT_SIGNED[k])
+                if k in _MOMENT_SIGNED and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 else v
+                for k, v in self.state[p].items()}
+
+
+class Adam8bit(_EightBitStates, Adam):
+    """Adam with 8-bit moments (bitsandbytes' Adam8bit; torch.optim.Adam's arguments and
+    ``min_8bit_size``). No AMSGrad (NotImplementedError). ``kahan`` and
+    ``stochastic_rounding`` as Adam's, for bfloat16 / float16 parameters."""
+
+    _name = "Adam8bit"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                 min_8bit_size=4096, foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False, kahan=False, stochastic_rounding=False):
+        _check_no_amsgrad(self._name, amsgrad)
+        # Adam's constructor, also for AdamW8bit (AdamW's passes decoupled_weight_decay=True to it too).
+        Adam.__init__(self, params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                      foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
+                      fused=fused, decoupled_weight_decay=decoupled_weight_decay, kahan=kahan,
+                      stochastic_rounding=stochastic_rounding)
+        self._set_min_8bit_size(min_8bit_size)
+
+    def _state_keys(self, group):
+        if group["amsgrad"]:
+            _check_no_amsgrad(self._name, True)  # set on a group after the constructor
+        return super()._state_keys(group)
+
+
+class AdamW8bit(Adam8bit, AdamW):
+    """AdamW with 8-bit moments (bitsandbytes' AdamW8bit; torch.optim.AdamW's arguments and
+    ``min_8bit_size``): Adam8bit with decoupled weight decay, default 1e-2."""
+
+    _family = "adamw"
+    _name = "AdamW8bit"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 min_8bit_size=4096, maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 kahan=False, stochastic_rounding=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         min_8bit_size=min_8bit_size, foreach=foreach, maximize=maximize, capturable=capturable,
+                         differentiable=differentiable, fused=fused, decoupled_weight_decay=True, kahan=kahan,
+                         stochastic_rounding=stochastic_rounding)
+
+
+class Lion8bit(_EightBitStates, Lion):
+    """Lion with an 8-bit exp_avg (bitsandbytes' Lion8bit; Lion's arguments and ``min_8bit_size``)."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, min_8bit_size=4096, maximize=False):
+        super().__init__(params, lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize)
+        self._set_min_8bit_size(min_8bit_size)
+
+
+class SGD8bit(_EightBitStates, SGD):
+    """SGD with an 8-bit momentum buffer (bitsandbytes' SGD8bit; torch.optim.SGD's arguments and
+    ``min_8bit_size``). A momentum is required (in some group), as bitsandbytes': without one
+    there is no state; a group without momentum steps as SGD's."""
+
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
+                 min_8bit_size=4096, maximize=False, foreach=None, differentiable=False, fused=None):
+        super().__init__(params, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                         nesterov=nesterov, maximize=maximize, foreach=foreach, differentiable=differentiable,
+                         fused=fused)
+        if all(g["momentum"] == 0 for g in self.param_groups):
+            raise NotImplementedError("fusedopt_torch.SGD8bit keeps an 8-bit momentum buffer: give it a momentum "
+                                      "(use SGD without one)")
+        self._set_min_8bit_size(min_8bit_size)
+
+
+def _check_no_amsgrad(name, amsgrad):
+    if amsgrad:
+        raise NotImplementedError(f"fusedopt_torch.{name} has no AMSGrad variant (8-bit states): use "
+                                  f"{name.replace('8bit', '')} for amsgrad=True")
+
+
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta",
-           "LAMB", "Lion"]
+           "LAMB", "Lion", "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state"]

@@ -664,6 +664,7 @@ CAPTURABLE = [
     (ft.Adamax, dict()),
     (ft.Adadelta, dict()),
     (ft.NAdam, dict(weight_decay=0.1, decoupled_weight_decay=True)),
+    (ft.AdamW8bit, dict(min_8bit_size=0)),  # 8-bit moments (test_8bit.py)
 ]
 CAPTURABLE_IDS = [c.__name__ for c, _ in CAPTURABLE]
 

@@ -1,0 +1,310 @@
+"""8-bit optimizer states (issue 16 part 3): Adam8bit, AdamW8bit, Lion8bit and SGD8bit keep their
+moments as fusedopt's blockwise records (uint8 tensors). The maps and the quantizer against a
+reference written from the paper's definition; each optimizer against its fp32 counterpart run
+on the dequantized states (teacher forcing: the same parameters, and records that are the
+quantization of the fp32 states), over two parameter groups, float32 and bfloat16 parameters;
+state_dict round trips, torch.optim state_dicts quantized on loading, min_8bit_size, non-finite
+gradients, GradScaler's fused protocol, and the state memory."""
+
+import io
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fusedopt_torch as ft  # noqa: E402
+import test_amp  # noqa: E402  (its checks, run on 8-bit classes below; a module import is not collected)
+from test_parity import DEVICES, need_device  # noqa: E402
+
+BLOCK, RECORD = 256, 260
+
+
+# ---- a reference of the maps and the quantizer, from the paper's definition --------------------
+
+
+def reference_map(is_signed):
+    """bitsandbytes' create_dynamic_map(signed, 7, 8): for decade i, the midpoints of
+    linspace(0.1, 1, 2^i + 1) (2^(i+1) + 1 unsigned) times 10^(i-6), both signs when signed; 0 and 1."""
+    values = [0.0, 1.0]
+    for i in range(7):
+        means = 2**i if is_signed else 2 ** (i + 1)
+        bounds = torch.linspace(0.1, 1.0, means + 1, dtype=torch.float64)
+        mids = ((bounds[:-1] + bounds[1:]) / 2 * 10.0 ** (i - 6)).tolist()
+        values += mids + ([-m for m in mids] if is_signed else [])
+    return torch.tensor(sorted(values), dtype=torch.float64).float()
+
+
+def reference_quantize(values, is_signed):
+    """Records of `values` (float32): per block the largest magnitude, then the code of the map
+    value nearest to x / absmax (float division), the lower code at an exact tie."""
+    table = reference_map(is_signed).double()
+    midpoints = (table[:-1] + table[1:]) / 2
+    flat = values.detach().float().cpu().reshape(-1)
+    n = flat.numel()
+    blocks = (n + BLOCK - 1) // BLOCK
+    records = torch.zeros(blocks, RECORD, dtype=torch.uint8)
+    for b in range(blocks):
+        x = flat[b * BLOCK:(b + 1) * BLOCK]
+        absmax = x.abs().max()
+        q = (x / absmax if absmax > 0 else torch.zeros_like(x)).double()
+        codes = torch.searchsorted(midpoints, q, right=False)  # midpoints strictly below q
+        records[b, :4] = absmax.reshape(1).view(torch.uint8)
+        records[b, 4:4 + x.numel()] = codes.to(torch.uint8)
+        records[b, 4 + x.numel():] = 127 if is_signed else 0  # a step leaves the tail at zero
+    return records
+
+
+def values_of_every_magnitude(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    exponent = torch.rand(n, generator=g, dtype=torch.float64) * 12 - 9
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    return (sign * 10.0**exponent).float()
+
+
+@pytest.mark.parametrize("is_signed", [True, False], ids=["signed", "unsigned"])
+def test_the_maps_are_the_papers(is_signed):
+    records = torch.zeros(1, RECORD, dtype=torch.uint8)
+    records[0, :4] = torch.tensor([1.0]).view(torch.uint8)
+    records[0, 4:] = torch.arange(256, dtype=torch.uint8)
+    table = ft.dequantize_state(records, [256], is_signed)
+    assert torch.equal(table, reference_map(is_signed))
+    assert table[127 if is_signed else 0] == 0 and table[255] == 1
+
+
+@pytest.mark.parametrize("is_signed", [True, False], ids=["signed", "unsigned"])
+def test_the_quantizer_is_the_reference(is_signed):
+    values = values_of_every_magnitude(1000, 1)
+    if not is_signed:
+        values = values.abs()
+    values[256:512] = 0  # a block of zeros
+    values[600] = 1e30  # a huge value: its block reads as zeros and that value
+    # Exact ties: the midpoints that are floats, in a block of scale 1 (the lower code wins).
+    table = reference_map(is_signed).double()
+    ties = [m for m in ((table[:-1] + table[1:]) / 2).tolist() if float(torch.tensor(m).float()) == m]
+    assert ties, "the maps have midpoints that are floats"
+    values[768:768 + len(ties)] = torch.tensor(ties).float()
+    values[999] = 1.0
+    for n in (1, 255, 257, 1000):
+        assert torch.equal(ft.quantize_state(values[:n], is_signed), reference_quantize(values[:n], is_signed)), n
+
+
+def test_a_block_with_a_nonfinite_value_stays_as_it_was():
+    p = torch.nn.Parameter(torch.randn(1000))
+    opt = ft.AdamW8bit([p], min_8bit_size=0)
+    p.grad = torch.randn(1000)
+    opt.step()
+    before = opt.state[p]["exp_avg"].clone()
+    p.grad = torch.randn(1000)
+    p.grad[300] = float("nan")
+    opt.step()
+    after = opt.state[p]["exp_avg"]
+    assert torch.equal(after[1], before[1])  # block 1 (elements 256-511) keeps codes and scale
+    assert not torch.equal(after[0], before[0]) and not torch.equal(after[2], before[2])
+
+
+# ---- the optimizers against their fp32 counterparts ---------------------------------------------
+
+# (8-bit class, fp32 class, options): two groups, the second with its own lr and min_8bit_size
+# (256: its parameter of 200 keeps full-precision states, as the first group's of 3 under 100).
+CASES = {
+    "AdamW8bit": (ft.AdamW8bit, ft.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+    "Adam8bit": (ft.Adam8bit, ft.Adam, dict(lr=1e-2, weight_decay=0.01)),
+    "Lion8bit": (ft.Lion8bit, ft.Lion, dict(lr=1e-3, weight_decay=0.5)),
+    "SGD8bit": (ft.SGD8bit, ft.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+}
+SIZES = ([3, 256, 1000], [200, 5000])
+
+
+def groups_of(params, lr):
+    first, second = params[:len(SIZES[0])], params[len(SIZES[0]):]
+    return [dict(params=first), dict(params=second, lr=lr * 0.5, min_8bit_size=256)]
+
+
+def same(a, b, device):
+    """Bit for bit on the host; on CUDA within a rounding (the extension's kernels are built
+    with FMA contraction, so two instantiations of a rule may round differently)."""
+    if device == "cpu" or a.dtype == torch.uint8 and torch.equal(a, b):
+        return torch.equal(a, b)
+    if a.dtype == torch.uint8:  # records: codes one apart, scales within a rounding, rarely
+        ca, cb = a[:, 4:].int(), b[:, 4:].int()
+        scales = torch.allclose(a[:, :4].contiguous().view(torch.float32), b[:, :4].contiguous().view(torch.float32),
+                                rtol=1e-5, atol=0)
+        return scales and (ca - cb).abs().max() <= 1 and (ca != cb).float().mean() < 1e-2
+    rtol = 1e-5 if a.dtype == torch.float32 else 2.0**-7  # a rounding of the dtype
+    return torch.allclose(a.float(), b.float(), rtol=rtol, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_is_the_fp32_step_on_its_dequantized_states(case, dtype, device):
+    """Every step, the fp32 optimizer starts from the 8-bit one's dequantized states and fp32
+    copies of its parameters: the new parameters are the fp32 ones rounded to the dtype, and the
+    records are the quantization of the fp32 states."""
+    need_device(device)
+    eight_cls, fp32_cls, options = CASES[case]
+    g = torch.Generator().manual_seed(2)
+    sizes = SIZES[0] + SIZES[1]
+    params = [torch.nn.Parameter((torch.randn(n, generator=g) * 0.1).to(device=device, dtype=dtype)) for n in sizes]
+    shadows = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+    opt = eight_cls(groups_of(params, options["lr"]), min_8bit_size=100, **options)
+    ref = fp32_cls(groups_of(shadows, options["lr"]), **options)
+    for step in range(4):
+        for p, s in zip(params, shadows):
+            p.grad = (torch.randn(p.shape, generator=g)).to(device=device, dtype=dtype)
+            s.grad = p.grad.float()
+            with torch.no_grad():
+                s.copy_(p.float())
+            if s in ref.state and p in opt.state:  # states exist from the first step on
+                for key, value in opt.dequantized_state(p).items():
+                    if key != "step":
+                        ref.state[s][key].copy_(value)
+        opt.step()
+        ref.step()
+        for i, (p, s) in enumerate(zip(params, shadows)):
+            assert same(p.detach(), s.detach().to(dtype), device), (step, i)
+            for key, value in opt.state[p].items():
+                if key == "step":
+                    continue
+                quantized = value.dtype == torch.uint8
+                assert quantized == (p.numel() >= (100 if i < len(SIZES[0]) else 256)), (key, p.numel())
+                expected = ref.state[s][key]
+                if quantized:
+                    expected = ft.quantize_state(expected, key != "exp_avg_sq")
+                assert same(value, expected.to(value.dtype), device), (step, i, key)
+
+
+# ---- state_dict ------------------------------------------------------------------------------------
+
+
+def make_params(device, dtype=torch.float32, sizes=(100, 5000, 4096), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(n, generator=g).to(device=device, dtype=dtype)) for n in sizes]
+
+
+def train(opt, params, steps, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g).to(device=p.device, dtype=p.dtype)
+        opt.step()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_state_dict_round_trip_continues_bit_for_bit(case, device):
+    need_device(device)
+    cls, _, options = CASES[case]
+    params = make_params(device, torch.bfloat16)
+    opt = cls(params, **options)
+    train(opt, params, 3, seed=1)
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fresh = cls(copies, **options)
+    buffer.seek(0)
+    fresh.load_state_dict(torch.load(buffer))
+    assert fresh.state[copies[1]]["exp_avg" if case != "SGD8bit" else "momentum_buffer"].dtype == torch.uint8
+    train(opt, params, 3, seed=2)
+    train(fresh, copies, 3, seed=2)
+    for p, c in zip(params, copies):
+        assert torch.equal(p, c)
+    ours, theirs = opt.state_dict()["state"], fresh.state_dict()["state"]
+    for i in ours:
+        for key, value in ours[i].items():
+            assert torch.equal(value, theirs[i][key]), key
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("torch_cls, eight_cls, options", [
+    (torch.optim.AdamW, ft.AdamW8bit, dict(lr=1e-2, weight_decay=0.1)),
+    (torch.optim.Adam, ft.Adam8bit, dict(lr=1e-2)),
+    (torch.optim.SGD, ft.SGD8bit, dict(lr=0.1, momentum=0.9)),
+    (ft.Lion, ft.Lion8bit, dict(lr=1e-3)),
+], ids=["AdamW", "Adam", "SGD", "Lion"])
+def test_a_full_precision_state_dict_is_quantized_on_loading(torch_cls, eight_cls, options, device):
+    need_device(device)
+    params = make_params(device)
+    source = torch_cls(params, **options)
+    train(source, params, 3, seed=3)
+    opt = eight_cls([torch.nn.Parameter(p.detach().clone()) for p in params], **options)
+    opt.load_state_dict(source.state_dict())
+    for p, q in zip(params, opt.param_groups[0]["params"]):
+        for key, value in source.state[p].items():
+            loaded = opt.state[q][key]
+            if key == "step":
+                assert float(loaded) == float(value)
+            elif p.numel() >= 4096:
+                is_signed = key != "exp_avg_sq"
+                assert loaded.device == p.device
+                assert torch.equal(loaded.cpu(), reference_quantize(value, is_signed)), key
+            else:
+                assert torch.equal(loaded, value), key  # under min_8bit_size: as torch keeps it
+    # It continues from there close to the full-precision optimizer.
+    train(source, params, 5, seed=4)
+    train(opt, opt.param_groups[0]["params"], 5, seed=4)
+    for p, q in zip(params, opt.param_groups[0]["params"]):
+        assert (p - q).abs().max() < 1e-2 * (1 + p.abs().max()), p.numel()
+
+
+def test_loading_records_for_a_parameter_under_min_8bit_size_dequantizes_them():
+    params = make_params("cpu")
+    opt = ft.AdamW8bit(params, min_8bit_size=0)
+    train(opt, params, 2, seed=5)
+    saved = opt.state_dict()
+    saved["param_groups"][0]["min_8bit_size"] = 5000  # a group option: it loads with the group
+    bigger = ft.AdamW8bit([torch.nn.Parameter(p.detach().clone()) for p in params])
+    bigger.load_state_dict(saved)
+    for p, q in zip(params, bigger.param_groups[0]["params"]):
+        quantized = bigger.state[q]["exp_avg"].dtype == torch.uint8
+        assert quantized == (p.numel() >= 5000)
+        assert torch.equal(bigger.dequantized_state(q)["exp_avg"], opt.dequantized_state(p)["exp_avg"])
+
+
+# ---- options ---------------------------------------------------------------------------------------
+
+
+def test_min_8bit_size_and_dtypes_decide_which_moments_are_8_bit():
+    sizes = (1, 4095, 4096, 70000)
+    params = make_params("cpu", sizes=sizes) + [torch.nn.Parameter(torch.randn(5000, dtype=torch.float64))]
+    opt = ft.AdamW8bit(params)  # default min_8bit_size 4096, as bitsandbytes
+    train(opt, params, 1, seed=6)
+    kinds = [opt.state[p]["exp_avg_sq"].dtype for p in params]
+    assert kinds == [torch.float32, torch.float32, torch.uint8, torch.uint8, torch.float64]
+    records = opt.state[params[3]]["exp_avg"]
+    assert records.shape == (70000 // 256 + 1, 260)  # 1.016 bytes per element against 4
+    every = ft.Lion8bit(params[:2], min_8bit_size=0)
+    train(every, params[:2], 1, seed=6)
+    assert all(every.state[p]["exp_avg"].dtype == torch.uint8 for p in params[:2])
+
+
+def test_options_8_bit_states_do_not_take():
+    p = [torch.nn.Parameter(torch.randn(10))]
+    with pytest.raises(NotImplementedError):
+        ft.AdamW8bit(p, amsgrad=True)
+    with pytest.raises(NotImplementedError):
+        ft.SGD8bit(p, lr=0.1)  # no momentum: nothing to keep in 8 bits
+    with pytest.raises(ValueError):
+        ft.Adam8bit(p, min_8bit_size=-1)
+
+
+def test_kahan_with_8_bit_moments():
+    """bfloat16 parameters, 8-bit moments and a bfloat16 compensation: the smallest AdamW state."""
+    params = make_params("cpu", torch.bfloat16, sizes=(5000,))
+    opt = ft.AdamW8bit(params, lr=1e-3, kahan=True)
+    train(opt, params, 3, seed=7)
+    state = opt.state[params[0]]
+    assert state["exp_avg"].dtype == torch.uint8 and state["kahan_comp"].dtype == torch.bfloat16
+    assert state["kahan_comp"].abs().max() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", [(ft.AdamW8bit, "AdamW", dict(lr=1e-2, min_8bit_size=0)),
+                                    (ft.SGD8bit, "SGD", dict(lr=1e-2, momentum=0.9, min_8bit_size=0))],
+                         ids=["AdamW8bit", "SGD8bit"])
+def test_gradscaler_protocol_equals_unscaled_gradients_and_skips(family, device):
+    """test_amp's check on 8-bit moments: a step skipped by found_inf leaves every record's bits."""
+    test_amp.test_fused_protocol_equals_unscaled_gradients_and_skips(family, device)
