@@ -39,7 +39,8 @@ def reference_map(is_signed):
 
 def reference_quantize(values, is_signed):
     """Records of `values` (float32): per block the largest magnitude, then the code of the map
-    value nearest to x / absmax (float division), the lower code at an exact tie."""
+    value nearest to x * (1 / absmax) (float reciprocal, then a float product, as the library
+    normalises), the lower code at an exact tie."""
     table = reference_map(is_signed).double()
     midpoints = (table[:-1] + table[1:]) / 2
     flat = values.detach().float().cpu().reshape(-1)
@@ -49,7 +50,8 @@ def reference_quantize(values, is_signed):
     for b in range(blocks):
         x = flat[b * BLOCK:(b + 1) * BLOCK]
         absmax = x.abs().max()
-        q = (x / absmax if absmax > 0 else torch.zeros_like(x)).double()
+        inverse = (1.0 / absmax) if absmax > 0 else torch.zeros_like(absmax)  # float32 ops
+        q = (x * inverse).double()
         codes = torch.searchsorted(midpoints, q, right=False)  # midpoints strictly below q
         records[b, :4] = absmax.reshape(1).view(torch.uint8)
         records[b, 4:4 + x.numel()] = codes.to(torch.uint8)
