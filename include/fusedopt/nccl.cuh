@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "config.hpp"
 #include "cuda/sharded.cuh"
@@ -56,23 +57,16 @@ namespace detail {
 
 /// NCCL's name of an element type.
 template <class T>
-struct data_type;
-template <>
-struct data_type<float> {
-  static constexpr ncclDataType_t value = ncclFloat32;
-};
-template <>
-struct data_type<double> {
-  static constexpr ncclDataType_t value = ncclFloat64;
-};
-template <>
-struct data_type<half> {
-  static constexpr ncclDataType_t value = ncclFloat16;
-};
-template <>
-struct data_type<bfloat16> {
-  static constexpr ncclDataType_t value = ncclBfloat16;
-};
+constexpr ncclDataType_t data_type()
+{
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, half> ||
+                  std::is_same_v<T, bfloat16>,
+                "fusedopt: NCCL exchanges float, double, half or bfloat16 elements");
+  if constexpr (std::is_same_v<T, float>) { return ncclFloat32; }
+  if constexpr (std::is_same_v<T, double>) { return ncclFloat64; }
+  if constexpr (std::is_same_v<T, half>) { return ncclFloat16; }
+  return ncclBfloat16;
+}
 
 }  // namespace detail
 
@@ -107,7 +101,7 @@ class communicator {
   void reduce_scatter(T const* send, T* recv, std::size_t count, cuda::gradient_reduction reduction,
                       cudaStream_t stream)
   {
-    FUSEDOPT_NCCL_TRY(ncclReduceScatter(send, recv, count, detail::data_type<T>::value, op_of(reduction), comm_, stream));
+    FUSEDOPT_NCCL_TRY(ncclReduceScatter(send, recv, count, detail::data_type<T>(), op_of(reduction), comm_, stream));
   }
 
   /// @brief ncclAllGather in place (this rank's part at rank() x count of `buffer`).
@@ -115,7 +109,7 @@ class communicator {
   void all_gather(T* buffer, std::size_t count, cudaStream_t stream)
   {
     FUSEDOPT_NCCL_TRY(ncclAllGather(buffer + static_cast<std::size_t>(rank_) * count, buffer, count,
-                                    detail::data_type<T>::value, comm_, stream));
+                                    detail::data_type<T>(), comm_, stream));
   }
 
   /// @brief One ncclBroadcast per rank's segment (rank q the root of its own), in one group:
