@@ -31,11 +31,13 @@ set(layers
   cuda_kernels "cuda/detail/kernels\\.cuh"
   # Host launch logic: checks, chunk length and grid from the policy, one launch per kernel;
   # the device copies of a plan's address table, written by uploads or by launches.
-  cuda_dispatch "cuda/detail/dispatch\\.cuh|cuda/detail/address_tables\\.cuh"
+  cuda_dispatch "cuda/detail/dispatch\\.cuh|cuda/detail/address_tables\\.cuh|cuda/detail/workspace\\.cuh"
   # The host backend's loop versions (AVX2, AVX-512) and the choice among them at run time.
   host_instruction_sets "host/instruction_set\\.hpp"
   # The backends' facades, and the definitions of the CUDA one (included at its end).
   backends "host/backend\\.hpp|cuda/backend\\.cuh|cuda/detail/backend\\.inl"
+  # Sharded plans over a communicator (local_group: N ranks on one GPU; nccl: NCCL).
+  distributed "cuda/sharded\\.cuh|cuda/detail/sharded\\.inl|cuda/local_group\\.cuh|nccl\\.cuh"
   # Umbrella headers.
   umbrellas "fusedopt\\.hpp|fusedopt\\.cuh")
 

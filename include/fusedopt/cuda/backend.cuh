@@ -31,6 +31,7 @@
 #include "detail/address_tables.cuh"
 #include "detail/policy.cuh"
 #include "detail/tables.cuh"
+#include "detail/workspace.cuh"
 #include "error.cuh"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -77,6 +78,10 @@ struct options {
   /// 8 per tensor) of device memory. Ignored by `apply`.
   int address_tables = 4;
 };
+
+namespace detail {
+struct plan_steps;  // the pieces of a step, for plans that put work between them (cuda/sharded.cuh)
+}  // namespace detail
 
 /// @brief True when kernels can take 32 KB of parameters on `device`: the runtime and the
 /// driver are CUDA 12.1 or newer and the GPU is sm_70 or newer.
@@ -214,6 +219,7 @@ class basic_plan {
   [[nodiscard]] transport metadata() const { return transport_; }
 
  private:
+  friend struct detail::plan_steps;
   struct device_free {
     void operator()(void* p) const noexcept;
   };
@@ -225,9 +231,6 @@ class basic_plan {
   template <class Rule, int P, int... J>
   void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                   cudaStream_t stream, std::integer_sequence<int, J...>) const;
-  template <class Rule, int J, int P>
-  void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
-                cudaStream_t stream) const;
 
   // Calls f(table) for every launch table of the transport in use, in chunk order: each
   // by-value table, or the device table (when it has chunks). Every launch and every table
@@ -256,16 +259,8 @@ class basic_plan {
   // stream capture publishes tensors_ again first (that copy holds them only when the graph
   // replays).
   mutable detail::address_tables<detail::tensor_entry<num_slots>> tables_;
-  // Reduction workspace: pass results (capacity x (rows + 1) doubles), chunk partials
-  // (capacity x chunks doubles), the chunk range of each row, the finalize counter.
-  std::unique_ptr<void, device_free> workspace_;
-  int reduction_capacity_ = 0;
-  std::int64_t rows_ = 0;
-  std::int64_t longest_row_ = 0;  // chunks of the row with the most (picks the finalize's block size)
-  double* results_ = nullptr;
-  double* partials_ = nullptr;
-  detail::chunk_range* ranges_ = nullptr;
-  unsigned int* counter_ = nullptr;
+  // Reduction workspace: pass results, chunk partials, the chunk range of each row.
+  detail::reduction_workspace workspace_;
   detail::global_table<num_slots> global_{};
   std::vector<detail::table_4k<num_slots>> tables_4k_;
   std::vector<detail::table_32k<num_slots>> tables_32k_;

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../../detail/phases.hpp"
 #include "../../detail/rebind.hpp"
@@ -17,6 +18,7 @@
 #include "dispatch.cuh"
 #include "policy.cuh"
 #include "tables.cuh"
+#include "workspace.cuh"
 
 FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
@@ -82,61 +84,114 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
     global_.evict_first = evict_first ? 1 : 0;
   }
-  FUSEDOPT_EXPECTS(opts.reduction_capacity >= 0, "cuda::options::reduction_capacity must not be negative");
-  reduction_capacity_ = opts.reduction_capacity;
-  rows_ = static_cast<std::int64_t>(lists_.num_tensors());
-  if (reduction_capacity_ > 0) {
+  std::vector<detail::chunk_range> ranges;
+  if (opts.reduction_capacity > 0) {
     // Every row (empty tensors too) gets its chunk range; chunks are numbered in layout order,
     // which the by-value tables keep (pack_tables appends in order).
-    std::vector<detail::chunk_range> ranges(static_cast<std::size_t>(rows_), detail::chunk_range{0, 0});
+    ranges.assign(lists_.num_tensors(), detail::chunk_range{0, 0});
     for (std::size_t c = 0; c < layout.chunks.size(); ++c) {
       auto const row = static_cast<std::size_t>(layout.tensors[static_cast<std::size_t>(layout.chunks[c].tensor)].index);
       if (ranges[row].count == 0) { ranges[row].first = static_cast<std::int64_t>(c); }
-      longest_row_ = std::max(longest_row_, ++ranges[row].count);
+      ++ranges[row].count;
     }
-    auto const capacity = static_cast<std::size_t>(reduction_capacity_);
-    std::size_t const result_bytes = capacity * (static_cast<std::size_t>(rows_) + 1) * sizeof(double);
-    std::size_t const partial_bytes = capacity * layout.chunks.size() * sizeof(double);
-    std::size_t const range_bytes = ranges.size() * sizeof(detail::chunk_range);
-    std::size_t const bytes = result_bytes + partial_bytes + range_bytes + 16;
-    void* memory = nullptr;
-    FUSEDOPT_CUDA_TRY(cudaMalloc(&memory, bytes));
-    workspace_.reset(memory);
-    auto* base = static_cast<unsigned char*>(memory);
-    results_ = reinterpret_cast<double*>(base);
-    partials_ = reinterpret_cast<double*>(base + result_bytes);
-    ranges_ = reinterpret_cast<detail::chunk_range*>(base + result_bytes + partial_bytes);
-    counter_ = reinterpret_cast<unsigned int*>(base + result_bytes + partial_bytes + range_bytes);
-    FUSEDOPT_CUDA_TRY(cudaMemsetAsync(memory, 0, bytes, stream));
-    if (!ranges.empty()) {
-      FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(ranges_, ranges.data(), range_bytes, cudaMemcpyHostToDevice, stream));
-    }
-    FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
   }
+  workspace_ = detail::reduction_workspace(opts.reduction_capacity, ranges,
+                                           static_cast<std::int64_t>(layout.chunks.size()), stream);
 }
+
+namespace detail {
+
+/// The pieces of a plan's step, in the order `run` enqueues them: `check` (before anything is
+/// enqueued), `begin`, `pass` for each reduction pass (with a finalize after each), `update`,
+/// the after-step hooks. The sharded plan (cuda/sharded.cuh) runs a plan over one rank's shard
+/// through them, with its exchanges between the pieces and its own workspace.
+struct plan_steps {
+  /// run's checks of the rule and the plan (not of its workspace's capacity).
+  template <class Plan, class Rule>
+  static void check(Plan const& plan, Rule const& rule, step_info const& step)
+  {
+    constexpr std::size_t S = Plan::num_slots;
+    using lists_type = typename Plan::lists_type;
+    check_rule<Rule, lists_type>(rule, step);
+    FUSEDOPT_EXPECTS(current_device() == plan.device_,
+                     "cuda::plan::run: the current device is not the one the plan was built on (device " +
+                       std::to_string(plan.device_) + ")");
+    FUSEDOPT_EXPECTS(plan.transport_ == transport::device_table ||
+                       (plan.transport_ == transport::param_4k ? fits_by_value<Rule, lists_type, table_4k<S>>
+                                                               : fits_by_value<Rule, lists_type, table_32k<S>>),
+                     "rule of " + std::to_string(sizeof(Rule)) +
+                       " bytes is too large to travel next to a by-value launch table; use transport::device_table");
+  }
+
+  /// The first work of a step: the address table published again after a rebind under
+  /// capture, and step_info::advance.
+  template <class Plan>
+  static void begin(Plan const& plan, step_info const& step, cudaStream_t stream)
+  {
+    if (plan.tables_.current_from_capture()) { plan.tables_.publish(plan.tensors_, stream); }
+    advance_step(step, stream);
+  }
+
+  /// Reduction pass J over every table of the plan: the partial of the plan's chunk c goes to
+  /// partials[(first_chunk + c) * N + k].
+  template <int J, class Plan, class Rule, int P>
+  static void pass(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
+                   double* partials, std::int64_t first_chunk, cudaStream_t stream)
+  {
+    std::int64_t base = first_chunk;
+    plan.for_each_table([&](auto const& table) {
+      launch_pass<typename Plan::policy_type, Rule, typename Plan::lists_type, J>(rule, step, table, results, partials,
+                                                                                  base, plan.max_blocks_, stream);
+      base += table.num_chunks;
+    });
+  }
+
+  /// The update over every table of the plan, with the results of the rule's passes.
+  template <class Plan, class Rule, int P>
+  static void update(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
+                     cudaStream_t stream)
+  {
+    plan.for_each_table([&](auto const& table) {
+      launch_update<typename Plan::policy_type, Rule, typename Plan::lists_type>(rule, step, table, results,
+                                                                                 plan.max_blocks_, stream);
+    });
+  }
+
+  /// The rows, totals and finalize of pass J of `Rule` over a workspace.
+  template <class Policy, class Rule, int J, int P>
+  static void finalize(reduction_workspace const& workspace, pass_results<P> const& results, cudaStream_t stream)
+  {
+    using reduction = typename ::fusedopt::detail::pass_traits<Rule, J>::reduction;
+    launch_finalize<Policy, reduction>(workspace.partials, workspace.ranges, workspace.rows(), workspace.longest_row(),
+                                       results.r[J], workspace.counter, stream);
+  }
+
+  /// run's check that the rule's accumulators fit a workspace.
+  template <class Rule>
+  static void check_capacity(reduction_workspace const& workspace)
+  {
+    if constexpr (::fusedopt::detail::pass_count_v<Rule> > 0) {
+      constexpr int needed = ::fusedopt::detail::accumulators_v<Rule>;
+      FUSEDOPT_EXPECTS(needed <= workspace.capacity(),
+                       "the rule needs " + std::to_string(needed) +
+                         " reduction accumulators but the plan was built with cuda::options::reduction_capacity " +
+                         std::to_string(workspace.capacity()));
+    }
+  }
+};
+
+}  // namespace detail
 
 template <class Policy, class... B>
 template <class Rule, int P, int... J>
 void basic_plan<Policy, B...>::run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
-                            cudaStream_t stream, std::integer_sequence<int, J...>) const
+                                          cudaStream_t stream, std::integer_sequence<int, J...>) const
 {
-  (run_pass<Rule, J>(rule, step, results, stream), ...);
-}
-
-template <class Policy, class... B>
-template <class Rule, int J, int P>
-void basic_plan<Policy, B...>::run_pass(Rule const& rule, step_info const& step,
-                                        detail::pass_results<P> const& results, cudaStream_t stream) const
-{
-  using reduction = typename ::fusedopt::detail::pass_traits<Rule, J>::reduction;
   // Chunk partials of every pass share one area: pass J's are consumed by its finalize
   // kernel before pass J + 1 runs (stream order).
-  std::int64_t base = 0;
-  for_each_table([&](auto const& table) {
-    detail::launch_pass<Policy, Rule, lists_type, J>(rule, step, table, results, partials_, base, max_blocks_, stream);
-    base += table.num_chunks;
-  });
-  detail::launch_finalize<Policy, reduction>(partials_, ranges_, rows_, longest_row_, results.r[J], counter_, stream);
+  ((detail::plan_steps::pass<J>(*this, rule, step, results, workspace_.partials, 0, stream),
+    detail::plan_steps::finalize<Policy, Rule, J>(workspace_, results, stream)),
+   ...);
 }
 
 template <class Policy, class... B>
@@ -144,30 +199,13 @@ template <class Rule>
 void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
-  detail::check_rule<Rule, lists_type>(rule, step);
-  if constexpr (passes > 0) {
-    constexpr int needed = ::fusedopt::detail::accumulators_v<Rule>;
-    FUSEDOPT_EXPECTS(needed <= reduction_capacity_,
-                     "the rule needs " + std::to_string(needed) +
-                       " reduction accumulators but the plan was built with cuda::options::reduction_capacity " +
-                       std::to_string(reduction_capacity_));
-  }
-  FUSEDOPT_EXPECTS(detail::current_device() == device_,
-                   "cuda::plan::run: the current device is not the one the plan was built on (device " +
-                     std::to_string(device_) + ")");
-  FUSEDOPT_EXPECTS(transport_ == transport::device_table ||
-                     (transport_ == transport::param_4k ? detail::fits_by_value<Rule, lists_type, detail::table_4k<num_slots>>
-                                                        : detail::fits_by_value<Rule, lists_type, detail::table_32k<num_slots>>),
-                   "rule of " + std::to_string(sizeof(Rule)) +
-                     " bytes is too large to travel next to a by-value launch table; use transport::device_table");
+  detail::plan_steps::check_capacity<Rule>(workspace_);
+  detail::plan_steps::check(*this, rule, step);
   // Every check is done: from here on work is enqueued.
-  if (tables_.current_from_capture()) { tables_.publish(tensors_, stream); }
-  detail::advance_step(step, stream);
-  auto const results = detail::make_pass_results<Rule>(results_, rows_, std::make_integer_sequence<int, passes>{});
+  detail::plan_steps::begin(*this, step, stream);
+  auto const results = detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
   if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
-  for_each_table([&](auto const& table) {
-    detail::launch_update<Policy, Rule, lists_type>(rule, step, table, results, max_blocks_, stream);
-  });
+  detail::plan_steps::update(*this, rule, step, results, stream);
   detail::launch_after_step(rule, step, results, stream);
 }
 

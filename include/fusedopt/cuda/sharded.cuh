@@ -1,0 +1,205 @@
+/// @file cuda/sharded.cuh
+/// @brief A sharded optimizer step (ZeRO-1/2): every rank keeps the states of one shard of a
+/// flat layout of the parameter tensors; a step reduce-scatters the gradients, runs the rule on
+/// the rank's shard with the multi-tensor launch of cuda::plan, and all-gathers the parameters.
+/// Rules with reduction passes (clip_by_global_norm, LAMB, LARS, the AMP skip) give the bits
+/// of one GPU running the unsharded plan (docs/sharded.md says why).
+///
+/// @code
+/// fo::cuda::sharded_layout layout(sizes, comm.size());          // the same on every rank
+/// // this rank's shard of each slot: layout.shard_elements() elements; gradients and
+/// // parameters: layout.flat_elements(), every tensor at layout.offset(t)
+/// auto lists = fo::bind(fo::slot::param = layout.shard_list(params + layout.shard_begin(rank), rank),
+///                       fo::slot::grad = layout.shard_list<float const>(grad_shard, rank),
+///                       fo::slot::exp_avg = layout.shard_list(m, rank), fo::slot::exp_avg_sq = layout.shard_list(v, rank));
+/// auto plan = fo::cuda::make_sharded_plan(layout, comm, lists, fo::cuda::shard_buffers<float, float>{grads, grad_shard, params});
+/// plan.run(fo::rules::adamw{}, {t}, stream);   // reduce-scatter, passes, update, all-gather
+/// @endcode
+///
+/// The communication goes through a *communicator*, any type with these members (each
+/// enqueued on `stream`, asynchronous, capturable where the implementation is):
+/// @code
+/// int rank() const;  int size() const;
+/// // send: size() x count elements; recv: this rank's count, reduced over the ranks
+/// template <class T> void reduce_scatter(T const* send, T* recv, std::size_t count, gradient_reduction, cudaStream_t);
+/// // in place: buffer holds size() x count elements, this rank's at rank() x count
+/// template <class T> void all_gather(T* buffer, std::size_t count, cudaStream_t);
+/// // in place: consecutive segments, rank q's counts[q] doubles long, every rank's gathered
+/// void all_gather_v(double* buffer, std::int64_t const* counts, cudaStream_t);
+/// @endcode
+/// Two are provided: `cuda::local_group` (cuda/local_group.cuh: N ranks simulated on one GPU,
+/// for tests) and `nccl::communicator` (fusedopt/nccl.cuh: one process per GPU). A step calls
+/// them in a fixed order: reduce_scatter of the gradients; per reduction pass, one
+/// all_gather_v of its chunk partials; all_gather of the parameters.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "../bind.hpp"
+#include "../config.hpp"
+#include "../detail/rebind.hpp"
+#include "../scalar.hpp"
+#include "../slots.hpp"
+#include "../tensor_list.hpp"
+#include "backend.cuh"
+#include "detail/policy.cuh"
+#include "detail/workspace.cuh"
+
+FUSEDOPT_NAMESPACE_BEGIN
+namespace cuda {
+
+/// @brief How a reduce-scatter joins the ranks' gradients.
+enum class gradient_reduction {
+  sum,      ///< the sum over the ranks
+  average,  ///< the sum divided by the number of ranks
+};
+
+/// @brief Where the tensors lie in one flat buffer of `ranks x shard_elements()` elements, cut
+/// into one shard per rank. A tensor may be split between ranks, but only on a chunk boundary
+/// of its own (a multiple of `chunk_elements` from its first element), and every tensor starts
+/// at a multiple of 16 elements: so the rank's piece of a tensor is cut into exactly the
+/// chunks the unsharded plan cuts from it, which is what makes reductions bit-identical
+/// (docs/sharded.md). Padding: under 16 elements per tensor and under one chunk per shard
+/// boundary. Host data only; the same on every rank.
+class sharded_layout {
+ public:
+  /// One rank's elements of one tensor: `count` elements from the tensor's element `first`,
+  /// at element `local` of the rank's shard.
+  struct piece {
+    std::int64_t first = 0;
+    std::int64_t count = 0;
+    std::int64_t local = 0;
+  };
+
+  /// @brief Places tensors of `sizes` elements, in order, for `ranks` ranks.
+  /// @param chunk_elements the chunk length of the plans that will run on it (the policy's,
+  /// or cuda::options::chunk_elements); a multiple of 16.
+  /// @throws fusedopt::error if ranks < 1, a size is negative or the chunk length is not a
+  /// positive multiple of 16.
+  sharded_layout(std::vector<std::int64_t> sizes, int ranks,
+                 std::int64_t chunk_elements = detail::default_policy::chunk_elements);
+
+  [[nodiscard]] int ranks() const { return ranks_; }
+  [[nodiscard]] std::size_t num_tensors() const { return sizes_.size(); }
+  [[nodiscard]] std::int64_t tensor_size(std::size_t t) const { return sizes_[t]; }
+  [[nodiscard]] std::int64_t chunk_elements() const { return chunk_; }
+  /// @brief Elements of one rank's shard (a multiple of chunk_elements()).
+  [[nodiscard]] std::int64_t shard_elements() const { return shard_; }
+  /// @brief Elements of the flat buffer: ranks() x shard_elements().
+  [[nodiscard]] std::int64_t flat_elements() const { return shard_ * ranks_; }
+  /// @brief First element of rank `rank`'s shard in the flat buffer.
+  [[nodiscard]] std::int64_t shard_begin(int rank) const { return shard_ * rank; }
+  /// @brief First element of tensor `t` in the flat buffer.
+  [[nodiscard]] std::int64_t offset(std::size_t t) const { return offsets_[t]; }
+  /// @brief Rank `rank`'s elements of tensor `t` (count 0 when it holds none).
+  [[nodiscard]] piece piece_of(std::size_t t, int rank) const;
+
+  /// @brief One entry per tensor: rank `rank`'s piece of it in `shard` (the rank's
+  /// shard_elements() elements of some slot), empty (null) where the rank holds none of it.
+  /// Bind the plan's lists to these: tensor rows stay the rows of the unsharded lists, so
+  /// per-tensor data of a rule (LARS's `exclude`, `groups`' indices) is indexed as before.
+  template <class T>
+  [[nodiscard]] tensor_list<T> shard_list(T* shard, int rank) const;
+  /// @brief One entry per tensor: the whole tensor in `flat` (flat_elements() elements).
+  template <class T>
+  [[nodiscard]] tensor_list<T> full_list(T* flat) const;
+
+ private:
+  std::vector<std::int64_t> sizes_;
+  std::vector<std::int64_t> offsets_;
+  int ranks_ = 1;
+  std::int64_t chunk_ = 0;
+  std::int64_t shard_ = 0;
+};
+
+/// @brief The buffers a sharded step exchanges, on this rank (device memory, 16-byte aligned).
+template <class Grad, class Param>
+struct shard_buffers {
+  Grad const* gradients = nullptr;  ///< this rank's gradients of every tensor: flat_elements(), laid out as the layout says
+  Grad* gradient_shard = nullptr;   ///< their reduction over the ranks, this rank's shard (shard_elements()): slot::grad is bound to it
+  Param* parameters = nullptr;      ///< every tensor's parameters (flat_elements()): slot::param is bound to this rank's shard of them
+};
+
+/// @brief One rank's sharded plan: a cuda::plan over the rank's shard of every slot, the
+/// communicator, and a reduction workspace over the chunks of *all* ranks.
+///
+/// Contract: every rank builds its plan from the same layout, lists of the same types and the
+/// same options, and runs the same rules in the same order (the collectives must match). The
+/// lists bind slot::param to this rank's shard of `buffers.parameters` and slot::grad to
+/// `buffers.gradient_shard`, through `layout.shard_list` (checked); other slots (states,
+/// master weights) are the rank's own shard buffers. Rules that depend on an element's
+/// position (stochastic rounding) see the position within the rank's piece, not the tensor's.
+template <class Communicator, class Policy, class... B>
+class basic_sharded_plan {
+ public:
+  using lists_type = bound_lists<B...>;
+  using grad_type = std::remove_const_t<
+    typename lists_type::template element_t<::fusedopt::detail::bound_position_v<lists_type, slot::grad_t>>>;
+  using param_type = typename lists_type::template element_t<::fusedopt::detail::bound_position_v<lists_type, slot::param_t>>;
+
+  /// @brief Builds the rank's cuda::plan and a workspace over every rank's chunks (device
+  /// memory; synchronises `stream`).
+  /// @throws fusedopt::error if the layout is for another number of ranks or another chunk
+  /// length than the plan's, the lists do not follow the layout (rows, sizes, addresses), an
+  /// address is not 16-byte aligned, or what cuda::plan's constructor throws.
+  basic_sharded_plan(sharded_layout layout, Communicator communicator, lists_type lists,
+                     shard_buffers<grad_type, param_type> buffers,
+                     gradient_reduction reduction = gradient_reduction::average, options opts = {},
+                     cudaStream_t stream = nullptr);
+
+  /// @brief Enqueues one sharded step on `stream`: reduce-scatter of the gradients, the rule's
+  /// reduction passes (each: pass on the shard, all_gather_v of the chunk partials, the
+  /// finalize over every rank's partials), the update of the shard, the after-step hooks, the
+  /// all-gather of the parameters. No allocation, no host synchronisation; capturable where
+  /// the communicator is.
+  /// @throws fusedopt::error as cuda::plan::run (before anything is enqueued), or as the
+  /// communicator throws.
+  template <class Rule>
+  void run(Rule const& rule, step_info const& step = {}, cudaStream_t stream = nullptr);
+
+  [[nodiscard]] sharded_layout const& layout() const { return layout_; }
+  /// @brief The plan over this rank's shard.
+  [[nodiscard]] basic_plan<Policy, B...> const& local_plan() const { return local_; }
+  [[nodiscard]] Communicator& communicator() { return communicator_; }
+
+ private:
+  template <class Rule, int P, int... J>
+  void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
+                  cudaStream_t stream, std::integer_sequence<int, J...>);
+  template <class Rule, int J, int P>
+  void run_pass(Rule const& rule, step_info const& step, detail::pass_results<P> const& results, cudaStream_t stream);
+
+  sharded_layout layout_;
+  Communicator communicator_;
+  basic_plan<Policy, B...> local_;
+  shard_buffers<grad_type, param_type> buffers_;
+  gradient_reduction reduction_;
+  detail::reduction_workspace workspace_;  // rows: every tensor; partials: every rank's chunks
+  std::int64_t first_chunk_ = 0;           // this rank's first chunk in the unsharded numbering
+  std::vector<std::int64_t> rank_chunks_;  // chunks of each rank
+  std::vector<std::int64_t> counts_;       // all_gather_v's counts of the pass in flight (no allocation per step)
+};
+
+/// @brief A sharded plan with the default tuning policy.
+template <class Communicator, class... B>
+using sharded_plan = basic_sharded_plan<Communicator, detail::default_policy, B...>;
+
+/// @brief Makes a sharded plan (see basic_sharded_plan).
+template <class Policy = detail::default_policy, class Communicator, class... B, class G, class P>
+[[nodiscard]] basic_sharded_plan<Communicator, Policy, B...> make_sharded_plan(
+  sharded_layout layout, Communicator communicator, bound_lists<B...> lists, shard_buffers<G, P> buffers,
+  gradient_reduction reduction = gradient_reduction::average, options opts = {}, cudaStream_t stream = nullptr)
+{
+  return basic_sharded_plan<Communicator, Policy, B...>(std::move(layout), std::move(communicator), std::move(lists),
+                                                        buffers, reduction, opts, stream);
+}
+
+}  // namespace cuda
+FUSEDOPT_NAMESPACE_END
+
+#include "detail/sharded.inl"
