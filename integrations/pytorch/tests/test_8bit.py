@@ -308,5 +308,21 @@ def test_kahan_with_8_bit_moments():
                                     (ft.SGD8bit, "SGD", dict(lr=1e-2, momentum=0.9, min_8bit_size=0))],
                          ids=["AdamW8bit", "SGD8bit"])
 def test_gradscaler_protocol_equals_unscaled_gradients_and_skips(family, device):
-    """test_amp's check on 8-bit moments: a step skipped by found_inf leaves every record's bits."""
-    test_amp.test_fused_protocol_equals_unscaled_gradients_and_skips(family, device)
+    """test_amp's check on 8-bit moments: a step skipped by found_inf leaves every record's bits.
+    On CUDA the kernels with and without the AMP blocks may contract differently into FMAs (see
+    test_amp); with 8-bit moments one ulp can move a value across a code's midpoint, so there a
+    moment may differ by one code: parameters within 1e-4, records at most one code apart."""
+
+    def params_close(x, y, t):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=lambda m: f"step {t}: {m}")
+
+    def records_close(x, y):
+        if x.dtype != torch.uint8:
+            torch.testing.assert_close(x, y)
+            return
+        scales_x, scales_y = x[:, :4].contiguous().view(torch.float32), y[:, :4].contiguous().view(torch.float32)
+        torch.testing.assert_close(scales_x, scales_y, rtol=1e-4, atol=0)
+        codes = (x[:, 4:].int() - y[:, 4:].int()).abs()
+        assert codes.max() <= 1 and (codes > 0).float().mean() < 0.01
+
+    test_amp.check_fused_protocol(family, device, params_close, records_close)
