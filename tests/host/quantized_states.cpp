@@ -166,7 +166,7 @@ TEMPLATE_TEST_CASE("the bucketed code search agrees with the nearest-value scan 
   CHECK(probes.size() > 20000);
 }
 
-TEST_CASE("blocks of zeros, one huge value, and sizes that are not multiples of the block", "[quantized]")
+TEST_CASE("blocks of zeros, one huge value, subnormal values, and sizes that are not multiples of the block", "[quantized]")
 {
   std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097};
   std::int64_t total = 0;
@@ -176,6 +176,9 @@ TEST_CASE("blocks of zeros, one huge value, and sizes that are not multiples of 
   std::fill(values.begin() + last, values.begin() + last + 256, 0.f);  // its block 0: zeros
   values[static_cast<std::size_t>(last + 256 + 3)] = 3e38f;            // block 1: one huge value
   values[static_cast<std::size_t>(last + 512 + 9)] = -3e38f;           // block 2: one huge negative
+  for (int i = 0; i < 256; ++i) {  // block 3: subnormal magnitudes only (1 / absmax would overflow)
+    values[static_cast<std::size_t>(last + 768 + i)] = (i % 2 ? -1e-39f : 2e-40f) * static_cast<float>(i % 7);
+  }
   auto const chunk = GENERATE(std::int64_t{1} << 15, std::int64_t{1}, std::int64_t{300});  // rounded up to 256, 512
   fo::host::options opts;
   opts.chunk_elements = chunk;
@@ -198,6 +201,12 @@ TEST_CASE("blocks of zeros, one huge value, and sizes that are not multiples of 
   for (int i = 0; i < 256; ++i) {
     if (i != 3) { CHECK(big[1].codes[i] == 127); }  // all below 1e-6 of the scale: 0
   }
+  float subnormal_max = 0.f;
+  for (int i = 0; i < 256; ++i) { subnormal_max = std::max(subnormal_max, std::fabs(values[static_cast<std::size_t>(last + 768 + i)])); }
+  CHECK(subnormal_max > 0.f);
+  CHECK(subnormal_max < std::numeric_limits<float>::min());
+  CHECK(big[3].absmax == subnormal_max);  // kept; every code that of 0: the block reads back as zeros
+  CHECK(std::all_of(std::begin(big[3].codes), std::end(big[3].codes), [](std::uint8_t c) { return c == 127; }));
 }
 
 TEST_CASE("a block with a non-finite value keeps its codes and scale; its neighbours are updated",

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace fusedopt_test {
@@ -48,10 +49,10 @@ inline std::vector<float> reference_map_floats(bool is_signed)
 
 /// The code of x in a block of absolute maximum `absmax`: q = x * (1 / absmax) in float (the
 /// documented normalisation), then the nearest map value by a linear scan, the lower code on
-/// an exact tie; the code of 0 for absmax 0.
+/// an exact tie; the code of 0 for absmax 0 or subnormal.
 inline int reference_code(std::vector<float> const& map, float x, float absmax)
 {
-  float const inverse = absmax > 0.f ? 1.f / absmax : 0.f;
+  float const inverse = absmax >= std::numeric_limits<float>::min() ? 1.f / absmax : 0.f;
   float const q = x * inverse;
   int best = 0;
   for (int c = 1; c < static_cast<int>(map.size()); ++c) {

@@ -210,8 +210,13 @@ FUSEDOPT_HOST_DEVICE float dequantize(quantization_map const& map, std::uint8_t 
 }
 
 /// The factor that normalises a block of absolute maximum `absmax`: 1 / absmax (correctly
-/// rounded, once per block), 0 for a block of zeros.
-FUSEDOPT_HOST_DEVICE float inverse_scale(float absmax) { return absmax > 0.f ? 1.f / absmax : 0.f; }
+/// rounded, once per block); 0 for a block of zeros, and for a block whose absmax is subnormal
+/// (under 2^-126, where 1 / absmax could overflow): its values are stored as zeros.
+FUSEDOPT_HOST_DEVICE float inverse_scale(float absmax)
+{
+  constexpr float smallest_normal = 1.17549435e-38f;  // 2^-126
+  return absmax >= smallest_normal ? 1.f / absmax : 0.f;
+}
 
 /// The code of `x` in a block whose inverse_scale is `inverse` (|x| at most the block's absolute
 /// maximum, finite): the nearest map value to q = x * inverse (in float; |q| <= 1), the lower

@@ -50,7 +50,8 @@ def reference_quantize(values, is_signed):
     for b in range(blocks):
         x = flat[b * BLOCK:(b + 1) * BLOCK]
         absmax = x.abs().max()
-        inverse = (1.0 / absmax) if absmax > 0 else torch.zeros_like(absmax)  # float32 ops
+        # float32 ops; a subnormal absmax (1 / absmax could overflow) stores zeros
+        inverse = (1.0 / absmax) if absmax >= torch.finfo(torch.float32).tiny else torch.zeros_like(absmax)
         q = (x * inverse).double()
         codes = torch.searchsorted(midpoints, q, right=False)  # midpoints strictly below q
         records[b, :4] = absmax.reshape(1).view(torch.uint8)
