@@ -151,7 +151,9 @@ TEMPLATE_TEST_CASE("the bucketed code search agrees with the nearest-value scan 
   };
   for (int c = 0; c + 1 < 256; ++c) { around((static_cast<double>(map[c]) + map[c + 1]) / 2); }
   for (float v : map) { around(v); }
-  for (int b = 0; b < fo::detail::quantization_buckets; ++b) { around(fo::detail::bucket_low(b)); }
+  for (int b = 0; b < fo::detail::quantization_buckets; ++b) {  // each bucket's low end: its bits
+    around(fo::detail::bits_float(fo::detail::quantization_smallest_bits + (static_cast<std::uint32_t>(b) << 16)));
+  }
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> exponent(-30.f, 0.f);
   for (int i = 0; i < 200000; ++i) {

@@ -107,14 +107,6 @@ struct quantization_map {
   std::uint8_t zero_code;
 };
 
-/// The lower end of bucket `b` of |q| (see quantization_buckets), exact in double.
-constexpr double bucket_low(int b)
-{
-  double octave = 1.0;
-  for (int e = 127; e > 104 + b / 128; --e) { octave *= 0.5; }
-  return octave * (1.0 + (b % 128) / 128.0);
-}
-
 /// Midpoints of `map` below `q` (strictly, or at most `q` when `inclusive`).
 constexpr int midpoints_below(quantization_map const& map, double q, bool inclusive)
 {
@@ -153,7 +145,8 @@ constexpr quantization_map make_dynamic_map(bool is_signed)
   map.zero_code = static_cast<std::uint8_t>(midpoints_below(map, 0.0, false));
   // The guesses, walking the buckets in order (the counts move monotonically, so the whole table
   // takes a few thousand steps: nvcc's constant evaluation has a budget). Bucket b is
-  // [bucket_low(b), bucket_low(b + 1)), 2^(e - 127) (1 + m / 128) for e = 104 + b / 128, m = b % 128.
+  // [low(b), low(b + 1)), low(b) = 2^(e - 127) (1 + m / 128) for e = 104 + b / 128, m = b % 128:
+  // the float whose bits are quantization_smallest_bits + (b << 16).
   double lows[quantization_buckets + 1] = {};  // lows[b + 1] is bucket b's high end
   double octave = 1.0 / 8388608.0;               // 2^-23
   for (int b = 0; b < quantization_buckets; ++b) {

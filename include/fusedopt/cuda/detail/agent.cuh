@@ -145,7 +145,8 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
 
   if (Access::any_quantized || te.head < 0) {
     // The slots are misaligned differently: no element is aligned in all of them at once; or
-    // quantized states are bound, whose records are not vectors of elements (head is then -1).
+    // quantized states are bound, whose records are not vectors of elements (a pass over them
+    // reads element by element; process_blocks updates them).
     for (std::int64_t i = begin + tid; i < end; i += threads) { scalar_element<Access>(body, te.bases, index, i, acc...); }
     return;
   }

@@ -72,10 +72,10 @@ bool evict_first_for(std::int64_t bytes, Options const& opts, int device)
 {
   using eviction = decltype(opts.eviction);  // cuda::l2_eviction, declared with the options
   if (opts.eviction == eviction::evict_first) { return true; }
-  if (opts.eviction == eviction::evict_normal) { return false; }
+  if (opts.eviction == eviction::evict_normal || bytes >= Policy::evict_first_below_bytes) { return false; }
   int l2_bytes = 0;
   FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  return bytes > l2_bytes && bytes < Policy::evict_first_below_bytes;
+  return bytes > l2_bytes;
 }
 
 /// Rejects pageable host memory, which kernels cannot read. One query per slot (its first
