@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -168,13 +168,14 @@ double copy_bandwidth()
 }
 
 /// A variant of the default tuning policy (the members not named here are the default's).
-template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1>
+template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4>
 struct policy : fo::cuda::detail::default_policy {
   static constexpr int block_threads = Threads;
   static constexpr int bytes_per_slot = Bytes;
   static constexpr bool streaming_loads = StreamLoads;
   static constexpr bool streaming_stores = StreamStores;
   static constexpr int min_blocks_per_sm = MinBlocks;
+  static constexpr int quantized_blocks_per_sm = QuantizedBlocks;
 };
 
 /// Times a plan with policy P (block size, unrolling) and the given chunk and block cap: the
@@ -441,6 +442,15 @@ int eviction_sweep(double copy)
 
 }  // namespace
 
+// Whether --q8 sweeps the 8-bit update's persistent grid, and the device's SMs.
+bool sweep_q8 = false;
+std::int64_t sms_of_device = 0;
+
+template <class T>
+struct tag {
+  using type = T;
+};
+
 /// AdamW with 8-bit states (issue 16): time per step against the copy, for the bytes
 /// `memory_traffic::exact_bytes` counts (codes and scales).
 template <class P>
@@ -453,6 +463,19 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   double const bytes = fo::memory_traffic<fo::rules::adamw, std::decay_t<decltype(lists)>>::exact_bytes *
                        static_cast<double>(memory.elements());
   print({name, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
+  // With --q8: the persistent grid's blocks per SM (the policy's is 5; launch bounds hold the
+  // registers to what that many blocks allow), and a grid of two such waves.
+  if (!sweep_q8) { return; }
+  auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks) {
+    using variant_policy = typename decltype(policy_tag)::type;
+    fo::cuda::options opts;
+    opts.max_blocks = max_blocks;
+    auto const plan = fo::cuda::make_plan<variant_policy>(lists, opts);
+    print({name + " " + label, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
+  };
+  variant("4/SM", tag<policy<128, 64, true, true, 1, 4>>{}, 0);
+  variant("3/SM", tag<policy<128, 64, true, true, 1, 3>>{}, 0);
+  variant("10/SM grid", tag<fo::cuda::detail::default_policy>{}, 10 * sms_of_device);
 }
 
 /// Every variant on one workload: block size, bytes per slot, streaming hints, chunk, cap.
@@ -485,6 +508,16 @@ int main(int argc, char** argv)
               copy * 1e-12);
   std::int64_t const sms = prop.multiProcessorCount;
   if (probing) { return probe(copy) + eviction_sweep(copy); }
+  if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
+    sms_of_device = sms;
+    sweep_q8 = true;
+    for (auto const& w : fb::all_workloads()) {
+      int const pb = w.name == "W4" ? 10 : 50;
+      q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb);
+      q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb);
+    }
+    return 0;
+  }
 
   std::vector<result> headline;
   for (auto const& w : fb::all_workloads()) {

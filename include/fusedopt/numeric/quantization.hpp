@@ -18,8 +18,9 @@
 ///
 /// Quantizing x in a block of absolute maximum a > 0: q = x / a (correctly rounded, |q| <= 1),
 /// then the code of the map value nearest to q; a q exactly halfway between two values takes
-/// the lower code (the smaller value). Compared in double against the exact midpoints of the
-/// map, so the code is the same on every IEEE machine. A block of zeros (a = 0) stores 0 and
+/// the lower code (the smaller value): the number of the map's exact midpoints below q, found by
+/// integer compares of q's bits with tables built from those midpoints (quantization_map), so
+/// the code is the same on every IEEE machine. A block of zeros (a = 0) stores 0 and
 /// the code of 0.
 #pragma once
 
@@ -89,43 +90,60 @@ constexpr std::int64_t storage_units(std::int64_t elements)
 
 /// Buckets of the code search: |q| in [2^-23, 1] by its float exponent (104..127) and the top
 /// 7 bits of its mantissa, 128 buckets per octave; the last one holds 1.0 alone. Smaller |q|
-/// round to the code of 0 (the nearest nonzero values are 5.5e-7 and more away).
+/// search bucket 0, which holds no midpoint (the nearest ones are 1.6e-7 and more away), so
+/// they take the code of 0.
 inline constexpr int quantization_buckets = 23 * 128 + 1;
 inline constexpr std::uint32_t quantization_smallest_bits = 104u << 23;  // 2^-23
 
-/// A map's 256 values, sorted; the 255 midpoints between neighbours (exact in double), then two
-/// entries above every q (so that the search may look two past its guess); and the guesses of
-/// the search: for each bucket of |q| (quantization_buckets), the number of midpoints below
-/// every q >= 0 of the bucket (`below_positive`) and below every q < 0 of it (`below_negative`).
-/// A bucket holds at most two midpoints (make_dynamic_map checks it), so a code is its guess
-/// plus two comparisons.
+/// A map's 256 values, sorted, and its code search: one 32-bit entry per bucket of |q| and
+/// sign of q (only q >= 0 for the unsigned map, whose every negative q takes code 0). A bucket
+/// holds at most one of the 255 midpoints between neighbouring values (make_dynamic_map checks
+/// it), so its entry gives the code from the low 16 bits of |q|, `low`, with one addition and
+/// one shift: code = (entry + low) >> 17 for q >= 0, (entry - low) >> 17 for q < 0. For q >= 0,
+/// entry = (code of the bucket's low end) << 17 + 2^17 - t, where low >= t exactly when q is
+/// above the bucket's midpoint (t = 2^16: no midpoint); for q < 0, entry = (code of the
+/// bucket's low end) << 17 + 2^17 + t - 1, where low < t exactly when q is above it (t = 0:
+/// none). Entries are exact: the code is the one the midpoints give compared in double.
+template <bool Signed>
 struct quantization_map {
+  static constexpr bool is_signed = Signed;
+  static constexpr int entries = (Signed ? 2 : 1) * quantization_buckets;
   float values[256];
-  double midpoints[257];
-  std::uint8_t below_positive[quantization_buckets];
-  std::uint8_t below_negative[quantization_buckets];
-  std::uint8_t zero_code;
+  /// [0, quantization_buckets): q >= 0; then (signed map) q < 0.
+  std::uint32_t search[entries];
 };
 
-/// Midpoints of `map` below `q` (strictly, or at most `q` when `inclusive`).
-constexpr int midpoints_below(quantization_map const& map, double q, bool inclusive)
+/// For 2^-126 <= m < 2: the bits of the smallest float at or above m, and whether m is a float
+/// (constant evaluation cannot look at a double's bits in C++17).
+struct float_ceiling {
+  std::uint32_t bits;
+  bool exact;
+};
+constexpr float_ceiling float_ceiling_of(double m)
 {
-  int n = 0;
-  while (n < 255 && (map.midpoints[n] < q || (inclusive && map.midpoints[n] == q))) { ++n; }
-  return n;
+  int exponent = 0;
+  double scale = 1.0;  // m in [scale, 2 scale)
+  while (m >= 2.0 * scale) { scale *= 2.0; ++exponent; }
+  while (m < scale) { scale *= 0.5; --exponent; }
+  double const fraction = (m / scale - 1.0) * 8388608.0;  // exact: a power-of-two division, m < 2^54 ulps
+  auto const whole = static_cast<std::uint32_t>(fraction);
+  bool const exact = fraction == static_cast<double>(whole);
+  std::uint32_t const floor_bits = (static_cast<std::uint32_t>(exponent + 127) << 23) | whole;
+  return {exact ? floor_bits : floor_bits + 1, exact};
 }
 
-constexpr quantization_map make_dynamic_map(bool is_signed)
+template <bool Signed>
+constexpr quantization_map<Signed> make_dynamic_map()
 {
   constexpr double decades[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
   double all[256] = {};
   int n = 0;
   for (int i = 0; i < 7; ++i) {
-    int const means = is_signed ? (1 << i) : (2 << i);
+    int const means = Signed ? (1 << i) : (2 << i);
     for (int j = 0; j < means; ++j) {
       double const mean = 0.1 + 0.9 * (j + 0.5) / means;  // midpoint of linspace(0.1, 1, means + 1)
       all[n++] = decades[i] * mean;
-      if (is_signed) { all[n++] = -(decades[i] * mean); }
+      if (Signed) { all[n++] = -(decades[i] * mean); }
     }
   }
   all[n++] = 0.0;
@@ -136,17 +154,16 @@ constexpr quantization_map make_dynamic_map(bool is_signed)
     for (; j > 0 && all[j - 1] > x; --j) { all[j] = all[j - 1]; }
     all[j] = x;
   }
-  quantization_map map{};
+  quantization_map<Signed> map{};
   for (int c = 0; c < 256; ++c) { map.values[c] = static_cast<float>(all[c]); }
+  double midpoints[255] = {};  // exact in double: half the sum of two floats of one sign
   for (int c = 0; c < 255; ++c) {
-    map.midpoints[c] = (static_cast<double>(map.values[c]) + static_cast<double>(map.values[c + 1])) * 0.5;
+    midpoints[c] = (static_cast<double>(map.values[c]) + static_cast<double>(map.values[c + 1])) * 0.5;
   }
-  map.midpoints[255] = map.midpoints[256] = 2.0;
-  map.zero_code = static_cast<std::uint8_t>(midpoints_below(map, 0.0, false));
-  // The guesses, walking the buckets in order (the counts move monotonically, so the whole table
-  // takes a few thousand steps: nvcc's constant evaluation has a budget). Bucket b is
-  // [low(b), low(b + 1)), low(b) = 2^(e - 127) (1 + m / 128) for e = 104 + b / 128, m = b % 128:
-  // the float whose bits are quantization_smallest_bits + (b << 16).
+  // The codes of the buckets' ends, walking the buckets in order (the counts move monotonically,
+  // so the whole table takes a few thousand steps: nvcc's constant evaluation has a budget).
+  // Bucket b is [low(b), low(b + 1)), low(b) = 2^(e - 127) (1 + m / 128) for e = 104 + b / 128,
+  // m = b % 128: the float whose bits are quantization_smallest_bits + (b << 16).
   double lows[quantization_buckets + 1] = {};  // lows[b + 1] is bucket b's high end
   double octave = 1.0 / 8388608.0;               // 2^-23
   for (int b = 0; b < quantization_buckets; ++b) {
@@ -154,40 +171,65 @@ constexpr quantization_map make_dynamic_map(bool is_signed)
     lows[b] = octave * (1.0 + (b % 128) / 128.0);
   }
   lows[quantization_buckets] = 2.0;
-  int below = 0;  // midpoints below the bucket's low end
+  // Thresholds t in the low 16 bits of |q|: for q >= 0, the bucket's midpoint is below q when
+  // low >= t (t = 2^16: no midpoint); for q < 0, when low < t (t = 0: none).
+  constexpr std::uint32_t code_shift = 17;
+  constexpr std::uint32_t no_midpoint = 0x10000;
+  constexpr int negative = quantization_buckets;
+  std::uint32_t base[(Signed ? 2 : 1) * quantization_buckets] = {};  // code of each bucket's low end
+  std::uint32_t threshold[(Signed ? 2 : 1) * quantization_buckets] = {};
+  int below = 0;  // q >= 0: midpoints below the bucket's low end, all below q
   for (int b = 0; b < quantization_buckets; ++b) {
-    while (below < 255 && map.midpoints[below] < lows[b]) { ++below; }
-    map.below_positive[b] = static_cast<std::uint8_t>(below);
+    while (below < 255 && midpoints[below] < lows[b]) { ++below; }
+    base[b] = static_cast<std::uint32_t>(below);
+    threshold[b] = no_midpoint;
   }
-  int at_or_below = 0;  // midpoints at or below minus the bucket's high end
-  for (int b = quantization_buckets - 1; b >= 0; --b) {
-    while (at_or_below < 255 && map.midpoints[at_or_below] <= -lows[b + 1]) { ++at_or_below; }
-    map.below_negative[b] = static_cast<std::uint8_t>(at_or_below);
-  }
-  // The search looks two midpoints past its guess: no bucket may hold three. Of q >= 0 in bucket
-  // b, the midpoints below the next bucket; of q < 0, at most those at or below -low (the guess
-  // of bucket b - 1, or of 0 for the first bucket).
-  for (int b = 0; b < quantization_buckets; ++b) {
-    int const positive_end = b + 1 < quantization_buckets ? map.below_positive[b + 1] : 255;
-    int const negative_end = b > 0 ? map.below_negative[b - 1] : map.zero_code;
-    if (positive_end - map.below_positive[b] > 2 || negative_end - map.below_negative[b] > 2) {
-      throw "fusedopt: a quantization bucket holds more than two midpoints";  // not a constant expression
+  if constexpr (Signed) {
+    int at_or_below = 0;  // q < 0: midpoints at or below minus the bucket's high end, all below q
+    for (int b = quantization_buckets - 1; b >= 0; --b) {
+      while (at_or_below < 255 && midpoints[at_or_below] <= -lows[b + 1]) { ++at_or_below; }
+      base[negative + b] = static_cast<std::uint32_t>(at_or_below);
     }
+  }
+  // Each midpoint m in its bucket, by the bits of |m| (the float at or below it). For q >= 0,
+  // m < q exactly when q's bits reach those of the smallest float above m; for q < 0, m < q when
+  // |q|'s bits stay below those of the smallest float at or above |m|.
+  for (double const m : midpoints) {
+    double const magnitude = m < 0 ? -m : m;
+    if (magnitude < lows[1]) {
+      throw "fusedopt: a midpoint lies in the lowest quantization bucket";  // not a constant expression
+    }
+    float_ceiling const ceiling = float_ceiling_of(magnitude);
+    std::uint32_t const floor_bits = ceiling.exact ? ceiling.bits : ceiling.bits - 1;
+    std::uint32_t const bucket = (floor_bits - quantization_smallest_bits) >> 16;
+    std::uint32_t const low_bits = quantization_smallest_bits + (bucket << 16);
+    int const at = (m < 0 ? negative : 0) + static_cast<int>(bucket);
+    if (threshold[at] != (m < 0 ? 0 : no_midpoint)) {
+      throw "fusedopt: a quantization bucket holds two midpoints";  // not a constant expression
+    }
+    threshold[at] = m < 0 ? ceiling.bits - low_bits : ceiling.bits + (ceiling.exact ? 1 : 0) - low_bits;
+  }
+  for (int at = 0; at < map.entries; ++at) {
+    std::uint32_t const carry = std::uint32_t{1} << code_shift;
+    map.search[at] = (base[at] << code_shift) + (at < negative ? carry - threshold[at] : carry + threshold[at] - 1);
   }
   return map;
 }
 
 template <class Map>
-inline constexpr quantization_map host_map = make_dynamic_map(Map::is_signed);
+using map_t = quantization_map<Map::is_signed>;
+
+template <class Map>
+inline constexpr map_t<Map> host_map = make_dynamic_map<Map::is_signed>();
 #if FUSEDOPT_HAS_CUDA_COMPILER
 // The device's copy, from the same constant evaluation: kernels cannot read host variables.
 template <class Map>
-__device__ constexpr quantization_map device_map = make_dynamic_map(Map::is_signed);
+__device__ constexpr map_t<Map> device_map = make_dynamic_map<Map::is_signed>();
 #endif
 
 /// The map of `Map` in the memory of the side that runs the caller.
 template <class Map>
-FUSEDOPT_HOST_DEVICE quantization_map const& map_of()
+FUSEDOPT_HOST_DEVICE map_t<Map> const& map_of()
 {
 #if FUSEDOPT_DEVICE_PASS
   return device_map<Map>;
@@ -197,7 +239,8 @@ FUSEDOPT_HOST_DEVICE quantization_map const& map_of()
 }
 
 /// The value of `code` in a block of scale `absmax`: one multiplication, the same bits everywhere.
-FUSEDOPT_HOST_DEVICE float dequantize(quantization_map const& map, std::uint8_t code, float absmax)
+template <bool Signed>
+FUSEDOPT_HOST_DEVICE float dequantize(quantization_map<Signed> const& map, std::uint8_t code, float absmax)
 {
   return map.values[code] * absmax;
 }
@@ -214,19 +257,24 @@ FUSEDOPT_HOST_DEVICE float inverse_scale(float absmax)
 /// The code of `x` in a block whose inverse_scale is `inverse` (|x| at most the block's absolute
 /// maximum, finite): the nearest map value to q = x * inverse (in float; |q| <= 1), the lower
 /// one at an exact tie; the code of 0 for a block of zeros. That is the number of midpoints
-/// below q, compared in double: the bucket of |q| gives how many lie below the whole bucket,
-/// and two comparisons the ones inside it (three dependent loads where a bisection takes
-/// eight). A multiplication, not a division per element, as bitsandbytes normalises.
-FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map const& map, float x, float inverse)
+/// below q: one load of the entry of q's bucket, one addition and one shift. A multiplication, not a division per element, as bitsandbytes normalises.
+template <bool Signed>
+FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map<Signed> const& map, float x, float inverse)
 {
-  float const q = x * inverse;
-  std::uint32_t const bits = float_bits(q);
-  std::uint32_t const magnitude = bits & 0x7fffffffu;
-  if (magnitude < quantization_smallest_bits) { return map.zero_code; }
-  auto const bucket = static_cast<int>((magnitude - quantization_smallest_bits) >> 16);
-  int const guess = (bits >> 31) != 0 ? map.below_negative[bucket] : map.below_positive[bucket];
-  double const wide = q;
-  return static_cast<std::uint8_t>(guess + (map.midpoints[guess] < wide ? 1 : 0) + (map.midpoints[guess + 1] < wide ? 1 : 0));
+  std::uint32_t const bits = float_bits(x * inverse);
+  std::uint32_t const negative = bits >> 31;
+  std::uint32_t magnitude = bits & 0x7fffffffu;
+  magnitude = magnitude > quantization_smallest_bits ? magnitude : quantization_smallest_bits;
+  std::uint32_t bucket = (magnitude - quantization_smallest_bits) >> 16;
+  bucket = bucket < quantization_buckets - 1 ? bucket : quantization_buckets - 1;  // never past the table
+  std::uint32_t const entry = map.search[Signed ? bucket + negative * quantization_buckets : bucket];
+  std::uint32_t const low = magnitude & 0xffffu;
+  auto const code = static_cast<std::uint8_t>((negative != 0 ? entry - low : entry + low) >> 17);
+  if constexpr (Signed) {
+    return code;
+  } else {
+    return negative != 0 ? std::uint8_t{0} : code;  // below every value of the unsigned map
+  }
 }
 
 }  // namespace detail

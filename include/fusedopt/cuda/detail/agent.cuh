@@ -171,6 +171,68 @@ __device__ __forceinline__ void warp_summary(typename Access::block_summary& s)
   });
 }
 
+/// The map type of a quantized list type T; void for other types.
+template <class T, bool = ::fusedopt::is_blockwise_v<T>>
+struct map_type_of {
+  using type = void;
+};
+template <class T>
+struct map_type_of<T, true> {
+  using type = typename T::map_type;
+};
+
+template <class Access, class Map, std::size_t... K>
+constexpr bool uses_map(std::index_sequence<K...>)
+{
+  return (std::is_same_v<typename map_type_of<typename Access::template element_t<K>>::type, Map> || ...);
+}
+
+template <class Map, bool Used>
+struct shared_map {};
+template <class Map>
+struct shared_map<Map, true> {
+  ::fusedopt::detail::map_t<Map> map;
+};
+
+/// The maps of the quantized slots of `Access`, in the shared memory of a block (37 KB for a
+/// signed and an unsigned map): every element looks up a value to dequantize and a search
+/// entry to quantize at data-dependent places, and shared memory serves a warp's 32 scattered
+/// lookups in a few bank cycles where L1 takes a pass per cache line they touch (the lookups
+/// bounded the kernel with the maps in global memory: docs/quantized_states.md).
+template <class Access>
+struct block_maps
+  : shared_map<signed_dynamic_map, uses_map<Access, signed_dynamic_map>(std::make_index_sequence<Access::num_slots>{})>,
+    shared_map<unsigned_dynamic_map,
+               uses_map<Access, unsigned_dynamic_map>(std::make_index_sequence<Access::num_slots>{})> {
+  template <class Map>
+  __device__ __forceinline__ ::fusedopt::detail::map_t<Map> const& get() const
+  {
+    return static_cast<shared_map<Map, true> const&>(*this).map;
+  }
+
+  /// Copies the maps in use from global memory: all threads of the block take part; the caller
+  /// synchronises the block before any lookup.
+  __device__ __forceinline__ void fill()
+  {
+    copy<signed_dynamic_map>();
+    copy<unsigned_dynamic_map>();
+  }
+
+ private:
+  template <class Map>
+  __device__ __forceinline__ void copy()
+  {
+    if constexpr (std::is_base_of_v<shared_map<Map, true>, block_maps>) {
+      using map_type = ::fusedopt::detail::map_t<Map>;
+      static_assert(sizeof(map_type) % sizeof(std::uint32_t) == 0, "maps are copied in 4-byte words");
+      constexpr int words = static_cast<int>(sizeof(map_type) / sizeof(std::uint32_t));
+      auto const* from = reinterpret_cast<std::uint32_t const*>(&::fusedopt::detail::device_map<Map>);
+      auto* to = reinterpret_cast<std::uint32_t*>(&static_cast<shared_map<Map, true>&>(*this).map);
+      for (int w = static_cast<int>(threadIdx.x); w < words; w += static_cast<int>(blockDim.x)) { to[w] = from[w]; }
+    }
+  }
+};
+
 /// Four consecutive elements of a slot of type T in one access (8, 16 or 32 bytes).
 template <class T>
 struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) quad {
@@ -180,7 +242,8 @@ struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) quad {
 /// Loads elements i..i+3 of slot K (i a multiple of 4 within one quantized block) into e[0..3]:
 /// a quantized slot as one 4-byte load of codes and the block's scale, any other as one quad.
 template <class Access, std::size_t K>
-__device__ __forceinline__ void load_quad(typename Access::element_type* e, void* const* bases, std::int64_t i)
+__device__ __forceinline__ void load_quad(typename Access::element_type* e, void* const* bases, std::int64_t i,
+                                          block_maps<Access> const& maps)
 {
   using T = typename Access::template element_t<K>;
   using V = typename Access::value_type;
@@ -191,7 +254,7 @@ __device__ __forceinline__ void load_quad(typename Access::element_type* e, void
     T const& record = static_cast<T const*>(bases[K])[i / T::block_elements];
     std::uint32_t const codes = *reinterpret_cast<std::uint32_t const*>(record.codes + i % T::block_elements);
     float const absmax = record.absmax;
-    auto const& map = ::fusedopt::detail::map_of<typename T::map_type>();
+    auto const& map = maps.template get<typename T::map_type>();
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       e[j].at(K) = ::fusedopt::detail::dequantize(map, static_cast<std::uint8_t>(codes >> (8 * j)), absmax);
@@ -203,26 +266,14 @@ __device__ __forceinline__ void load_quad(typename Access::element_type* e, void
   }
 }
 
-/// Stores e[0..3] into elements i..i+3 of slot K: quantized codes as one 4-byte store (when the
-/// block is rewritten), any other written slot as one quad.
+/// Stores e[0..3] into elements i..i+3 of slot K, a written slot that is not quantized, as one
+/// quad.
 template <class Access, std::size_t K>
-__device__ __forceinline__ void store_quad(typename Access::element_type const* e, void* const* bases, std::int64_t i,
-                                           typename Access::block_summary const& summary)
+__device__ __forceinline__ void store_plain_quad(typename Access::element_type const* e, void* const* bases,
+                                                 std::int64_t i)
 {
   using T = typename Access::template element_t<K>;
-  if constexpr (Access::stores[K] && Access::quantized[K]) {
-    if (Access::template rewrites<K>(summary)) {
-      T& record = static_cast<T*>(bases[K])[i / T::block_elements];
-      float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
-      auto const& map = ::fusedopt::detail::map_of<typename T::map_type>();
-      std::uint32_t codes = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        codes |= std::uint32_t{::fusedopt::detail::quantize(map, e[j].at(K), inverse)} << (8 * j);
-      }
-      *reinterpret_cast<std::uint32_t*>(record.codes + i % T::block_elements) = codes;
-    }
-  } else if constexpr (Access::stores[K]) {
+  if constexpr (Access::stores[K] && !Access::quantized[K]) {
     quad<T> q;
 #pragma unroll
     for (int j = 0; j < 4; ++j) { q.v[j] = ::fusedopt::from_opmath<T>(e[j].at(K)); }
@@ -230,18 +281,49 @@ __device__ __forceinline__ void store_quad(typename Access::element_type const* 
   }
 }
 
-template <class Access, std::size_t... K>
-__device__ __forceinline__ void load_quads(typename Access::element_type* e, void* const* bases, std::int64_t i,
-                                           std::index_sequence<K...>)
+/// Stores the codes of e[0..3] into elements i..i+3 of slot K, a written quantized slot, as one
+/// 4-byte store, when the block is rewritten.
+template <class Access, std::size_t K>
+__device__ __forceinline__ void store_code_quad(typename Access::element_type const* e, void* const* bases,
+                                                std::int64_t i, typename Access::block_summary const& summary,
+                                                block_maps<Access> const& maps)
 {
-  (load_quad<Access, K>(e, bases, i), ...);
+  using T = typename Access::template element_t<K>;
+  if constexpr (Access::stores[K] && Access::quantized[K]) {
+    if (Access::template rewrites<K>(summary)) {
+      T& record = static_cast<T*>(bases[K])[i / T::block_elements];
+      float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
+      auto const& map = maps.template get<typename T::map_type>();
+      std::uint32_t codes = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        codes |= std::uint32_t{::fusedopt::detail::quantize(map, e[j].at(K), inverse)} << (8 * j);
+      }
+      *reinterpret_cast<std::uint32_t*>(record.codes + i % T::block_elements) = codes;
+    }
+  }
 }
 
 template <class Access, std::size_t... K>
-__device__ __forceinline__ void store_quads(typename Access::element_type const* e, void* const* bases, std::int64_t i,
-                                            typename Access::block_summary const& summary, std::index_sequence<K...>)
+__device__ __forceinline__ void load_quads(typename Access::element_type* e, void* const* bases, std::int64_t i,
+                                           block_maps<Access> const& maps, std::index_sequence<K...>)
 {
-  (store_quad<Access, K>(e, bases, i, summary), ...);
+  (load_quad<Access, K>(e, bases, i, maps), ...);
+}
+
+template <class Access, std::size_t... K>
+__device__ __forceinline__ void store_plain_quads(typename Access::element_type const* e, void* const* bases,
+                                                  std::int64_t i, std::index_sequence<K...>)
+{
+  (store_plain_quad<Access, K>(e, bases, i), ...);
+}
+
+template <class Access, std::size_t... K>
+__device__ __forceinline__ void store_code_quads(typename Access::element_type const* e, void* const* bases,
+                                                 std::int64_t i, typename Access::block_summary const& summary,
+                                                 block_maps<Access> const& maps, std::index_sequence<K...>)
+{
+  (store_code_quad<Access, K>(e, bases, i, summary, maps), ...);
 }
 
 /// The update worker where quantized states are stored: elements [begin, begin + count) of one
@@ -252,11 +334,13 @@ __device__ __forceinline__ void store_quads(typename Access::element_type const*
 /// of fp32, 4 of codes), each warp access 32 consecutive such groups. Otherwise (a tensor's
 /// last, partial block, or misaligned slots) lane l takes elements l, l + 32, ... one by one.
 /// The lanes update their elements in registers, the warp folds their summaries with shuffles
-/// (no shared memory, no other launch), every lane stores its elements with the block's new
-/// scale and lane 0 stores the scale: the steps of detail::access::update_block, the same bits.
+/// (no other launch), every lane stores its elements with the block's new scale and lane 0
+/// stores the scale: the steps of detail::access::update_block, the same bits. Whole blocks
+/// look their codes up in `maps` (the CTA's shared copy); the rare element path in the maps in
+/// global memory, through the host's code.
 template <class Policy, class Access, class Body, std::size_t S>
 __device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                               std::int32_t count)
+                                               std::int32_t count, block_maps<Access> const& maps)
 {
   constexpr int lanes = 32;
   static_assert(Policy::block_threads % lanes == 0, "a block of the CUDA backend is whole warps");
@@ -281,14 +365,21 @@ __device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S>
     if (quads && te.head == 0 && first + block <= end) {
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
-        load_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
+        load_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, maps, std::make_index_sequence<S>{});
       }
 #pragma unroll
-      for (int j = 0; j < per_lane; ++j) { update(e[j], first + (j / 4) * 4 * lanes + 4 * lane + j % 4, summary); }
+      for (int g = 0; g < per_lane / 4; ++g) {
+#pragma unroll
+        for (int j = 4 * g; j < 4 * g + 4; ++j) { update(e[j], first + g * 4 * lanes + 4 * lane + j % 4, summary); }
+        // The slots stored as they are go out before the warp's fold: their registers are free
+        // sooner (more blocks fit on an SM) and the stores overlap the fold.
+        store_plain_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
+      }
       warp_summary<Access>(summary);
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
-        store_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, summary, std::make_index_sequence<S>{});
+        store_code_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, summary, maps,
+                                 std::make_index_sequence<S>{});
       }
     } else {
 #pragma unroll

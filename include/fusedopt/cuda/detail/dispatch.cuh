@@ -64,6 +64,18 @@ std::int64_t max_blocks_of(Options const& opts)
   return opts.max_blocks > 0 ? opts.max_blocks : Policy::max_blocks;
 }
 
+/// Most blocks of an update that stores quantized states (a persistent grid: each block fills
+/// its shared copy of the maps once): `options::max_blocks` if set, else the policy's blocks
+/// per SM on every SM of `device`.
+template <class Policy, class Options>
+std::int64_t persistent_blocks_of(Options const& opts, int device)
+{
+  if (opts.max_blocks > 0) { return opts.max_blocks; }
+  int multiprocessors = 0;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  return std::int64_t{multiprocessors} * Policy::quantized_blocks_per_sm;
+}
+
 /// Whether a launch over tensors of `bytes` (every bound slot) on `device` streams with L2
 /// evict-first: between the size of the device's L2 (a step that fits there is read from it
 /// again by the next step, which evict-first would prevent) and the policy's bound.
@@ -190,10 +202,13 @@ unsigned grid_of(Table const& table, std::int64_t max_blocks)
 }
 
 /// Enqueues the update over one table, with the results of the rule's P passes.
+/// `persistent_blocks` caps the grid where the rule stores quantized states (persistent_blocks_of).
 template <class Policy, class Rule, class Bound, int P, class Table>
 void launch_update(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
-                   std::int64_t max_blocks, cudaStream_t stream)
+                   std::int64_t max_blocks, std::int64_t persistent_blocks, cudaStream_t stream)
 {
+  if constexpr (::fusedopt::detail::access<Rule, Bound>::stores_quantized) { max_blocks = persistent_blocks; }
+  (void)persistent_blocks;
   static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
                 "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
                 "memory and give the rule a pointer to it");

@@ -99,9 +99,16 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// passes (prepare_final: device scalars and the results are read here, so a captured launch
 /// picks up new values; without passes it is the rule's own prepare), then each block takes
 /// chunks `blockIdx.x`, `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of
-/// quantized states where the rule stores some: process_blocks).
+/// quantized states where the rule stores some: process_blocks, with the maps in shared memory).
+/// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
+/// stores quantized states counts on Policy::quantized_blocks_per_sm fitting at once.
+template <class Policy, class Rule, class Bound>
+inline constexpr int update_min_blocks_v = ::fusedopt::detail::access<Rule, Bound>::stores_quantized
+                                             ? Policy::quantized_blocks_per_sm
+                                             : Policy::min_blocks_per_sm;
+
 template <class Policy, class Rule, class Bound, class Table, int P>
-FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
+FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks_v<Policy, Rule, Bound>))
   multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
                       FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {
@@ -110,13 +117,21 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   constexpr std::size_t widest = vector_width<Bound>::widest;
   auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
   std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
-  for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
-    chunk_entry const chunk = table.chunk(c);
-    tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-    if constexpr (access::stores_quantized) {
+  if constexpr (access::stores_quantized) {
+    // A persistent grid (launch_update): each block copies the maps once for many chunks.
+    __shared__ block_maps<access> maps;
+    maps.fill();
+    __syncthreads();
+    for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
+      chunk_entry const chunk = table.chunk(c);
+      tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
       process_blocks<Policy, access>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin,
-                                     chunk.count);
-    } else {
+                                     chunk.count, maps);
+    }
+  } else {
+    for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
+      chunk_entry const chunk = table.chunk(c);
+      tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
       process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
                                                    chunk.begin, chunk.count, cache_policy);
     }
