@@ -261,20 +261,19 @@ FUSEDOPT_HOST_DEVICE float inverse_scale(float absmax)
 template <bool Signed>
 FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map<Signed> const& map, float x, float inverse)
 {
-  std::uint32_t const bits = float_bits(x * inverse);
-  std::uint32_t const negative = bits >> 31;
+  std::uint32_t bits = float_bits(x * inverse);
+  if constexpr (!Signed) {
+    bits = (bits >> 31) != 0 ? 0u : bits;  // below every value of the unsigned map: the code of 0
+  }
+  std::uint32_t const negative = Signed ? bits >> 31 : 0u;
   std::uint32_t magnitude = bits & 0x7fffffffu;
   magnitude = magnitude > quantization_smallest_bits ? magnitude : quantization_smallest_bits;
-  std::uint32_t bucket = (magnitude - quantization_smallest_bits) >> 16;
-  bucket = bucket < quantization_buckets - 1 ? bucket : quantization_buckets - 1;  // never past the table
-  std::uint32_t const entry = map.search[Signed ? bucket + negative * quantization_buckets : bucket];
+  // |q| <= fl(absmax * fl(1 / absmax)) < 1 + 2^-22 (|x| <= absmax), so q's bucket is at most the
+  // last one, which starts at 1: the callers pass x of the block whose maximum gave `inverse`.
+  std::uint32_t const bucket = (magnitude - quantization_smallest_bits) >> 16;
+  std::uint32_t const entry = map.search[bucket + negative * quantization_buckets];
   std::uint32_t const low = magnitude & 0xffffu;
-  auto const code = static_cast<std::uint8_t>((negative != 0 ? entry - low : entry + low) >> 17);
-  if constexpr (Signed) {
-    return code;
-  } else {
-    return negative != 0 ? std::uint8_t{0} : code;  // below every value of the unsigned map
-  }
+  return static_cast<std::uint8_t>((negative != 0 ? entry - low : entry + low) >> 17);
 }
 
 }  // namespace detail
