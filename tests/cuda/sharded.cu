@@ -3,6 +3,8 @@
 // skipped), fp32 and bf16 gradients, sum and average; every rank holds the same parameters
 // after the all-gather, and the ranks' state shards put together are the unsharded states.
 // - cuda::local_group simulates N = 1, 2, 3, 4 ranks on one GPU (tensors split between ranks).
+// - bucket_schedule: three buckets of plans, collectives on a stream of their own (local group
+//   N = 1, 2, 3; NCCL 1 rank, eagerly and captured).
 // - NCCL (built where NCCL is found): 1 rank, eagerly and captured in a CUDA graph; 2 ranks
 //   as the CTest entry cuda_sharded_two_gpus, which reports itself skipped with fewer than two GPUs.
 #include "support.cuh"
@@ -267,6 +269,175 @@ void check_local_group(int ranks, gradient_reduction reduction, MakeRule make_ru
     [&] { group.abort("a rank failed"); }, make_rule, quick() ? 2 : 4, inf_at);
 }
 
+// Buckets (bucket_schedule): the model's tensors in three buckets, each with its own layout,
+// shard buffers and sharded plan on every rank.
+std::vector<std::vector<std::int64_t>> const bucket_sizes = {{3000, 1, 0}, {4113, 512, 37, 9000}, {16, 2500, 700}};
+
+/// Runs `ranks` ranks, each stepping its bucket plans through a bucket_schedule (compute and
+/// communication streams of its own), beside the unsharded plan over every tensor, for AdamW
+/// with averaged gradients; requires equal bits after every step. With `graph`, each rank's
+/// schedule is captured once (the step read from a device counter that it advances) and
+/// replayed.
+template <class Communicator>
+void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> communicator,
+                                 std::function<void()> on_failure, int steps, bool graph = false)
+{
+  fo::cuda::sharded_layout const single(model_sizes, 1, chunk);
+  INFO(ranks << " ranks, " << bucket_sizes.size() << " buckets" << (graph ? ", captured" : ""));
+  std::vector<float> initial(static_cast<std::size_t>(single.flat_elements()), 0.f);
+  for (std::size_t t = 0; t < single.num_tensors(); ++t) {
+    for (std::int64_t i = 0; i < single.tensor_size(t); ++i) {
+      initial[static_cast<std::size_t>(single.offset(t) + i)] = 0.5f * gradient_value(99, single.offset(t) + i, 0);
+    }
+  }
+  rank_memory<float, float> reference(single);
+  reference.params.upload(initial);
+  auto const reference_lists = fo::bind(
+    fo::slot::param = single.full_list(reference.params.data),
+    fo::slot::grad = single.full_list(static_cast<float const*>(reference.grads.data)),
+    fo::slot::exp_avg = single.full_list(reference.exp_avg.data), fo::slot::exp_avg_sq = single.full_list(reference.exp_avg_sq.data));
+  auto const reference_plan = fo::cuda::make_plan(reference_lists, plan_options());
+  auto const rule = adamw_rule();
+
+  // Global tensor t lies in bucket bucket_of[t] as its tensor local_of[t].
+  std::vector<std::size_t> bucket_of, local_of;
+  std::vector<fo::cuda::sharded_layout> layouts;
+  for (std::size_t b = 0; b < bucket_sizes.size(); ++b) {
+    layouts.emplace_back(bucket_sizes[b], ranks, chunk);
+    for (std::size_t t = 0; t < bucket_sizes[b].size(); ++t) {
+      bucket_of.push_back(b);
+      local_of.push_back(t);
+    }
+  }
+  REQUIRE(bucket_of.size() == model_sizes.size());
+
+  struct rank_state {
+    std::vector<std::unique_ptr<rank_memory<float, float>>> memory;  // per bucket
+    cudaStream_t compute = nullptr, communication = nullptr;
+    cudaGraphExec_t exec = nullptr;
+  };
+  using plan_type = decltype(fo::cuda::make_sharded_plan(layouts[0], std::declval<Communicator>(), reference_lists,
+                                                         fo::cuda::shard_buffers<float, float>{}));
+  std::vector<rank_state> state(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<plan_type>> plans(static_cast<std::size_t>(ranks));
+  std::vector<fo::cuda::bucket_schedule> schedules;
+  device_buffer<std::int64_t> counters(ranks);  // the captured steps' counts, one per rank
+  for (int r = 0; r < ranks; ++r) {
+    auto& st = state[static_cast<std::size_t>(r)];
+    FO_TEST_CUDA(cudaStreamCreateWithFlags(&st.compute, cudaStreamNonBlocking));
+    FO_TEST_CUDA(cudaStreamCreateWithFlags(&st.communication, cudaStreamNonBlocking));
+    schedules.emplace_back(bucket_sizes.size());
+    for (std::size_t b = 0; b < bucket_sizes.size(); ++b) {
+      auto const& layout = layouts[b];
+      st.memory.push_back(std::make_unique<rank_memory<float, float>>(layout));
+      auto& m = *st.memory.back();
+      std::vector<float> params(static_cast<std::size_t>(layout.flat_elements()), 0.f);
+      for (std::size_t t = 0, g = 0; g < model_sizes.size(); ++g) {
+        if (bucket_of[g] != b) { continue; }
+        std::copy_n(initial.begin() + single.offset(g), model_sizes[g], params.begin() + layout.offset(t++));
+      }
+      m.params.upload(params);
+      auto lists = fo::bind(fo::slot::param = layout.shard_list(m.params.data + layout.shard_begin(r), r),
+                            fo::slot::grad = layout.shard_list(static_cast<float const*>(m.grad_shard.data), r),
+                            fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, r),
+                            fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, r));
+      plans[static_cast<std::size_t>(r)].push_back(fo::cuda::make_sharded_plan(
+        layout, communicator(r), lists, fo::cuda::shard_buffers<float, float>{m.grads.data, m.grad_shard.data, m.params.data},
+        gradient_reduction::average, plan_options(), st.compute));
+    }
+  }
+  auto const step_of = [&](int r, int s) {
+    if (!graph) { return fo::step_info{s}; }
+    fo::step_info info{fo::scalar<std::int64_t>::from_pointer(counters.data + r)};
+    info.advance = counters.data + r;
+    return info;
+  };
+
+  for (int s = 1; s <= steps; ++s) {
+    INFO("step " << s);
+    std::vector<float> reduced(static_cast<std::size_t>(single.flat_elements()), 0.f);
+    for (int q = 0; q < ranks; ++q) {
+      auto& st = state[static_cast<std::size_t>(q)];
+      for (std::size_t b = 0; b < bucket_sizes.size(); ++b) {
+        std::vector<float> grads(static_cast<std::size_t>(layouts[b].flat_elements()), 0.f);
+        for (std::size_t g = 0; g < model_sizes.size(); ++g) {
+          if (bucket_of[g] != b) { continue; }
+          for (std::int64_t i = 0; i < model_sizes[g]; ++i) {
+            float const value = gradient_value(q, single.offset(g) + i, s);
+            grads[static_cast<std::size_t>(layouts[b].offset(local_of[g]) + i)] = value;
+            float& sum = reduced[static_cast<std::size_t>(single.offset(g) + i)];
+            sum = q == 0 ? value : sum + value;
+          }
+        }
+        st.memory[b]->grads.upload(grads);
+      }
+    }
+    for (float& x : reduced) { x /= static_cast<float>(ranks); }
+    reference.grads.upload(reduced);
+    reference_plan.run(rule, {s});
+    FO_TEST_CUDA(cudaDeviceSynchronize());
+
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        auto const k = static_cast<std::size_t>(r);
+        auto& st = state[k];
+        try {
+          if (graph && st.exec == nullptr) {
+            cudaGraph_t captured = nullptr;
+            FUSEDOPT_CUDA_TRY(cudaStreamBeginCapture(st.compute, cudaStreamCaptureModeThreadLocal));
+            schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
+            FUSEDOPT_CUDA_TRY(cudaStreamEndCapture(st.compute, &captured));
+            FUSEDOPT_CUDA_TRY(cudaGraphInstantiate(&st.exec, captured, 0));
+            FUSEDOPT_CUDA_TRY(cudaGraphDestroy(captured));
+          }
+          if (graph) {
+            FUSEDOPT_CUDA_TRY(cudaGraphLaunch(st.exec, st.compute));
+          } else {
+            schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
+          }
+          FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(st.compute));
+        } catch (...) {
+          errors[k] = std::current_exception();
+          on_failure();
+        }
+      });
+    }
+    for (auto& t : threads) { t.join(); }
+    for (auto const& e : errors) {
+      if (e) { std::rethrow_exception(e); }
+    }
+
+    auto const want_params = reference.params.download();
+    auto const want_m = reference.exp_avg.download();
+    auto const want_v = reference.exp_avg_sq.download();
+    for (int q = 0; q < ranks; ++q) {
+      INFO("rank " << q);
+      for (std::size_t g = 0; g < model_sizes.size(); ++g) {
+        INFO("tensor " << g);
+        auto const& layout = layouts[bucket_of[g]];
+        auto const& m = *state[static_cast<std::size_t>(q)].memory[bucket_of[g]];
+        auto const t = local_of[g];
+        auto const params = m.params.download();
+        CHECK(std::memcmp(params.data() + layout.offset(t), want_params.data() + single.offset(g),
+                          static_cast<std::size_t>(model_sizes[g]) * sizeof(float)) == 0);
+        auto const p = layout.piece_of(t, q);
+        auto const from = static_cast<std::size_t>(single.offset(g) + p.first);
+        auto const n = static_cast<std::size_t>(p.count) * sizeof(float);
+        CHECK(std::memcmp(m.exp_avg.download().data() + p.local, want_m.data() + from, n) == 0);
+        CHECK(std::memcmp(m.exp_avg_sq.download().data() + p.local, want_v.data() + from, n) == 0);
+      }
+    }
+  }
+  if (graph) { CHECK(counters.download() == std::vector<std::int64_t>(static_cast<std::size_t>(ranks), steps)); }
+  for (auto& st : state) {
+    if (st.exec != nullptr) { FO_TEST_CUDA(cudaGraphExecDestroy(st.exec)); }
+    FO_TEST_CUDA(cudaStreamDestroy(st.compute));
+    FO_TEST_CUDA(cudaStreamDestroy(st.communication));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("sharded: N ranks of a local group give the unsharded plan's bits", "[sharded]")
@@ -283,6 +454,40 @@ TEST_CASE("sharded: N ranks of a local group give the unsharded plan's bits", "[
   {
     check_local_group<bfloat16, bfloat16>(ranks, gradient_reduction::sum, make_adamw);
   }
+}
+
+TEST_CASE("sharded: buckets overlapped by a bucket_schedule give the unsharded plan's bits", "[sharded]")
+{
+  int const ranks = GENERATE(1, 2, 3);
+  fo::cuda::local_group const group(ranks, std::chrono::seconds(60));
+  check_buckets_equal_one_gpu<fo::cuda::local_group::member>(
+    ranks, [&](int r) { return group.rank(r); }, [&] { group.abort("a rank failed"); }, quick() ? 2 : 3);
+}
+
+TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans and one stream for both", "[sharded]")
+{
+  fo::cuda::local_group const group(1);
+  fo::cuda::sharded_layout const layout(bucket_sizes[0], 1, chunk);
+  rank_memory<float, float> m(layout);
+  auto lists = fo::bind(fo::slot::param = layout.shard_list(m.params.data, 0),
+                        fo::slot::grad = layout.shard_list(static_cast<float const*>(m.grad_shard.data), 0),
+                        fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, 0),
+                        fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, 0));
+  std::vector<decltype(fo::cuda::make_sharded_plan(layout, group.rank(0), lists, fo::cuda::shard_buffers<float, float>{}))> plans;
+  plans.push_back(fo::cuda::make_sharded_plan(layout, group.rank(0), lists,
+                                              fo::cuda::shard_buffers<float, float>{m.grads.data, m.grad_shard.data, m.params.data},
+                                              gradient_reduction::average, plan_options()));
+  cudaStream_t stream = nullptr;
+  FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  fo::cuda::bucket_schedule two(2);
+  CHECK_THAT(message_of([&] { two.run(plans, adamw_rule(), {1}, nullptr, stream); }), contains("1 plans for a schedule of 2"));
+  fo::cuda::bucket_schedule one(1);
+  CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, stream, stream); }), contains("streams must differ"));
+  CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {0}, nullptr, stream); }), contains("step"));
+  CHECK_THAT(message_of([&] { fo::cuda::bucket_schedule(0); }), contains("at least one bucket"));
+  FO_TEST_CUDA(cudaStreamSynchronize(stream));
+  CHECK(m.params.download() == std::vector<float>(static_cast<std::size_t>(layout.flat_elements()), 0.f));  // nothing ran
+  FO_TEST_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("sharded: the layout cuts tensors on chunk boundaries of their own", "[sharded]")
@@ -377,6 +582,14 @@ TEST_CASE("sharded: NCCL with two ranks on two GPUs gives the unsharded plan's b
   SECTION("AdamW") { check_nccl(2, gradient_reduction::average, make_adamw); }
   SECTION("clip + AdamW") { check_nccl(2, gradient_reduction::sum, make_clip_adamw); }
   SECTION("LAMB") { check_nccl(2, gradient_reduction::average, make_lamb); }
+}
+
+TEST_CASE("sharded: buckets over NCCL with one rank, eager and captured in a CUDA graph", "[sharded][nccl]")
+{
+  bool const graph = GENERATE(false, true);
+  nccl_comms const comms(1);
+  check_buckets_equal_one_gpu<fo::nccl::communicator>(
+    1, [&](int) { return fo::nccl::communicator(comms.comms[0]); }, [] {}, 3, graph);
 }
 
 TEST_CASE("sharded: a step over NCCL captured in a CUDA graph replays the eager steps", "[sharded][nccl]")

@@ -162,6 +162,25 @@ class basic_sharded_plan {
   template <class Rule>
   void run(Rule const& rule, step_info const& step = {}, cudaStream_t stream = nullptr);
 
+  /// @brief What `run` checks before it enqueues anything (the rule, the step, the reduction
+  /// workspace); enqueues nothing. bucket_schedule checks every bucket's plan with it first.
+  /// @throws fusedopt::error as run.
+  template <class Rule>
+  void check(Rule const& rule, step_info const& step = {}) const;
+
+  /// @name The three phases of run, for a caller that schedules them itself (bucket_schedule
+  /// overlaps them across plans). run = check, reduce_scatter, update, all_gather.
+  /// @{
+  /// @brief Enqueues the reduce-scatter of the gradients into the gradient shard.
+  void reduce_scatter(cudaStream_t stream = nullptr);
+  /// @brief Checks (as `check`), then enqueues the rule's passes (with their collectives), the
+  /// update of the shard and the after-step hooks.
+  template <class Rule>
+  void update(Rule const& rule, step_info const& step = {}, cudaStream_t stream = nullptr);
+  /// @brief Enqueues the all-gather of the parameters.
+  void all_gather(cudaStream_t stream = nullptr);
+  /// @}
+
   [[nodiscard]] sharded_layout const& layout() const { return layout_; }
   /// @brief The plan over this rank's shard.
   [[nodiscard]] basic_plan<Policy, B...> const& local_plan() const { return local_; }
@@ -183,6 +202,54 @@ class basic_sharded_plan {
   std::int64_t first_chunk_ = 0;           // this rank's first chunk in the unsharded numbering
   std::vector<std::int64_t> rank_chunks_;  // chunks of each rank
   std::vector<std::int64_t> counts_;       // all_gather_v's counts of the pass in flight (no allocation per step)
+};
+
+/// @brief Runs the steps of several sharded plans, one per *bucket* of the parameters, so that
+/// the reduce-scatter of bucket k + 1 overlaps the update of bucket k (ZeRO's and FSDP's
+/// bucketing): the collectives go on a communication stream in a fixed order (every bucket's
+/// reduce-scatter, then each bucket's all-gather as soon as its update is done), the updates
+/// on the compute stream, each after its bucket's reduce-scatter. Events (made once, here)
+/// join the two streams; a step allocates nothing and does not synchronise the host.
+///
+/// @code
+/// // one sharded_layout, shard buffers and sharded plan per bucket, all with the same communicator
+/// fo::cuda::bucket_schedule schedule(plans.size());
+/// schedule.run(plans, fo::rules::adamw{}, {t}, compute_stream, communication_stream);
+/// @endcode
+///
+/// Every bucket's plan is checked before anything is enqueued, so a step that throws leaves
+/// every bucket as it was. The rule runs per bucket: rules with reduction passes or after-step
+/// hooks (clip_by_global_norm, LAMB, LARS, the AMP skip) would reduce over one bucket instead of
+/// every tensor and are rejected at compile time; run one sharded plan over all tensors for
+/// them. `step.advance`, when set, is advanced once (by the first bucket's update). Work the
+/// caller enqueued on `compute` before `run` (the backward pass that wrote the gradients) comes
+/// before the first reduce-scatter; the next work on `compute` comes after the last all-gather.
+class bucket_schedule {
+ public:
+  /// @brief Makes the events for `buckets` buckets.
+  /// @throws fusedopt::error if buckets is 0, or a CUDA call fails.
+  explicit bucket_schedule(std::size_t buckets);
+  ~bucket_schedule();
+  bucket_schedule(bucket_schedule&& other) noexcept : events_(std::move(other.events_)) {}
+  bucket_schedule& operator=(bucket_schedule&& other) noexcept;
+  bucket_schedule(bucket_schedule const&) = delete;
+  bucket_schedule& operator=(bucket_schedule const&) = delete;
+
+  [[nodiscard]] std::size_t buckets() const { return events_.empty() ? 0 : (events_.size() - 2) / 2; }
+
+  /// @brief Enqueues one step of every plan in `plans` (a vector of sharded plans, one per
+  /// bucket, in the same order on every rank).
+  /// @throws fusedopt::error if plans.size() is not buckets() or the streams are equal, as the
+  /// plans' `check` throws (before anything is enqueued), or as a CUDA call or the
+  /// communicator throws.
+  template <class Plans, class Rule>
+  void run(Plans& plans, Rule const& rule, step_info const& step, cudaStream_t compute, cudaStream_t communication);
+
+ private:
+  void release() noexcept;
+  // [0]: compute reached the step; [1]: the last all-gather is done; then per bucket k:
+  // [2 + 2k] its reduce-scatter is done, [3 + 2k] its update is done.
+  std::vector<cudaEvent_t> events_;
 };
 
 /// @brief A sharded plan with the default tuning policy.

@@ -205,14 +205,26 @@ void basic_sharded_plan<Communicator, Policy, B...>::run_pass(Rule const& rule, 
 
 template <class Communicator, class Policy, class... B>
 template <class Rule>
-void basic_sharded_plan<Communicator, Policy, B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream)
+void basic_sharded_plan<Communicator, Policy, B...>::check(Rule const& rule, step_info const& step) const
 {
-  constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   detail::plan_steps::check_capacity<Rule>(workspace_);
   detail::plan_steps::check(local_, rule, step);
-  // Every check is done: from here on work is enqueued.
+}
+
+template <class Communicator, class Policy, class... B>
+void basic_sharded_plan<Communicator, Policy, B...>::reduce_scatter(cudaStream_t stream)
+{
   auto const shard = static_cast<std::size_t>(layout_.shard_elements());
   communicator_.reduce_scatter(buffers_.gradients, buffers_.gradient_shard, shard, reduction_, stream);
+}
+
+template <class Communicator, class Policy, class... B>
+template <class Rule>
+void basic_sharded_plan<Communicator, Policy, B...>::update(Rule const& rule, step_info const& step,
+                                                            cudaStream_t stream)
+{
+  constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
+  check(rule, step);
   detail::plan_steps::begin(local_, step, stream);
   auto const results =
     detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
@@ -220,7 +232,102 @@ void basic_sharded_plan<Communicator, Policy, B...>::run(Rule const& rule, step_
   detail::plan_steps::update(local_, rule, step, results, stream);
   // After-step hooks see the results of every tensor (as on one GPU), on every rank.
   detail::launch_after_step(rule, step, results, stream);
-  communicator_.all_gather(buffers_.parameters, shard, stream);
+}
+
+template <class Communicator, class Policy, class... B>
+void basic_sharded_plan<Communicator, Policy, B...>::all_gather(cudaStream_t stream)
+{
+  communicator_.all_gather(buffers_.parameters, static_cast<std::size_t>(layout_.shard_elements()), stream);
+}
+
+template <class Communicator, class Policy, class... B>
+template <class Rule>
+void basic_sharded_plan<Communicator, Policy, B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream)
+{
+  check(rule, step);
+  // Every check is done: from here on work is enqueued.
+  reduce_scatter(stream);
+  update(rule, step, stream);
+  all_gather(stream);
+}
+
+// ---- bucket_schedule ----------------------------------------------------------------------
+
+inline bucket_schedule::bucket_schedule(std::size_t buckets)
+{
+  FUSEDOPT_EXPECTS(buckets > 0, "cuda::bucket_schedule: at least one bucket");
+  events_.reserve(2 + 2 * buckets);
+  try {
+    for (std::size_t e = 0; e < 2 + 2 * buckets; ++e) {
+      cudaEvent_t event = nullptr;
+      FUSEDOPT_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      events_.push_back(event);
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+inline bucket_schedule::~bucket_schedule() { release(); }
+
+inline bucket_schedule& bucket_schedule::operator=(bucket_schedule&& other) noexcept
+{
+  if (this != &other) {
+    release();
+    events_ = std::move(other.events_);
+  }
+  return *this;
+}
+
+inline void bucket_schedule::release() noexcept
+{
+  // A destructor must not throw; destroying an event only fails when the context is gone.
+  for (cudaEvent_t event : events_) { (void)cudaEventDestroy(event); }
+  events_.clear();
+}
+
+template <class Plans, class Rule>
+void bucket_schedule::run(Plans& plans, Rule const& rule, step_info const& step, cudaStream_t compute,
+                          cudaStream_t communication)
+{
+  static_assert(::fusedopt::detail::pass_count_v<Rule> == 0 && !::fusedopt::detail::needs_after_step<Rule>::value,
+                "fusedopt: bucket_schedule runs the rule on each bucket alone; a rule with reduction passes or "
+                "after-step hooks (clip_by_global_norm, LAMB, LARS, the AMP skip) needs every tensor in one "
+                "step: run one sharded plan over all of them");
+  std::size_t const n = buckets();
+  FUSEDOPT_EXPECTS(static_cast<std::size_t>(plans.size()) == n,
+                   "cuda::bucket_schedule: " + std::to_string(plans.size()) + " plans for a schedule of " +
+                     std::to_string(n) + " buckets");
+  FUSEDOPT_EXPECTS(compute != communication,
+                   "cuda::bucket_schedule: the compute and communication streams must differ (one stream "
+                   "cannot overlap them; run each plan instead)");
+  // Later buckets read the step the first one advanced (same stream, in order).
+  step_info later = step;
+  later.advance = nullptr;
+  std::size_t k = 0;
+  for (auto& plan : plans) { plan.check(rule, k++ == 0 ? step : later); }
+  // Every check is done: from here on work is enqueued.
+  auto event = [&](std::size_t i) { return events_[i]; };
+  FUSEDOPT_CUDA_TRY(cudaEventRecord(event(0), compute));
+  FUSEDOPT_CUDA_TRY(cudaStreamWaitEvent(communication, event(0), 0));
+  k = 0;
+  for (auto& plan : plans) {
+    plan.reduce_scatter(communication);
+    FUSEDOPT_CUDA_TRY(cudaEventRecord(event(2 + 2 * k), communication));
+    ++k;
+  }
+  k = 0;
+  for (auto& plan : plans) {
+    FUSEDOPT_CUDA_TRY(cudaStreamWaitEvent(compute, event(2 + 2 * k), 0));
+    plan.update(rule, k == 0 ? step : later, compute);
+    FUSEDOPT_CUDA_TRY(cudaEventRecord(event(3 + 2 * k), compute));
+    FUSEDOPT_CUDA_TRY(cudaStreamWaitEvent(communication, event(3 + 2 * k), 0));
+    plan.all_gather(communication);
+    ++k;
+  }
+  FUSEDOPT_CUDA_TRY(cudaEventRecord(event(1), communication));
+  FUSEDOPT_CUDA_TRY(cudaStreamWaitEvent(compute, event(1), 0));
 }
 
 }  // namespace cuda
