@@ -96,6 +96,50 @@ struct rank_memory {
   device_buffer<float> found_inf;
 };
 
+/// The unsharded plan's lists over `m` (layout of one rank).
+template <class P, class G>
+auto full_lists(fo::cuda::sharded_layout const& single, rank_memory<P, G>& m)
+{
+  return fo::bind(fo::slot::param = single.full_list(m.params.data),
+                  fo::slot::grad = single.full_list(static_cast<G const*>(m.grads.data)),
+                  fo::slot::exp_avg = single.full_list(m.exp_avg.data),
+                  fo::slot::exp_avg_sq = single.full_list(m.exp_avg_sq.data));
+}
+
+/// Rank r's lists over its memory `m`: its shard of the parameters, the gradient shard, its
+/// state shards.
+template <class P, class G>
+auto shard_lists(fo::cuda::sharded_layout const& layout, rank_memory<P, G>& m, int r)
+{
+  return fo::bind(fo::slot::param = layout.shard_list(m.params.data + layout.shard_begin(r), r),
+                  fo::slot::grad = layout.shard_list(static_cast<G const*>(m.grad_shard.data), r),
+                  fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, r),
+                  fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, r));
+}
+
+/// Runs `step(r)` for ranks 0..ranks-1, one thread each (collectives wait for every rank);
+/// a rank that throws calls `on_failure` (so that the others stop waiting), and the first
+/// error is rethrown once every thread is done.
+void run_ranks(int ranks, std::function<void(int)> const& step, std::function<void()> const& on_failure)
+{
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        step(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        on_failure();
+      }
+    });
+  }
+  for (auto& t : threads) { t.join(); }
+  for (auto const& e : errors) {
+    if (e) { std::rethrow_exception(e); }
+  }
+}
+
 /// Runs `ranks` ranks through `communicator(r)` (on device `device_of(r)`) and the unsharded
 /// plan side by side for `steps` steps of `make_rule(found_inf)`, gradient `inf_at` (step,
 /// rank) made infinite, and requires equal bits after every step.
@@ -122,10 +166,7 @@ void check_ranks_equal_one_gpu(int ranks, gradient_reduction reduction, std::fun
   FO_TEST_CUDA(cudaSetDevice(device_of(0)));
   rank_memory<P, G> reference(single);
   reference.params.upload(initial_single);
-  auto const reference_lists = fo::bind(
-    fo::slot::param = single.full_list(reference.params.data),
-    fo::slot::grad = single.full_list(static_cast<G const*>(reference.grads.data)),
-    fo::slot::exp_avg = single.full_list(reference.exp_avg.data), fo::slot::exp_avg_sq = single.full_list(reference.exp_avg_sq.data));
+  auto const reference_lists = full_lists(single, reference);
   auto const reference_plan = fo::cuda::make_plan(reference_lists, plan_options());
   auto const reference_rule = make_rule(reference.found_inf.data);
 
@@ -143,10 +184,7 @@ void check_ranks_equal_one_gpu(int ranks, gradient_reduction reduction, std::fun
     memory.push_back(std::make_unique<rank_memory<P, G>>(layout));
     auto& m = *memory.back();
     m.params.upload(initial);
-    auto lists = fo::bind(fo::slot::param = layout.shard_list(m.params.data + layout.shard_begin(r), r),
-                          fo::slot::grad = layout.shard_list(static_cast<G const*>(m.grad_shard.data), r),
-                          fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, r),
-                          fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, r));
+    auto lists = shard_lists(layout, m, r);
     plans.push_back(fo::cuda::make_sharded_plan(layout, communicator(r), lists,
                                                 fo::cuda::shard_buffers<G, P>{m.grads.data, m.grad_shard.data, m.params.data},
                                                 reduction, plan_options(), streams[static_cast<std::size_t>(r)]));
@@ -182,26 +220,16 @@ void check_ranks_equal_one_gpu(int ranks, gradient_reduction reduction, std::fun
       memory[static_cast<std::size_t>(q)]->grads.upload(rank_grads[static_cast<std::size_t>(q)]);
     }
 
-    // The ranks' steps, one thread each (collectives wait for every rank).
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
+    // The ranks' steps, one thread each.
+    run_ranks(
+      ranks,
+      [&](int r) {
         auto const k = static_cast<std::size_t>(r);
-        try {
-          if (cudaSetDevice(device_of(r)) != cudaSuccess) { throw std::runtime_error("cudaSetDevice"); }
-          plans[k].run(rules[k], {s}, streams[k]);
-          FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(streams[k]));
-        } catch (...) {
-          errors[k] = std::current_exception();
-          on_failure();
-        }
-      });
-    }
-    for (auto& t : threads) { t.join(); }
-    for (auto const& e : errors) {
-      if (e) { std::rethrow_exception(e); }
-    }
+        if (cudaSetDevice(device_of(r)) != cudaSuccess) { throw std::runtime_error("cudaSetDevice"); }
+        plans[k].run(rules[k], {s}, streams[k]);
+        FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(streams[k]));
+      },
+      on_failure);
 
     // Parameters on every rank, states from the ranks' shards, flags: the unsharded bits.
     FO_TEST_CUDA(cudaSetDevice(device_of(0)));
@@ -292,10 +320,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
   }
   rank_memory<float, float> reference(single);
   reference.params.upload(initial);
-  auto const reference_lists = fo::bind(
-    fo::slot::param = single.full_list(reference.params.data),
-    fo::slot::grad = single.full_list(static_cast<float const*>(reference.grads.data)),
-    fo::slot::exp_avg = single.full_list(reference.exp_avg.data), fo::slot::exp_avg_sq = single.full_list(reference.exp_avg_sq.data));
+  auto const reference_lists = full_lists(single, reference);
   auto const reference_plan = fo::cuda::make_plan(reference_lists, plan_options());
   auto const rule = adamw_rule();
 
@@ -337,10 +362,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
         std::copy_n(initial.begin() + single.offset(g), model_sizes[g], params.begin() + layout.offset(t++));
       }
       m.params.upload(params);
-      auto lists = fo::bind(fo::slot::param = layout.shard_list(m.params.data + layout.shard_begin(r), r),
-                            fo::slot::grad = layout.shard_list(static_cast<float const*>(m.grad_shard.data), r),
-                            fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, r),
-                            fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, r));
+      auto lists = shard_lists(layout, m, r);
       plans[static_cast<std::size_t>(r)].push_back(fo::cuda::make_sharded_plan(
         layout, communicator(r), lists, fo::cuda::shard_buffers<float, float>{m.grads.data, m.grad_shard.data, m.params.data},
         gradient_reduction::average, plan_options(), st.compute));
@@ -377,37 +399,27 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
     reference_plan.run(rule, {s});
     FO_TEST_CUDA(cudaDeviceSynchronize());
 
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
+    run_ranks(
+      ranks,
+      [&](int r) {
         auto const k = static_cast<std::size_t>(r);
         auto& st = state[k];
-        try {
-          if (graph && st.exec == nullptr) {
-            cudaGraph_t captured = nullptr;
-            FUSEDOPT_CUDA_TRY(cudaStreamBeginCapture(st.compute, cudaStreamCaptureModeThreadLocal));
-            schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
-            FUSEDOPT_CUDA_TRY(cudaStreamEndCapture(st.compute, &captured));
-            FUSEDOPT_CUDA_TRY(cudaGraphInstantiate(&st.exec, captured, 0));
-            FUSEDOPT_CUDA_TRY(cudaGraphDestroy(captured));
-          }
-          if (graph) {
-            FUSEDOPT_CUDA_TRY(cudaGraphLaunch(st.exec, st.compute));
-          } else {
-            schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
-          }
-          FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(st.compute));
-        } catch (...) {
-          errors[k] = std::current_exception();
-          on_failure();
+        if (graph && st.exec == nullptr) {
+          cudaGraph_t captured = nullptr;
+          FUSEDOPT_CUDA_TRY(cudaStreamBeginCapture(st.compute, cudaStreamCaptureModeThreadLocal));
+          schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
+          FUSEDOPT_CUDA_TRY(cudaStreamEndCapture(st.compute, &captured));
+          FUSEDOPT_CUDA_TRY(cudaGraphInstantiate(&st.exec, captured, 0));
+          FUSEDOPT_CUDA_TRY(cudaGraphDestroy(captured));
         }
-      });
-    }
-    for (auto& t : threads) { t.join(); }
-    for (auto const& e : errors) {
-      if (e) { std::rethrow_exception(e); }
-    }
+        if (graph) {
+          FUSEDOPT_CUDA_TRY(cudaGraphLaunch(st.exec, st.compute));
+        } else {
+          schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
+        }
+        FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(st.compute));
+      },
+      on_failure);
 
     auto const want_params = reference.params.download();
     auto const want_m = reference.exp_avg.download();
@@ -469,10 +481,7 @@ TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans and one st
   fo::cuda::local_group const group(1);
   fo::cuda::sharded_layout const layout(bucket_sizes[0], 1, chunk);
   rank_memory<float, float> m(layout);
-  auto lists = fo::bind(fo::slot::param = layout.shard_list(m.params.data, 0),
-                        fo::slot::grad = layout.shard_list(static_cast<float const*>(m.grad_shard.data), 0),
-                        fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, 0),
-                        fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, 0));
+  auto lists = shard_lists(layout, m, 0);
   std::vector<decltype(fo::cuda::make_sharded_plan(layout, group.rank(0), lists, fo::cuda::shard_buffers<float, float>{}))> plans;
   plans.push_back(fo::cuda::make_sharded_plan(layout, group.rank(0), lists,
                                               fo::cuda::shard_buffers<float, float>{m.grads.data, m.grad_shard.data, m.params.data},
@@ -603,10 +612,7 @@ TEST_CASE("sharded: a step over NCCL captured in a CUDA graph replays the eager 
   std::vector<float> grads(static_cast<std::size_t>(layout.flat_elements()));
   for (std::size_t i = 0; i < grads.size(); ++i) { grads[i] = gradient_value(0, static_cast<std::int64_t>(i), 1); }
   auto make = [&](rank_memory<float, float>& m) {
-    auto lists = fo::bind(fo::slot::param = layout.shard_list(m.params.data, 0),
-                          fo::slot::grad = layout.shard_list(static_cast<float const*>(m.grad_shard.data), 0),
-                          fo::slot::exp_avg = layout.shard_list(m.exp_avg.data, 0),
-                          fo::slot::exp_avg_sq = layout.shard_list(m.exp_avg_sq.data, 0));
+    auto lists = shard_lists(layout, m, 0);
     m.grads.upload(grads);
     return fo::cuda::make_sharded_plan(layout, fo::nccl::communicator(comms.comms[0]), lists,
                                        fo::cuda::shard_buffers<float, float>{m.grads.data, m.grad_shard.data, m.params.data},
