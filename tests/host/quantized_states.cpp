@@ -376,7 +376,8 @@ using state = std::pair<Slot, Q>;
 
 }  // namespace
 
-TEST_CASE("Adam, AdamW, SGD momentum and Lion on 8-bit states: the fp32 step on the dequantized states, requantized",
+TEST_CASE("Adam, AdamW, SGD momentum, Lion, LAMB and clip + AdamW on 8-bit states: the fp32 step on the "
+          "dequantized states, requantized",
           "[quantized][optimizers]")
 {
   std::vector<std::int64_t> const sizes = {3, 256, 1000, 513};
@@ -409,6 +410,23 @@ TEST_CASE("Adam, AdamW, SGD momentum and Lion on 8-bit states: the fp32 step on 
     lion.lr = 1e-3;
     lion.weight_decay = 0.5;
     check_against_fp32(lion, sizes, 5, m_state{});
+  }
+  // Rules with reduction passes: LAMB's passes read the moments (dequantized) to form each
+  // tensor's update norm; the clip's pass reads the gradients only.
+  SECTION("LAMB")
+  {
+    fo::rules::lamb lamb;
+    lamb.lr = 1e-2;
+    lamb.weight_decay = 0.01;
+    check_against_fp32(lamb, sizes, 5, m_state{}, v_state{});
+  }
+  SECTION("clip_by_global_norm + AdamW")
+  {
+    fo::rules::clip_by_global_norm clip;
+    clip.max_norm = 1.0;
+    fo::rules::adamw adamw;
+    adamw.lr = 1e-2;
+    check_against_fp32(fo::chain(clip, adamw), sizes, 5, m_state{}, v_state{});
   }
 }
 
