@@ -303,9 +303,9 @@ std::vector<std::vector<std::int64_t>> const bucket_sizes = {{3000, 1, 0}, {4113
 
 /// Runs `ranks` ranks, each stepping its bucket plans through a bucket_schedule (compute and
 /// communication streams of its own), beside the unsharded plan over every tensor, for AdamW
-/// with averaged gradients; requires equal bits after every step. With `graph`, each rank's
-/// schedule is captured once (the step read from a device counter that it advances) and
-/// replayed.
+/// with averaged gradients; requires equal bits after every step. The step is read from a
+/// device counter that the schedule advances (once per step, not once per bucket). With
+/// `graph`, each rank's schedule is captured once and replayed.
 template <class Communicator>
 void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> communicator,
                                  std::function<void()> on_failure, int steps, bool graph = false)
@@ -346,7 +346,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
   std::vector<rank_state> state(static_cast<std::size_t>(ranks));
   std::vector<std::vector<plan_type>> plans(static_cast<std::size_t>(ranks));
   std::vector<fo::cuda::bucket_schedule> schedules;
-  device_buffer<std::int64_t> counters(ranks);  // the captured steps' counts, one per rank
+  device_buffer<std::int64_t> counters(ranks);  // the steps' counts, one per rank
   for (int r = 0; r < ranks; ++r) {
     auto& st = state[static_cast<std::size_t>(r)];
     FO_TEST_CUDA(cudaStreamCreateWithFlags(&st.compute, cudaStreamNonBlocking));
@@ -368,8 +368,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
         gradient_reduction::average, plan_options(), st.compute));
     }
   }
-  auto const step_of = [&](int r, int s) {
-    if (!graph) { return fo::step_info{s}; }
+  auto const step_of = [&](int r) {
     fo::step_info info{fo::scalar<std::int64_t>::from_pointer(counters.data + r)};
     info.advance = counters.data + r;
     return info;
@@ -407,7 +406,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
         if (graph && st.exec == nullptr) {
           cudaGraph_t captured = nullptr;
           FUSEDOPT_CUDA_TRY(cudaStreamBeginCapture(st.compute, cudaStreamCaptureModeThreadLocal));
-          schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
+          schedules[k].run(plans[k], rule, step_of(r), st.compute, st.communication);
           FUSEDOPT_CUDA_TRY(cudaStreamEndCapture(st.compute, &captured));
           FUSEDOPT_CUDA_TRY(cudaGraphInstantiate(&st.exec, captured, 0));
           FUSEDOPT_CUDA_TRY(cudaGraphDestroy(captured));
@@ -415,7 +414,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
         if (graph) {
           FUSEDOPT_CUDA_TRY(cudaGraphLaunch(st.exec, st.compute));
         } else {
-          schedules[k].run(plans[k], rule, step_of(r, s), st.compute, st.communication);
+          schedules[k].run(plans[k], rule, step_of(r), st.compute, st.communication);
         }
         FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(st.compute));
       },
@@ -442,7 +441,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
       }
     }
   }
-  if (graph) { CHECK(counters.download() == std::vector<std::int64_t>(static_cast<std::size_t>(ranks), steps)); }
+  CHECK(counters.download() == std::vector<std::int64_t>(static_cast<std::size_t>(ranks), steps));
   for (auto& st : state) {
     if (st.exec != nullptr) { FO_TEST_CUDA(cudaGraphExecDestroy(st.exec)); }
     FO_TEST_CUDA(cudaStreamDestroy(st.compute));
@@ -476,12 +475,17 @@ TEST_CASE("sharded: buckets overlapped by a bucket_schedule give the unsharded p
     ranks, [&](int r) { return group.rank(r); }, [&] { group.abort("a rank failed"); }, quick() ? 2 : 3);
 }
 
-TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans and one stream for both", "[sharded]")
+TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans, one stream for both, step 0 and being moved from", "[sharded]")
 {
   fo::cuda::local_group const group(1);
   fo::cuda::sharded_layout const layout(bucket_sizes[0], 1, chunk);
   rank_memory<float, float> m(layout);
   auto lists = shard_lists(layout, m, 0);
+  // Non-zero parameters and gradients: a step that ran would move the parameters and moments.
+  std::vector<float> values(static_cast<std::size_t>(layout.flat_elements()));
+  for (std::size_t i = 0; i < values.size(); ++i) { values[i] = gradient_value(0, static_cast<std::int64_t>(i), 1); }
+  m.params.upload(values);
+  m.grads.upload(values);
   std::vector<decltype(fo::cuda::make_sharded_plan(layout, group.rank(0), lists, fo::cuda::shard_buffers<float, float>{}))> plans;
   plans.push_back(fo::cuda::make_sharded_plan(layout, group.rank(0), lists,
                                               fo::cuda::shard_buffers<float, float>{m.grads.data, m.grad_shard.data, m.params.data},
@@ -494,8 +498,14 @@ TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans and one st
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, stream, stream); }), contains("streams must differ"));
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {0}, nullptr, stream); }), contains("step"));
   CHECK_THAT(message_of([&] { fo::cuda::bucket_schedule(0); }), contains("at least one bucket"));
-  FO_TEST_CUDA(cudaStreamSynchronize(stream));
-  CHECK(m.params.download() == std::vector<float>(static_cast<std::size_t>(layout.flat_elements()), 0.f));  // nothing ran
+  fo::cuda::bucket_schedule moved(std::move(one));
+  CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, nullptr, stream); }), contains("moved from"));
+  FO_TEST_CUDA(cudaDeviceSynchronize());
+  CHECK(m.params.download() == values);  // nothing ran
+  CHECK(m.exp_avg.download() == std::vector<float>(static_cast<std::size_t>(layout.shard_elements()), 0.f));
+  moved.run(plans, adamw_rule(), {1}, nullptr, stream);  // the schedule that was moved to runs
+  FO_TEST_CUDA(cudaDeviceSynchronize());
+  CHECK(m.params.download() != values);
   FO_TEST_CUDA(cudaStreamDestroy(stream));
 }
 

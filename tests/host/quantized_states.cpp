@@ -154,6 +154,15 @@ TEMPLATE_TEST_CASE("the bucketed code search agrees with the nearest-value scan 
   for (int b = 0; b < fo::detail::quantization_buckets; ++b) {  // each bucket's low end: its bits
     around(fo::detail::bits_float(fo::detail::quantization_smallest_bits + (static_cast<std::uint32_t>(b) << 16)));
   }
+  // Just above 1 (x * fl(1 / absmax) can round there), and negative q for the unsigned map
+  // (the code of 0, the nearest of its values).
+  for (float f = 1.f; f < 1.00001f; f = std::nextafter(f, 2.f)) {
+    probes.push_back(f);
+    probes.push_back(-f);
+  }
+  if (!is_signed) {
+    for (float f : {-0.f, -1e-30f, -1e-7f, -0.3f, -1.f}) { probes.push_back(f); }
+  }
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> exponent(-30.f, 0.f);
   for (int i = 0; i < 200000; ++i) {

@@ -65,7 +65,7 @@ struct options {
   /// Tuning override for benchmarks and tests: most blocks per launch, blocks then loop over
   /// chunks; 0 takes the policy's default (one block per chunk; for an update that stores
   /// 8-bit quantized states, a persistent grid of the policy's `quantized_blocks_per_sm` on
-  /// every SM).
+  /// every SM, fewer where an SM's shared memory holds fewer).
   std::int64_t max_blocks = 0;
   /// Plans: accumulators (summed over a rule's reduction passes) the plan's device workspace
   /// has room for, allocated when the plan is built, so that `run` never allocates and can be
@@ -230,7 +230,7 @@ class basic_plan {
   transport transport_ = transport::device_table;
   int device_ = 0;
   std::int64_t max_blocks_ = 0;
-  std::int64_t persistent_blocks_ = 0;  // of updates that store quantized states (lists with some)
+  detail::persistent_grid persistent_;  // of updates that store quantized states (lists with some)
   template <class Rule, int P, int... J>
   void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                   cudaStream_t stream, std::integer_sequence<int, J...>) const;

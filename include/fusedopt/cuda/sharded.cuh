@@ -239,7 +239,8 @@ class bucket_schedule {
 
   /// @brief Enqueues one step of every plan in `plans` (a vector of sharded plans, one per
   /// bucket, in the same order on every rank).
-  /// @throws fusedopt::error if plans.size() is not buckets() or the streams are equal, as the
+  /// @throws fusedopt::error if the schedule was moved from, plans.size() is not buckets() or
+  /// the streams are equal, as the
   /// plans' `check` throws (before anything is enqueued), or as a CUDA call or the
   /// communicator throws.
   template <class Plans, class Rule>

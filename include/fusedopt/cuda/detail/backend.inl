@@ -50,7 +50,7 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
   device_ = detail::current_device();
   max_blocks_ = detail::max_blocks_of<Policy>(opts);
   if constexpr ((::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
-    persistent_blocks_ = detail::persistent_blocks_of<Policy>(opts, device_);
+    persistent_ = detail::persistent_grid_of(opts, device_);
   }
   std::int64_t const chunk = detail::chunk_length<Policy, lists_type>(opts);
   switch (opts.metadata) {
@@ -156,7 +156,7 @@ struct plan_steps {
   {
     plan.for_each_table([&](auto const& table) {
       launch_update<typename Plan::policy_type, Rule, typename Plan::lists_type>(
-        rule, step, table, results, plan.max_blocks_, plan.persistent_blocks_, stream);
+        rule, step, table, results, plan.max_blocks_, plan.persistent_, stream);
     });
   }
 
@@ -446,9 +446,9 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
                    "transport::param_32k needs CUDA 12.1 (runtime and driver) and an sm_70 or newer GPU");
   std::int64_t const chunk = detail::chunk_length<Policy, lists_type>(opts);
   std::int64_t const max_blocks = detail::max_blocks_of<Policy>(opts);
-  std::int64_t persistent_blocks = 0;
+  detail::persistent_grid persistent;
   if constexpr (::fusedopt::detail::access<Rule, lists_type>::stores_quantized) {
-    persistent_blocks = detail::persistent_blocks_of<Policy>(opts, device);
+    persistent = detail::persistent_grid_of(opts, device);
   }
   detail::check_device_memory(lists);
   auto const layout = detail::make_layout(lists, chunk, std::index_sequence_for<B...>{});
@@ -458,7 +458,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   auto const launch_all = [&](auto const& tables) {
     // A rule too large for a 32 KB table cannot fit a 4 KB one either; launch_update reports it.
     for (auto const& table : tables) {
-      detail::launch_update<Policy, Rule, lists_type>(rule, step, table, none, max_blocks, persistent_blocks, stream);
+      detail::launch_update<Policy, Rule, lists_type>(rule, step, table, none, max_blocks, persistent, stream);
     }
   };
   if (opts.metadata == transport::param_32k || (opts.metadata == transport::automatic && large)) {

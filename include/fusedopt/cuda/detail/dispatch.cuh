@@ -64,16 +64,41 @@ std::int64_t max_blocks_of(Options const& opts)
   return opts.max_blocks > 0 ? opts.max_blocks : Policy::max_blocks;
 }
 
-/// Most blocks of an update that stores quantized states (a persistent grid: each block fills
-/// its shared copy of the maps once): `options::max_blocks` if set, else the policy's blocks
-/// per SM on every SM of `device`.
-template <class Policy, class Options>
-std::int64_t persistent_blocks_of(Options const& opts, int device)
+/// What sizes the persistent grid of an update that stores quantized states (each block fills
+/// its shared copy of the maps once): the device's SMs and shared memory, or the caller's cap.
+struct persistent_grid {
+  std::int64_t max_blocks = 0;  ///< options::max_blocks; 0: from the device
+  std::int64_t multiprocessors = 0;
+  std::int64_t shared_per_sm = 0;      ///< bytes of shared memory an SM gives its blocks
+  std::int64_t reserved_per_block = 0; ///< bytes the driver keeps per block
+
+  /// Blocks of a launch whose blocks take `shared_bytes` of static shared memory each: the
+  /// policy's blocks per SM where that many fit in an SM's shared memory (5 of AdamW's 37 KB on
+  /// an H100 or H200), fewer where they do not (an A100 holds 4), on every SM; blocks that do
+  /// not fit would run as a late, partial wave.
+  template <class Policy>
+  [[nodiscard]] std::int64_t blocks(std::int64_t shared_bytes) const
+  {
+    if (max_blocks > 0) { return max_blocks; }
+    std::int64_t const fit = shared_per_sm / (shared_bytes + reserved_per_block);
+    return multiprocessors * std::max<std::int64_t>(1, std::min<std::int64_t>(Policy::quantized_blocks_per_sm, fit));
+  }
+};
+
+template <class Options>
+persistent_grid persistent_grid_of(Options const& opts, int device)
 {
-  if (opts.max_blocks > 0) { return opts.max_blocks; }
-  int multiprocessors = 0;
-  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  return std::int64_t{multiprocessors} * Policy::quantized_blocks_per_sm;
+  persistent_grid grid;
+  grid.max_blocks = opts.max_blocks;
+  if (grid.max_blocks > 0) { return grid; }
+  int value = 0;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
+  grid.multiprocessors = value;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  grid.shared_per_sm = value;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  grid.reserved_per_block = value;
+  return grid;
 }
 
 /// Whether a launch over tensors of `bytes` (every bound slot) on `device` streams with L2
@@ -202,13 +227,16 @@ unsigned grid_of(Table const& table, std::int64_t max_blocks)
 }
 
 /// Enqueues the update over one table, with the results of the rule's P passes.
-/// `persistent_blocks` caps the grid where the rule stores quantized states (persistent_blocks_of).
+/// `persistent` sizes the grid where the rule stores quantized states (persistent_grid_of).
 template <class Policy, class Rule, class Bound, int P, class Table>
 void launch_update(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
-                   std::int64_t max_blocks, std::int64_t persistent_blocks, cudaStream_t stream)
+                   std::int64_t max_blocks, persistent_grid const& persistent, cudaStream_t stream)
 {
-  if constexpr (::fusedopt::detail::access<Rule, Bound>::stores_quantized) { max_blocks = persistent_blocks; }
-  (void)persistent_blocks;
+  using access = ::fusedopt::detail::access<Rule, Bound>;
+  if constexpr (access::stores_quantized) {
+    max_blocks = persistent.blocks<Policy>(static_cast<std::int64_t>(sizeof(block_maps<access>)));
+  }
+  (void)persistent;
   static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
                 "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
                 "memory and give the rule a pointer to it");

@@ -102,10 +102,18 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// quantized states where the rule stores some: process_blocks, with the maps in shared memory).
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
 /// stores quantized states counts on Policy::quantized_blocks_per_sm fitting at once.
+/// (A policy needs `quantized_blocks_per_sm` only for such rules.)
 template <class Policy, class Rule, class Bound>
-inline constexpr int update_min_blocks_v = ::fusedopt::detail::access<Rule, Bound>::stores_quantized
-                                             ? Policy::quantized_blocks_per_sm
-                                             : Policy::min_blocks_per_sm;
+constexpr int update_min_blocks()
+{
+  if constexpr (::fusedopt::detail::access<Rule, Bound>::stores_quantized) {
+    return Policy::quantized_blocks_per_sm;
+  } else {
+    return Policy::min_blocks_per_sm;
+  }
+}
+template <class Policy, class Rule, class Bound>
+inline constexpr int update_min_blocks_v = update_min_blocks<Policy, Rule, Bound>();
 
 template <class Policy, class Rule, class Bound, class Table, int P>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks_v<Policy, Rule, Bound>))

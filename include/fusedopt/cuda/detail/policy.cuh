@@ -53,10 +53,12 @@ struct default_policy {
   /// scheduler balance chunks of unequal size. A positive cap makes blocks loop over chunks.
   static constexpr std::int64_t max_blocks = 0;
   /// Blocks per SM of an update that stores 8-bit quantized states, which runs a persistent
-  /// grid (each block copies the quantization maps, up to 37 KB, into shared memory once); the
-  /// kernel's launch bounds hold its registers to what lets that many blocks fit. 5 is what
-  /// the H100's shared memory holds with both maps (AdamW: 4 took 6% longer, 3 took 15%, and
-  /// a grid of 6 or 8 per SM, which runs in uneven waves, 4-6%: docs/quantized_states.md).
+  /// grid (each block copies the quantization maps, up to 37 KB, into shared memory once): this
+  /// many, or as many as an SM's shared memory holds where that is fewer (persistent_grid); the
+  /// kernel's launch bounds hold its registers to what lets this many fit. 5 is what the H100's
+  /// shared memory holds with both maps (AdamW: 4 took 6% longer, 3 took 15%, and a grid of 6
+  /// or 8 per SM, which runs in uneven waves, 4-6%: docs/quantized_states.md). Only policies
+  /// used with quantized states need this member.
   static constexpr int quantized_blocks_per_sm = 5;
 };
 

@@ -295,6 +295,7 @@ void bucket_schedule::run(Plans& plans, Rule const& rule, step_info const& step,
                 "fusedopt: bucket_schedule runs the rule on each bucket alone; a rule with reduction passes or "
                 "after-step hooks (clip_by_global_norm, LAMB, LARS, the AMP skip) needs every tensor in one "
                 "step: run one sharded plan over all of them");
+  FUSEDOPT_EXPECTS(!events_.empty(), "cuda::bucket_schedule: this schedule was moved from");
   std::size_t const n = buckets();
   FUSEDOPT_EXPECTS(static_cast<std::size_t>(plans.size()) == n,
                    "cuda::bucket_schedule: " + std::to_string(plans.size()) + " plans for a schedule of " +
