@@ -187,6 +187,11 @@ class basic_sharded_plan {
   [[nodiscard]] Communicator& communicator() { return communicator_; }
 
  private:
+  friend class bucket_schedule;  // checks every bucket's plan, then enqueues without checking again
+
+  /// update without its checks (the caller made them).
+  template <class Rule>
+  void enqueue_update(Rule const& rule, step_info const& step, cudaStream_t stream);
   template <class Rule, int P, int... J>
   void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                   cudaStream_t stream, std::integer_sequence<int, J...>);

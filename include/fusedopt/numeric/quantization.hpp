@@ -106,7 +106,6 @@ inline constexpr std::uint32_t quantization_smallest_bits = 104u << 23;  // 2^-2
 /// none). Entries are exact: the code is the one the midpoints give compared in double.
 template <bool Signed>
 struct quantization_map {
-  static constexpr bool is_signed = Signed;
   static constexpr int entries = (Signed ? 2 : 1) * quantization_buckets;
   float values[256];
   /// [0, quantization_buckets): q >= 0; then (signed map) q < 0.

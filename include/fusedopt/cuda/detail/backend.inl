@@ -28,9 +28,7 @@ inline bool param_32k_available(int device)
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12010
   int driver = 0;
   FUSEDOPT_CUDA_TRY(cudaDriverGetVersion(&driver));
-  int major = 0;
-  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return driver >= 12010 && major >= 7;
+  return driver >= 12010 && detail::device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 7;
 #else
   (void)device;
   return false;

@@ -43,6 +43,14 @@ inline int current_device()
   return device;
 }
 
+/// One attribute of `device`, checked.
+inline int device_attribute(cudaDeviceAttr attribute, int device)
+{
+  int value = 0;
+  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
+}
+
 /// Chunk length: the policy's unless overridden, rounded up to a vector multiple, and to whole
 /// blocks where quantized states are bound (blocks are powers of two from 32 elements, so
 /// whole blocks are whole vectors too).
@@ -91,13 +99,9 @@ persistent_grid persistent_grid_of(Options const& opts, int device)
   persistent_grid grid;
   grid.max_blocks = opts.max_blocks;
   if (grid.max_blocks > 0) { return grid; }
-  int value = 0;
-  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-  grid.multiprocessors = value;
-  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  grid.shared_per_sm = value;
-  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&value, cudaDevAttrReservedSharedMemoryPerBlock, device));
-  grid.reserved_per_block = value;
+  grid.multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  grid.shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  grid.reserved_per_block = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, device);
   return grid;
 }
 
@@ -110,9 +114,7 @@ bool evict_first_for(std::int64_t bytes, Options const& opts, int device)
   using eviction = decltype(opts.eviction);  // cuda::l2_eviction, declared with the options
   if (opts.eviction == eviction::evict_first) { return true; }
   if (opts.eviction == eviction::evict_normal || bytes >= Policy::evict_first_below_bytes) { return false; }
-  int l2_bytes = 0;
-  FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  return bytes > l2_bytes;
+  return bytes > device_attribute(cudaDevAttrL2CacheSize, device);
 }
 
 /// Rejects pageable host memory, which kernels cannot read. One query per slot (its first

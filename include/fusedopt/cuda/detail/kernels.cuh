@@ -112,11 +112,9 @@ constexpr int update_min_blocks()
     return Policy::min_blocks_per_sm;
   }
 }
-template <class Policy, class Rule, class Bound>
-inline constexpr int update_min_blocks_v = update_min_blocks<Policy, Rule, Bound>();
 
 template <class Policy, class Rule, class Bound, class Table, int P>
-FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks_v<Policy, Rule, Bound>))
+FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks<Policy, Rule, Bound>()))
   multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
                       FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {

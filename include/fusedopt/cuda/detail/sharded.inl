@@ -223,8 +223,16 @@ template <class Rule>
 void basic_sharded_plan<Communicator, Policy, B...>::update(Rule const& rule, step_info const& step,
                                                             cudaStream_t stream)
 {
-  constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   check(rule, step);
+  enqueue_update(rule, step, stream);
+}
+
+template <class Communicator, class Policy, class... B>
+template <class Rule>
+void basic_sharded_plan<Communicator, Policy, B...>::enqueue_update(Rule const& rule, step_info const& step,
+                                                                    cudaStream_t stream)
+{
+  constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   detail::plan_steps::begin(local_, step, stream);
   auto const results =
     detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
@@ -247,7 +255,7 @@ void basic_sharded_plan<Communicator, Policy, B...>::run(Rule const& rule, step_
   check(rule, step);
   // Every check is done: from here on work is enqueued.
   reduce_scatter(stream);
-  update(rule, step, stream);
+  enqueue_update(rule, step, stream);
   all_gather(stream);
 }
 
@@ -321,7 +329,7 @@ void bucket_schedule::run(Plans& plans, Rule const& rule, step_info const& step,
   k = 0;
   for (auto& plan : plans) {
     FUSEDOPT_CUDA_TRY(cudaStreamWaitEvent(compute, event(2 + 2 * k), 0));
-    plan.update(rule, k == 0 ? step : later, compute);
+    plan.enqueue_update(rule, k == 0 ? step : later, compute);
     FUSEDOPT_CUDA_TRY(cudaEventRecord(event(3 + 2 * k), compute));
     FUSEDOPT_CUDA_TRY(cudaStreamWaitEvent(communication, event(3 + 2 * k), 0));
     plan.all_gather(communication);
