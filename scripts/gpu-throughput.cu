@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8 | --launch]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -154,40 +154,48 @@ double time_gpu(F&& f, int per_batch, int batches = 7)
   return times[times.size() / 2];
 }
 
-double copy_bandwidth()
+/// Read + write bandwidth of a device-to-device copy of `bytes` (2 GiB: the yardstick).
+double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
 {
-  std::size_t const bytes = std::size_t{1} << 31;
   void *a = nullptr, *b = nullptr;
   FUSEDOPT_CUDA_TRY(cudaMalloc(&a, bytes));
   FUSEDOPT_CUDA_TRY(cudaMalloc(&b, bytes));
   FUSEDOPT_CUDA_TRY(cudaMemset(a, 1, bytes));
-  double const s = time_gpu([&] { FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 5);
+  int const per_batch = bytes >= (std::size_t{1} << 30) ? 5 : 50;
+  double const s =
+    time_gpu([&] { FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, per_batch);
   FUSEDOPT_CUDA_TRY(cudaFree(a));
   FUSEDOPT_CUDA_TRY(cudaFree(b));
   return 2.0 * static_cast<double>(bytes) / s;  // read + write
 }
 
 /// A variant of the default tuning policy (the members not named here are the default's).
-template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4>
+template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
+          bool Lookahead = true>
 struct policy : fo::cuda::detail::default_policy {
   static constexpr int block_threads = Threads;
   static constexpr int bytes_per_slot = Bytes;
   static constexpr bool streaming_loads = StreamLoads;
   static constexpr bool streaming_stores = StreamStores;
   static constexpr int min_blocks_per_sm = MinBlocks;
-  static constexpr int quantized_blocks_per_sm = QuantizedBlocks;
+  static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t)
+  {
+    return {QuantizedBlocks, Lookahead};
+  }
 };
 
 /// Times a plan with policy P (block size, unrolling) and the given chunk and block cap: the
 /// policy reaches the chunking and every kernel through make_plan<P>.
 template <class P, class Rule, class... B>
 double time_variant(Rule const& rule, fo::bound_lists<B...> const& lists, std::int64_t chunk, std::int64_t max_blocks,
-                    int per_batch, fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic)
+                    int per_batch, fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic,
+                    bool dependent_launch = true)
 {
   fo::cuda::options opts;
   opts.chunk_elements = chunk;
   opts.max_blocks = max_blocks;
   opts.eviction = eviction;
+  opts.dependent_launch = dependent_launch;
   auto const plan = fo::cuda::make_plan<P>(lists, opts);
   return time_gpu([&] { plan.run(rule, fo::step_info{3}); }, per_batch);
 }
@@ -442,6 +450,54 @@ int eviction_sweep(double copy)
 
 }  // namespace
 
+/// --launch: each workload with programmatic dependent launch on and off (the same kernels),
+/// back to back, beside a D2D copy that moves the step's bytes (half read, half written): what
+/// a copy of that size reaches against the 2 GiB yardstick.
+template <class Rule, class Lists>
+void launch_modes(std::string const& name, Rule const& rule, Lists const& lists, double bytes, double copy, int pb)
+{
+  using P = fo::cuda::detail::default_policy;
+  auto const normal = fo::cuda::l2_eviction::automatic;
+  double const on = time_variant<P>(rule, lists, 0, 0, pb, normal, true);
+  double const off = time_variant<P>(rule, lists, 0, 0, pb, normal, false);
+  double const on_again = time_variant<P>(rule, lists, 0, 0, pb, normal, true);
+  print({name + " dependent launch", std::min(on, on_again), bytes, copy});
+  print({name + " ordinary launch", off, bytes, copy});
+}
+
+int launch_sweep(double copy)
+{
+  for (auto const& w : fb::all_workloads()) {
+    int const pb = w.name == "W4" ? 10 : 50;
+    double same_size = 0;
+    {
+      adam_memory<float, float> memory(w.sizes);
+      auto const lists = memory.lists();
+      fo::rules::adam rule;
+      double const bytes = bytes_of(rule, lists, memory.elements());
+      launch_modes("adam fp32 " + w.name, rule, lists, bytes, copy, pb);
+      same_size = copy_bandwidth(static_cast<std::size_t>(bytes / 2));
+      std::printf("%-44s %10.1f us %8.3f TB/s %7.1f%% of copy\n", ("D2D copy of adam's bytes " + w.name).c_str(),
+                  bytes / same_size * 1e6, same_size * 1e-12, 100.0 * same_size / copy);
+    }
+    {
+      adam_memory<fo::bfloat16, float> memory(w.sizes);
+      auto const lists = memory.lists();
+      fo::rules::adamw rule;
+      launch_modes("adamw bf16/fp32 " + w.name, rule, lists, bytes_of(rule, lists, memory.elements()), copy, pb);
+    }
+    {
+      q8_adam_memory<float> memory(w.sizes);
+      auto const lists = memory.lists();
+      fo::rules::adamw rule;
+      double const bytes = fo::memory_traffic<fo::rules::adamw, std::decay_t<decltype(lists)>>::exact_bytes *
+                           static_cast<double>(memory.elements());
+      launch_modes("adamw fp32/8-bit " + w.name, rule, lists, bytes, copy, pb);
+    }
+  }
+  return 0;
+}
+
 // Whether --q8 sweeps the 8-bit update's persistent grid, and the device's SMs.
 bool sweep_q8 = false;
 std::int64_t sms_of_device = 0;
@@ -463,8 +519,8 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   double const bytes = fo::memory_traffic<fo::rules::adamw, std::decay_t<decltype(lists)>>::exact_bytes *
                        static_cast<double>(memory.elements());
   print({name, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
-  // With --q8: the persistent grid's blocks per SM (the policy's is 5; launch bounds hold the
-  // registers to what that many blocks allow), and a grid of two such waves.
+  // With --q8: the 8-bit update's shapes (blocks per SM of the persistent grid, with and
+  // without the lookahead; the library's chooses by parameter width) and a grid of two waves.
   if (!sweep_q8) { return; }
   auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks) {
     using variant_policy = typename decltype(policy_tag)::type;
@@ -473,9 +529,11 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
     auto const plan = fo::cuda::make_plan<variant_policy>(lists, opts);
     print({name + " " + label, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
   };
-  variant("4/SM", tag<policy<128, 64, true, true, 1, 4>>{}, 0);
-  variant("3/SM", tag<policy<128, 64, true, true, 1, 3>>{}, 0);
-  variant("10/SM grid", tag<fo::cuda::detail::default_policy>{}, 10 * sms_of_device);
+  variant("lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
+  variant("lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, true>>{}, 0);
+  variant("no lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, false>>{}, 0);
+  variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
+  variant("8/SM grid", tag<fo::cuda::detail::default_policy>{}, 8 * sms_of_device);
 }
 
 /// Every variant on one workload: block size, bytes per slot, streaming hints, chunk, cap.
@@ -508,13 +566,17 @@ int main(int argc, char** argv)
               copy * 1e-12);
   std::int64_t const sms = prop.multiProcessorCount;
   if (probing) { return probe(copy) + eviction_sweep(copy); }
+  if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy); }
   if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
     sms_of_device = sms;
-    sweep_q8 = true;
+    // --q8 W2: that workload's fp32 case alone, without the sweep (for a profiler).
+    char const* only = argc > 2 ? argv[2] : nullptr;
+    sweep_q8 = only == nullptr;
     for (auto const& w : fb::all_workloads()) {
+      if (only != nullptr && w.name != only) { continue; }
       int const pb = w.name == "W4" ? 10 : 50;
       q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb);
-      q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb);
+      if (only == nullptr) { q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb); }
     }
     return 0;
   }

@@ -64,7 +64,7 @@ struct options {
   l2_eviction eviction = l2_eviction::automatic;
   /// Tuning override for benchmarks and tests: most blocks per launch, blocks then loop over
   /// chunks; 0 takes the policy's default (one block per chunk; for an update that stores
-  /// 8-bit quantized states, a persistent grid of the policy's `quantized_blocks_per_sm` on
+  /// 8-bit quantized states, a persistent grid of the policy's `quantized_update` blocks on
   /// every SM, fewer where an SM's shared memory holds fewer).
   std::int64_t max_blocks = 0;
   /// Plans: accumulators (summed over a rule's reduction passes) the plan's device workspace
@@ -79,6 +79,12 @@ struct options {
   /// under `zero_grad(set_to_none=True)`. Each copy takes 8 bytes per tensor and slot (plus
   /// 8 per tensor) of device memory. Ignored by `apply`.
   int address_tables = 4;
+  /// Launch the step's kernels with programmatic dependent launch (sm_90 and newer; ignored
+  /// before): each may be scheduled while the kernel before it in the stream finishes, and
+  /// waits on the device for that kernel's completion and memory before it reads anything, so
+  /// launch latency and block dispatch overlap the previous kernel's last wave (docs/cuda.md,
+  /// "Dependent launch"). Results do not change; `false` launches them the ordinary way.
+  bool dependent_launch = true;
 };
 
 namespace detail {
@@ -229,6 +235,7 @@ class basic_plan {
   lists_type lists_;
   transport transport_ = transport::device_table;
   int device_ = 0;
+  bool programmatic_ = false;  // launches with programmatic dependent launch (options::dependent_launch)
   std::int64_t max_blocks_ = 0;
   detail::persistent_grid persistent_;  // of updates that store quantized states (lists with some)
   template <class Rule, int P, int... J>

@@ -99,11 +99,13 @@ inline constexpr std::uint32_t quantization_smallest_bits = 104u << 23;  // 2^-2
 /// sign of q (only q >= 0 for the unsigned map, whose every negative q takes code 0). A bucket
 /// holds at most one of the 255 midpoints between neighbouring values (make_dynamic_map checks
 /// it), so its entry gives the code from the low 16 bits of |q|, `low`, with one addition and
-/// one shift: code = (entry + low) >> 17 for q >= 0, (entry - low) >> 17 for q < 0. For q >= 0,
-/// entry = (code of the bucket's low end) << 17 + 2^17 - t, where low >= t exactly when q is
-/// above the bucket's midpoint (t = 2^16: no midpoint); for q < 0, entry = (code of the
-/// bucket's low end) << 17 + 2^17 + t - 1, where low < t exactly when q is above it (t = 0:
-/// none). Entries are exact: the code is the one the midpoints give compared in double.
+/// one shift: code = (entry + low) >> 17 for q >= 0, (entry + (low ^ 0xffff)) >> 17 for q < 0
+/// (the complement is one logic instruction with the sign mask, where a negation took a compare
+/// and a select). For q >= 0, entry = (code of the bucket's low end) << 17 + 2^17 - t, where
+/// low >= t exactly when q is above the bucket's midpoint (t = 2^16: no midpoint); for q < 0,
+/// entry = (code of the bucket's low end) << 17 + 2^17 + t - 1 - 0xffff, where low < t exactly
+/// when q is above it (t = 0: none). Entries are exact: the code is the one the midpoints give
+/// compared in double.
 template <bool Signed>
 struct quantization_map {
   static constexpr int entries = (Signed ? 2 : 1) * quantization_buckets;
@@ -210,7 +212,8 @@ constexpr quantization_map<Signed> make_dynamic_map()
   }
   for (int at = 0; at < map.entries; ++at) {
     std::uint32_t const carry = std::uint32_t{1} << code_shift;
-    map.search[at] = (base[at] << code_shift) + (at < negative ? carry - threshold[at] : carry + threshold[at] - 1);
+    map.search[at] =
+      (base[at] << code_shift) + (at < negative ? carry - threshold[at] : carry + threshold[at] - 1 - 0xffffu);
   }
   return map;
 }
@@ -261,18 +264,22 @@ template <bool Signed>
 FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map<Signed> const& map, float x, float inverse)
 {
   std::uint32_t bits = float_bits(x * inverse);
+  // All ones for q < 0 (an arithmetic shift of the sign), else zero.
+  std::uint32_t const sign_mask = 0u - (bits >> 31);
   if constexpr (!Signed) {
-    bits = (bits >> 31) != 0 ? 0u : bits;  // below every value of the unsigned map: the code of 0
+    bits &= ~sign_mask;  // below every value of the unsigned map: the code of 0
   }
-  std::uint32_t const negative = Signed ? bits >> 31 : 0u;
   std::uint32_t magnitude = bits & 0x7fffffffu;
   magnitude = magnitude > quantization_smallest_bits ? magnitude : quantization_smallest_bits;
   // |q| <= fl(absmax * fl(1 / absmax)) < 1 + 2^-22 (|x| <= absmax), so q's bucket is at most the
   // last one, which starts at 1: the callers pass x of the block whose maximum gave `inverse`.
-  std::uint32_t const bucket = (magnitude - quantization_smallest_bits) >> 16;
-  std::uint32_t const entry = map.search[bucket + negative * quantization_buckets];
-  std::uint32_t const low = magnitude & 0xffffu;
-  return static_cast<std::uint8_t>((negative != 0 ? entry - low : entry + low) >> 17);
+  // The bucket is (magnitude - smallest) >> 16; written as a difference of shifts (smallest's
+  // low 16 bits are 0) the constant joins the table's address.
+  std::uint32_t const bucket = (magnitude >> 16) - (quantization_smallest_bits >> 16);
+  std::uint32_t const negative = Signed ? sign_mask & std::uint32_t{quantization_buckets} : 0u;
+  std::uint32_t const entry = map.search[bucket + negative];
+  std::uint32_t const low = Signed ? (magnitude ^ sign_mask) & 0xffffu : magnitude & 0xffffu;
+  return static_cast<std::uint8_t>((entry + low) >> 17);
 }
 
 }  // namespace detail

@@ -15,6 +15,7 @@
 #include "../../detail/access.hpp"
 #include "../../detail/rule_traits.hpp"
 #include "../../meta.hpp"
+#include "policy.cuh"
 #include "tables.cuh"
 #include "vector_io.cuh"
 
@@ -131,7 +132,7 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
 /// head elements up to the first vector-aligned one, then vectors of `W` elements, then a
 /// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar, and
 /// so do all elements where quantized states are bound (a reduction pass, or an update that
-/// only reads them: process_blocks updates the ones it stores).
+/// only reads them: process_quantized updates the ones it stores).
 template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
                                               std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
@@ -146,7 +147,7 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
   if (Access::any_quantized || te.head < 0) {
     // The slots are misaligned differently: no element is aligned in all of them at once; or
     // quantized states are bound, whose records are not vectors of elements (a pass over them
-    // reads element by element; process_blocks updates them).
+    // reads element by element; process_quantized updates them).
     for (std::int64_t i = begin + tid; i < end; i += threads) { scalar_element<Access>(body, te.bases, index, i, acc...); }
     return;
   }
@@ -239,32 +240,81 @@ struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) quad {
   T v[4];
 };
 
-/// Loads elements i..i+3 of slot K (i a multiple of 4 within one quantized block) into e[0..3]:
-/// a quantized slot as one 4-byte load of codes and the block's scale, any other as one quad.
-template <class Access, std::size_t K>
-__device__ __forceinline__ void load_quad(typename Access::element_type* e, void* const* bases, std::int64_t i,
-                                          block_maps<Access> const& maps)
-{
-  using T = typename Access::template element_t<K>;
-  using V = typename Access::value_type;
-  if constexpr (!Access::loads[K]) {
+/// What a lane reads of slot K of a whole block before it computes (quantized worker): G
+/// groups of four consecutive elements, lane l's group g being elements 128 g + 4 l .. + 3 of
+/// the block: a quad of a plain slot, or a 4-byte word of codes (and the block's scale) of a
+/// quantized one; nothing for a slot the rule does not read. `fetch` issues the loads,
+/// `decode` turns them into the elements' values (dequantized through the CTA's maps), so
+/// that the loads of the next block can be in flight while this one computes.
+template <class Access, std::size_t K, int G, bool Load = Access::loads[K], bool Quantized = Access::quantized[K]>
+struct raw_slot {
+  __device__ __forceinline__ void fetch(void* const*, std::int64_t, int) {}
+  __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const&) const
+  {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) { e[j].at(K) = V(0); }
-  } else if constexpr (Access::quantized[K]) {
-    T const& record = static_cast<T const*>(bases[K])[i / T::block_elements];
-    std::uint32_t const codes = *reinterpret_cast<std::uint32_t const*>(record.codes + i % T::block_elements);
-    float const absmax = record.absmax;
+    for (int j = 0; j < 4 * G; ++j) { e[j].at(K) = typename Access::value_type(0); }
+  }
+};
+template <class Access, std::size_t K, int G>
+struct raw_slot<Access, K, G, true, false> {
+  using T = typename Access::template element_t<K>;
+  quad<T> q[G];
+  __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
+  {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      q[g] = *reinterpret_cast<quad<T> const*>(static_cast<T const*>(bases[K]) + first + g * 128 + 4 * lane);
+    }
+  }
+  __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const&) const
+  {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) { e[4 * g + j].at(K) = ::fusedopt::to_opmath<typename Access::value_type>(q[g].v[j]); }
+    }
+  }
+};
+template <class Access, std::size_t K, int G>
+struct raw_slot<Access, K, G, true, true> {
+  using T = typename Access::template element_t<K>;
+  std::uint32_t codes[G];
+  float absmax;
+  __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
+  {
+    T const& record = static_cast<T const*>(bases[K])[first / T::block_elements];
+#pragma unroll
+    for (int g = 0; g < G; ++g) { codes[g] = *reinterpret_cast<std::uint32_t const*>(record.codes + g * 128 + 4 * lane); }
+    absmax = record.absmax;
+  }
+  __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const& maps) const
+  {
     auto const& map = maps.template get<typename T::map_type>();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      e[j].at(K) = ::fusedopt::detail::dequantize(map, static_cast<std::uint8_t>(codes >> (8 * j)), absmax);
-    }
-  } else {
-    quad<T> const q = *reinterpret_cast<quad<T> const*>(static_cast<T const*>(bases[K]) + i);
+    for (int g = 0; g < G; ++g) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) { e[j].at(K) = ::fusedopt::to_opmath<V>(q.v[j]); }
+      for (int j = 0; j < 4; ++j) {
+        e[4 * g + j].at(K) = ::fusedopt::detail::dequantize(map, static_cast<std::uint8_t>(codes[g] >> (8 * j)), absmax);
+      }
+    }
   }
-}
+};
+
+/// A lane's reads of every slot of one whole block (raw_slot).
+template <class Access, int G, class Slots = std::make_index_sequence<Access::num_slots>>
+struct raw_block;
+template <class Access, int G, std::size_t... K>
+struct raw_block<Access, G, std::index_sequence<K...>> {
+  ::fusedopt::detail::pack<raw_slot<Access, K, G>...> slots;
+  __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
+  {
+    (::fusedopt::detail::pack_get<K>(slots).fetch(bases, first, lane), ...);
+  }
+  __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const& maps) const
+  {
+    (::fusedopt::detail::pack_get<K>(slots).decode(e, maps), ...);
+  }
+};
 
 /// Stores e[0..3] into elements i..i+3 of slot K, a written slot that is not quantized, as one
 /// quad.
@@ -305,13 +355,6 @@ __device__ __forceinline__ void store_code_quad(typename Access::element_type co
 }
 
 template <class Access, std::size_t... K>
-__device__ __forceinline__ void load_quads(typename Access::element_type* e, void* const* bases, std::int64_t i,
-                                           block_maps<Access> const& maps, std::index_sequence<K...>)
-{
-  (load_quad<Access, K>(e, bases, i, maps), ...);
-}
-
-template <class Access, std::size_t... K>
 __device__ __forceinline__ void store_plain_quads(typename Access::element_type const* e, void* const* bases,
                                                   std::int64_t i, std::index_sequence<K...>)
 {
@@ -326,21 +369,56 @@ __device__ __forceinline__ void store_code_quads(typename Access::element_type c
   (store_code_quad<Access, K>(e, bases, i, summary, maps), ...);
 }
 
-/// The update worker where quantized states are stored: elements [begin, begin + count) of one
-/// tensor, `begin` a multiple of the block size (make_layout). One warp owns a block: warp w
-/// takes blocks w, w + warps, ... of the chunk. In a whole block of a tensor whose other slots
-/// are aligned for 4-element accesses (head 0, slot_geometry::head), lane l takes elements
-/// 128 g + 4 l .. 128 g + 4 l + 3 for each g: one access per slot and four elements (16 bytes
-/// of fp32, 4 of codes), each warp access 32 consecutive such groups. Otherwise (a tensor's
-/// last, partial block, or misaligned slots) lane l takes elements l, l + 32, ... one by one.
-/// The lanes update their elements in registers, the warp folds their summaries with shuffles
-/// (no other launch), every lane stores its elements with the block's new scale and lane 0
-/// stores the scale: the steps of detail::access::update_block, the same bits. Whole blocks
-/// look their codes up in `maps` (the CTA's shared copy); the rare element path in the maps in
-/// global memory, through the host's code.
-template <class Policy, class Access, class Body, std::size_t S>
-__device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                               std::int32_t count, block_maps<Access> const& maps)
+/// The element size of the widest slot of `Access` that is read or written and not quantized
+/// (what Policy::quantized_update chooses the quantized worker's shape by).
+template <class Access, std::size_t... K>
+constexpr std::size_t widest_plain_bytes(std::index_sequence<K...>)
+{
+  std::size_t widest = 0;
+  ((widest = (Access::loads[K] || Access::stores[K]) && !Access::quantized[K] &&
+                 sizeof(typename Access::template element_t<K>) > widest
+               ? sizeof(typename Access::template element_t<K>)
+               : widest),
+   ...);
+  return widest;
+}
+
+/// The quantized worker's shape for `Access` under `Policy`: blocks per SM and lookahead.
+template <class Policy, class Access>
+inline constexpr quantized_shape quantized_shape_v =
+  Policy::quantized_update(widest_plain_bytes<Access>(std::make_index_sequence<Access::num_slots>{}));
+template <class Policy, class Access>
+inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access>.blocks_per_sm;
+template <class Policy, class Access>
+inline constexpr bool quantized_lookahead_v = quantized_shape_v<Policy, Access>.lookahead;
+
+/// Where a warp of the quantized worker stands: one of its blocks, elements [first, first +
+/// block) of the tensor (the block may end early at `end`, the chunk's end).
+template <std::size_t S>
+struct block_cursor {
+  std::int64_t chunk;
+  std::int64_t first;
+  std::int64_t end;
+  tensor_entry<S> tensor;
+};
+
+/// The update where quantized states are stored, over the chunks `blockIdx.x`, `blockIdx.x +
+/// gridDim.x`, ... of `table` (a persistent grid; chunks start at multiples of the block size,
+/// make_layout). One warp owns a block: warp w takes blocks w, w + warps, ... of each chunk. In
+/// a whole block of a tensor whose other slots are aligned for 4-element accesses (head 0,
+/// slot_geometry::head), lane l takes elements 128 g + 4 l .. 128 g + 4 l + 3 for each g: one
+/// access per slot and four elements (16 bytes of fp32, 4 of codes), each warp access 32
+/// consecutive such groups; with the lookahead (quantized_shape_v) the warp issues the loads of its
+/// next whole block (raw_block) before it computes this one, so their memory latency is
+/// hidden behind its arithmetic. Otherwise (a tensor's last, partial block, or misaligned
+/// slots) lane l takes elements l, l + 32, ... one by one. The lanes update their elements in
+/// registers, store the slots that are not quantized (the parameters) at once, fold the
+/// summaries over the warp with shuffles (no other launch), store their codes with the block's
+/// new scale, and lane 0 stores the scale: the steps of detail::access::update_block, the same
+/// bits. Whole blocks look their codes up in `maps` (the CTA's shared copy); the rare element
+/// path in the maps in global memory, through the host's code.
+template <class Policy, class Access, class Body, class Table>
+__device__ __forceinline__ void process_quantized(Body const& body, Table const& table, block_maps<Access> const& maps)
 {
   constexpr int lanes = 32;
   static_assert(Policy::block_threads % lanes == 0, "a block of the CUDA backend is whole warps");
@@ -348,56 +426,98 @@ __device__ __forceinline__ void process_blocks(Body const& body, tensor_entry<S>
   constexpr std::int64_t block = Access::block_elements;
   constexpr int per_lane = static_cast<int>(block / lanes);
   constexpr bool quads = block % (4 * lanes) == 0;
+  constexpr int groups = quads ? per_lane / 4 : 1;
+  constexpr std::size_t S = Access::num_slots;
+  constexpr bool lookahead = quantized_lookahead_v<Policy, Access>;
+  using cursor = block_cursor<S>;
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
-  std::int64_t const end = begin + count;
-  auto update = [&](typename Access::element_type& e, std::int64_t i, typename Access::block_summary& summary) {
-    e.set_position(te.index, i);
-    Access::clear_registers(e);
-    auto const before = e;
-    body(e);
-    Access::summarize(summary, e, before);
+
+  // The warp's next block, crossing into the CTA's next chunk that has one for this warp.
+  auto advance = [&](cursor& c) {
+    c.first += warps * block;
+    while (c.first >= c.end) {
+      c.chunk += gridDim.x;
+      if (c.chunk >= table.num_chunks) { return false; }
+      chunk_entry const entry = table.chunk(c.chunk);
+      c.tensor = table.tensor(entry.tensor);
+      c.first = entry.begin + warp * block;
+      c.end = entry.begin + entry.count;
+    }
+    return true;
   };
-  // `first` is the same in every lane of a warp: the shuffles below see all 32 lanes.
-  for (std::int64_t first = begin + warp * block; first < end; first += warps * block) {
+  auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
+
+  // One block: `data` holds the lanes' loads where the block is whole.
+  auto update_block = [&](cursor const& c, raw_block<Access, groups> const& data) {
+    bool const is_whole = whole(c);
+    auto const tensor_body = ::fusedopt::detail::body_for_tensor(body, c.tensor.index);
+    auto update = [&](typename Access::element_type& e, std::int64_t i, typename Access::block_summary& summary) {
+      e.set_position(c.tensor.index, i);
+      Access::clear_registers(e);
+      auto const before = e;
+      tensor_body(e);
+      Access::summarize(summary, e, before);
+    };
+    void* const* bases = c.tensor.bases;
     typename Access::element_type e[per_lane];
     auto summary = Access::empty_summary();
-    if (quads && te.head == 0 && first + block <= end) {
-#pragma unroll
-      for (int g = 0; g < per_lane / 4; ++g) {
-        load_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, maps, std::make_index_sequence<S>{});
-      }
+    if (is_whole) {
+      data.decode(e, maps);
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
 #pragma unroll
-        for (int j = 4 * g; j < 4 * g + 4; ++j) { update(e[j], first + g * 4 * lanes + 4 * lane + j % 4, summary); }
+        for (int j = 4 * g; j < 4 * g + 4; ++j) { update(e[j], c.first + g * 4 * lanes + 4 * lane + j % 4, summary); }
         // The slots stored as they are go out before the warp's fold: their registers are free
-        // sooner (more blocks fit on an SM) and the stores overlap the fold.
-        store_plain_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
+        // sooner and the stores overlap the fold.
+        store_plain_quads<Access>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
       }
       warp_summary<Access>(summary);
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
-        store_code_quads<Access>(e + 4 * g, te.bases, first + g * 4 * lanes + 4 * lane, summary, maps,
+        store_code_quads<Access>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, summary, maps,
                                  std::make_index_sequence<S>{});
       }
     } else {
 #pragma unroll
       for (int j = 0; j < per_lane; ++j) {
-        std::int64_t const i = first + lane + j * lanes;
-        if (i < end) {
-          Access::load(e[j], te.bases, i, std::make_index_sequence<S>{});
+        std::int64_t const i = c.first + lane + j * lanes;
+        if (i < c.end) {
+          Access::load(e[j], bases, i, std::make_index_sequence<S>{});
           update(e[j], i, summary);
         }
       }
       warp_summary<Access>(summary);
 #pragma unroll
       for (int j = 0; j < per_lane; ++j) {
-        std::int64_t const i = first + lane + j * lanes;
-        if (i < end) { Access::store_in_block(e[j], te.bases, i, summary, std::make_index_sequence<S>{}); }
+        std::int64_t const i = c.first + lane + j * lanes;
+        if (i < c.end) { Access::store_in_block(e[j], bases, i, summary, std::make_index_sequence<S>{}); }
       }
     }
-    if (lane == 0) { Access::store_scales(te.bases, first / block, summary); }
+    if (lane == 0) { Access::store_scales(bases, c.first / block, summary); }
+  };
+
+  // `first` is the same in every lane of a warp: the shuffles see all 32 lanes.
+  cursor at{static_cast<std::int64_t>(blockIdx.x) - static_cast<std::int64_t>(gridDim.x), 0, 0, {}};
+  bool more = advance(at);
+  if constexpr (lookahead) {
+    raw_block<Access, groups> ahead;
+    if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
+    while (more) {
+      cursor const c = at;
+      raw_block<Access, groups> const data = ahead;
+      more = advance(at);
+      if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
+      update_block(c, data);
+    }
+  } else {
+    // One cursor live: the loads of a block are issued when it starts.
+    while (more) {
+      raw_block<Access, groups> data;
+      if (whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
+      update_block(at, data);
+      more = advance(at);
+    }
   }
 }
 

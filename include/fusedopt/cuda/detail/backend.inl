@@ -46,6 +46,7 @@ template <class Policy, class... B>
 basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_t stream) : lists_(std::move(lists))
 {
   device_ = detail::current_device();
+  programmatic_ = detail::programmatic_launch_for(opts, device_);
   max_blocks_ = detail::max_blocks_of<Policy>(opts);
   if constexpr ((::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
     persistent_ = detail::persistent_grid_of(opts, device_);
@@ -130,7 +131,7 @@ struct plan_steps {
   static void begin(Plan const& plan, step_info const& step, cudaStream_t stream)
   {
     if (plan.tables_.current_from_capture()) { plan.tables_.publish(plan.tensors_, stream); }
-    advance_step(step, stream);
+    advance_step(step, stream, plan.programmatic_);
   }
 
   /// Reduction pass J over every table of the plan: the partial of the plan's chunk c goes to
@@ -141,8 +142,8 @@ struct plan_steps {
   {
     std::int64_t base = first_chunk;
     plan.for_each_table([&](auto const& table) {
-      launch_pass<typename Plan::policy_type, Rule, typename Plan::lists_type, J>(rule, step, table, results, partials,
-                                                                                  base, plan.max_blocks_, stream);
+      launch_pass<typename Plan::policy_type, Rule, typename Plan::lists_type, J>(
+        rule, step, table, results, partials, base, plan.max_blocks_, stream, plan.programmatic_);
       base += table.num_chunks;
     });
   }
@@ -154,17 +155,28 @@ struct plan_steps {
   {
     plan.for_each_table([&](auto const& table) {
       launch_update<typename Plan::policy_type, Rule, typename Plan::lists_type>(
-        rule, step, table, results, plan.max_blocks_, plan.persistent_, stream);
+        rule, step, table, results, plan.max_blocks_, plan.persistent_, stream, plan.programmatic_);
     });
   }
 
-  /// The rows, totals and finalize of pass J of `Rule` over a workspace.
-  template <class Policy, class Rule, int J, int P>
-  static void finalize(reduction_workspace const& workspace, pass_results<P> const& results, cudaStream_t stream)
+  /// The rule's after-step hooks, launched as the plan launches.
+  template <class Plan, class Rule, int P>
+  static void after_step(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
+                         cudaStream_t stream)
+  {
+    launch_after_step(rule, step, results, stream, plan.programmatic_);
+  }
+
+  /// The rows, totals and finalize of pass J of `Rule` over a workspace, launched as `plan`
+  /// launches.
+  template <class Rule, int J, class Plan, int P>
+  static void finalize(Plan const& plan, reduction_workspace const& workspace, pass_results<P> const& results,
+                       cudaStream_t stream)
   {
     using reduction = typename ::fusedopt::detail::pass_traits<Rule, J>::reduction;
-    launch_finalize<Policy, reduction>(workspace.partials, workspace.ranges, workspace.rows(), workspace.longest_row(),
-                                       results.r[J], workspace.counter, stream);
+    launch_finalize<typename Plan::policy_type, reduction>(workspace.partials, workspace.ranges, workspace.rows(),
+                                                           workspace.longest_row(), results.r[J], workspace.counter,
+                                                           stream, plan.programmatic_);
   }
 
   /// run's check that the rule's accumulators fit a workspace.
@@ -191,7 +203,7 @@ void basic_plan<Policy, B...>::run_passes(Rule const& rule, step_info const& ste
   // Chunk partials of every pass share one area: pass J's are consumed by its finalize
   // kernel before pass J + 1 runs (stream order).
   ((detail::plan_steps::pass<J>(*this, rule, step, results, workspace_.partials, 0, stream),
-    detail::plan_steps::finalize<Policy, Rule, J>(workspace_, results, stream)),
+    detail::plan_steps::finalize<Rule, J>(*this, workspace_, results, stream)),
    ...);
 }
 
@@ -207,7 +219,7 @@ void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cuda
   auto const results = detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
   if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
   detail::plan_steps::update(*this, rule, step, results, stream);
-  detail::launch_after_step(rule, step, results, stream);
+  detail::plan_steps::after_step(*this, rule, step, results, stream);
 }
 
 template <class Policy, class... B>
@@ -439,6 +451,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
                    "cuda::apply carries its tables by value and owns no device memory; use a plan for "
                    "transport::device_table");
   int const device = detail::current_device();
+  bool const programmatic = detail::programmatic_launch_for(opts, device);
   bool const large = param_32k_available(device);
   FUSEDOPT_EXPECTS(opts.metadata != transport::param_32k || large,
                    "transport::param_32k needs CUDA 12.1 (runtime and driver) and an sm_70 or newer GPU");
@@ -451,12 +464,13 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   detail::check_device_memory(lists);
   auto const layout = detail::make_layout(lists, chunk, std::index_sequence_for<B...>{});
   bool const evict_first = detail::evict_first_for<Policy>(layout.bytes, opts, device);
-  detail::advance_step(step, stream);
+  detail::advance_step(step, stream, programmatic);
   detail::pass_results<0> const none{};
   auto const launch_all = [&](auto const& tables) {
     // A rule too large for a 32 KB table cannot fit a 4 KB one either; launch_update reports it.
     for (auto const& table : tables) {
-      detail::launch_update<Policy, Rule, lists_type>(rule, step, table, none, max_blocks, persistent, stream);
+      detail::launch_update<Policy, Rule, lists_type>(rule, step, table, none, max_blocks, persistent, stream,
+                                                      programmatic);
     }
   };
   if (opts.metadata == transport::param_32k || (opts.metadata == transport::automatic && large)) {
@@ -464,7 +478,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   } else {
     launch_all(detail::pack_tables<detail::table_4k<S>>(layout, evict_first));
   }
-  detail::launch_after_step(rule, step, none, stream);
+  detail::launch_after_step(rule, step, none, stream, programmatic);
 }
 
 }  // namespace cuda

@@ -51,6 +51,15 @@ inline int device_attribute(cudaDeviceAttr attribute, int device)
   return value;
 }
 
+/// Whether launches on `device` use programmatic dependent launch: asked for
+/// (options::dependent_launch) and the GPU is sm_90 or newer, where the kernels wait for
+/// their predecessor on the device (await_predecessor).
+template <class Options>
+bool programmatic_launch_for(Options const& opts, int device)
+{
+  return opts.dependent_launch && device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9;
+}
+
 /// Chunk length: the policy's unless overridden, rounded up to a vector multiple, and to whole
 /// blocks where quantized states are bound (blocks are powers of two from 32 elements, so
 /// whole blocks are whole vectors too).
@@ -80,16 +89,15 @@ struct persistent_grid {
   std::int64_t shared_per_sm = 0;      ///< bytes of shared memory an SM gives its blocks
   std::int64_t reserved_per_block = 0; ///< bytes the driver keeps per block
 
-  /// Blocks of a launch whose blocks take `shared_bytes` of static shared memory each: the
-  /// policy's blocks per SM where that many fit in an SM's shared memory (5 of AdamW's 37 KB on
-  /// an H100 or H200), fewer where they do not (an A100 holds 4), on every SM; blocks that do
-  /// not fit would run as a late, partial wave.
-  template <class Policy>
-  [[nodiscard]] std::int64_t blocks(std::int64_t shared_bytes) const
+  /// Blocks of a launch whose blocks take `shared_bytes` of static shared memory each:
+  /// `per_sm` (the policy's quantized_update) where that many fit in an SM's shared memory (5
+  /// of AdamW's 37 KB on an H100 or H200), fewer where they do not (an A100 holds 4), on every
+  /// SM; blocks that do not fit would run as a late, partial wave.
+  [[nodiscard]] std::int64_t blocks(std::int64_t shared_bytes, int per_sm) const
   {
     if (max_blocks > 0) { return max_blocks; }
     std::int64_t const fit = shared_per_sm / (shared_bytes + reserved_per_block);
-    return multiprocessors * std::max<std::int64_t>(1, std::min<std::int64_t>(Policy::quantized_blocks_per_sm, fit));
+    return multiprocessors * std::max<std::int64_t>(1, std::min<std::int64_t>(per_sm, fit));
   }
 };
 
@@ -209,14 +217,26 @@ pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* bas
 
 // ---- launches ------------------------------------------------------------------------------
 
-/// Enqueues `kernel` with arguments of exactly the kernel's parameter types.
+/// Enqueues `kernel` with arguments of exactly the kernel's parameter types; `programmatic`:
+/// with programmatic stream serialization (the kernel awaits its predecessor on the device).
 template <class... Params, class... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, Args... args)
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool programmatic,
+                   Args... args)
 {
   static_assert(sizeof...(Params) == sizeof...(Args), "fusedopt: wrong number of kernel arguments");
   static_assert((std::is_same_v<std::remove_const_t<Params>, Args> && ...), "fusedopt: kernel argument types");
   void* pointers[] = {static_cast<void*>(&args)...};
-  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = programmatic ? &attribute : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  FUSEDOPT_CUDA_TRY(cudaLaunchKernelExC(&config, reinterpret_cast<void const*>(kernel), pointers));
 }
 
 /// Blocks of a launch over `table`: one per chunk, at most `max_blocks` when set.
@@ -232,11 +252,12 @@ unsigned grid_of(Table const& table, std::int64_t max_blocks)
 /// `persistent` sizes the grid where the rule stores quantized states (persistent_grid_of).
 template <class Policy, class Rule, class Bound, int P, class Table>
 void launch_update(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
-                   std::int64_t max_blocks, persistent_grid const& persistent, cudaStream_t stream)
+                   std::int64_t max_blocks, persistent_grid const& persistent, cudaStream_t stream, bool programmatic)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   if constexpr (access::stores_quantized) {
-    max_blocks = persistent.blocks<Policy>(static_cast<std::int64_t>(sizeof(block_maps<access>)));
+    max_blocks = persistent.blocks(static_cast<std::int64_t>(sizeof(block_maps<access>)),
+                                   quantized_blocks_per_sm_v<Policy, access>);
   }
   (void)persistent;
   static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
@@ -245,9 +266,9 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
   if (table.num_chunks == 0) { return; }
   if constexpr (fits_params<Rule, Table, results_bytes<P>>) {
     launch_kernel(&multi_tensor_kernel<Policy, Rule, Bound, Table, P>, dim3(grid_of(table, max_blocks)),
-                  dim3(Policy::block_threads), stream, rule, step, table, results);
+                  dim3(Policy::block_threads), stream, programmatic, rule, step, table, results);
   } else {
-    (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream;
+    (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream, (void)programmatic;
     rule_too_large(sizeof(Rule), P > 0);
   }
 }
@@ -255,14 +276,16 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
 /// Enqueues reduction pass J over one table; its chunks are chunks chunk_base... of the plan.
 template <class Policy, class Rule, class Bound, int J, int P, class Table>
 void launch_pass(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
-                 double* partials, std::int64_t chunk_base, std::int64_t max_blocks, cudaStream_t stream)
+                 double* partials, std::int64_t chunk_base, std::int64_t max_blocks, cudaStream_t stream,
+                 bool programmatic)
 {
   if (table.num_chunks == 0) { return; }
   if constexpr (fits_params<Rule, Table, results_bytes<P> + 16>) {
     launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>, dim3(grid_of(table, max_blocks)),
-                  dim3(Policy::block_threads), stream, rule, step, table, results, partials, chunk_base);
+                  dim3(Policy::block_threads), stream, programmatic, rule, step, table, results, partials, chunk_base);
   } else {
-    (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream;
+    (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream,
+      (void)programmatic;
     rule_too_large(sizeof(Rule), true);
   }
 }
@@ -270,7 +293,7 @@ void launch_pass(Rule const& rule, step_info const& step, Table const& table, pa
 /// Enqueues the fold of reduction pass J's chunk partials into its rows and totals.
 template <class Policy, class Reduction>
 void launch_finalize(double const* partials, chunk_range const* ranges, std::int64_t rows, std::int64_t longest_row,
-                     reduced const& into, unsigned int* counter, cudaStream_t stream)
+                     reduced const& into, unsigned int* counter, cudaStream_t stream, bool programmatic)
 {
   // Wide blocks only where a row is long: the choice depends on the plan alone, so the fold
   // order (and the bits) is the same at every run.
@@ -278,28 +301,28 @@ void launch_finalize(double const* partials, chunk_range const* ranges, std::int
   launch_kernel(wide ? &finalize_kernel<Policy::finalize_threads_wide, Reduction>
                      : &finalize_kernel<Policy::finalize_threads, Reduction>,
                 dim3(static_cast<unsigned>(std::max<std::int64_t>(rows, 1))),
-                dim3(wide ? Policy::finalize_threads_wide : Policy::finalize_threads), stream, partials, ranges, rows,
+                dim3(wide ? Policy::finalize_threads_wide : Policy::finalize_threads), stream, programmatic, partials,
+                ranges, rows,
                 const_cast<double*>(into.per_tensor), const_cast<double*>(into.all), counter);
 }
 
 /// Enqueues the rule's after-step hooks (one thread), if it has any.
 template <class Rule, int P>
-void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> const& results, cudaStream_t stream)
+void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> const& results, cudaStream_t stream,
+                       bool programmatic)
 {
   if constexpr (::fusedopt::detail::needs_after_step<Rule>::value) {
-    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), stream, rule, step, results);
+    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), stream, programmatic, rule, step, results);
   } else {
-    (void)rule, (void)step, (void)results, (void)stream;
+    (void)rule, (void)step, (void)results, (void)stream, (void)programmatic;
   }
 }
 
 /// step_info::advance: the counter (device memory) gains 1 in stream order before the step.
-inline void advance_step(step_info const& step, cudaStream_t stream)
+inline void advance_step(step_info const& step, cudaStream_t stream, bool programmatic)
 {
   if (step.advance == nullptr) { return; }
-  std::int64_t* counter = step.advance;
-  void* args[] = {&counter};
-  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), args, 0, stream));
+  launch_kernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), stream, programmatic, step.advance);
 }
 
 /// Enqueues the writes of `entries` into `table` on `stream`, one launch per table_piece.

@@ -43,6 +43,21 @@ FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
 
+/// Programmatic dependent launch (launch_kernel; sm_90 and newer, a no-op before): a kernel
+/// launched with it may be running while the kernel before it in the stream finishes, so it
+/// waits here, before it reads anything an earlier kernel may have written (tensors, device
+/// scalars, reduction results, counters), until that kernel has completed and its memory is
+/// visible; then it lets the next such launch be scheduled, whose blocks take SMs as this
+/// kernel's blocks leave them. Only device memory that no kernel writes (the quantization maps)
+/// is read before it.
+__device__ __forceinline__ void await_predecessor()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /// Folds two accumulator sets with the reduction's operations (the block reduction's operator).
 template <class Reduction>
 struct combine_all {
@@ -99,15 +114,15 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// passes (prepare_final: device scalars and the results are read here, so a captured launch
 /// picks up new values; without passes it is the rule's own prepare), then each block takes
 /// chunks `blockIdx.x`, `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of
-/// quantized states where the rule stores some: process_blocks, with the maps in shared memory).
+/// quantized states where the rule stores some: process_quantized, with the maps in shared memory).
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
-/// stores quantized states counts on Policy::quantized_blocks_per_sm fitting at once.
-/// (A policy needs `quantized_blocks_per_sm` only for such rules.)
+/// stores quantized states counts on its shape's blocks per SM fitting at once
+/// (Policy::quantized_update; a policy needs it only for such rules).
 template <class Policy, class Rule, class Bound>
 constexpr int update_min_blocks()
 {
   if constexpr (::fusedopt::detail::access<Rule, Bound>::stores_quantized) {
-    return Policy::quantized_blocks_per_sm;
+    return quantized_blocks_per_sm_v<Policy, ::fusedopt::detail::access<Rule, Bound>>;
   } else {
     return Policy::min_blocks_per_sm;
   }
@@ -121,19 +136,17 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
   using access = ::fusedopt::detail::access<Rule, Bound>;
   constexpr int width = vector_width<Bound>::value;
   constexpr std::size_t widest = vector_width<Bound>::widest;
-  auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
   std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
+  // Where the rule stores quantized states, a persistent grid (launch_update): each block
+  // copies the maps once for many chunks, while the kernel before it may still run (no kernel
+  // writes them); without quantized states `maps` is empty and fill() does nothing.
+  __shared__ block_maps<access> maps;
+  maps.fill();
+  await_predecessor();
+  auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
   if constexpr (access::stores_quantized) {
-    // A persistent grid (launch_update): each block copies the maps once for many chunks.
-    __shared__ block_maps<access> maps;
-    maps.fill();
     __syncthreads();
-    for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
-      chunk_entry const chunk = table.chunk(c);
-      tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-      process_blocks<Policy, access>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin,
-                                     chunk.count, maps);
-    }
+    process_quantized<Policy, access>(body, table, maps);
   } else {
     for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
       chunk_entry const chunk = table.chunk(c);
@@ -166,6 +179,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   using block_reduce = cub::BlockReduce<accumulator<double, n>, Policy::block_threads>;
   __shared__ typename block_reduce::TempStorage temp;
 
+  await_predecessor();
   auto const body = ::fusedopt::detail::prepare_pass<J>(rule, step, results.data());
   std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
   for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
@@ -216,6 +230,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Threads)
 
   // 8 loads in flight per thread: GPT-2's embedding alone has 19 000 chunk partials.
   constexpr int batch = 8;
+  await_predecessor();
   std::int64_t const row = blockIdx.x;
   if (row < rows) {
     chunk_range const range = ranges[row];
@@ -260,6 +275,7 @@ template <class Rule, int P>
 FUSEDOPT_KERNEL void after_step_kernel(Rule const rule, step_info const step,
                                       FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {
+  await_predecessor();
   ::fusedopt::detail::after_step(rule, step, results.data());
 }
 
@@ -273,6 +289,7 @@ FUSEDOPT_KERNEL void after_step_kernel(Rule const rule, step_info const step,
 template <class Counter>
 FUSEDOPT_KERNEL void advance_counter(Counter* counter)
 {
+  await_predecessor();
   *counter += 1;
 }
 

@@ -8,6 +8,7 @@
 /// measurements behind them are in docs/tuning.md.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "../../config.hpp"
@@ -15,6 +16,17 @@
 FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
+
+/// @brief How an update that stores 8-bit quantized states runs (agent.cuh's
+/// process_quantized): a persistent grid of `blocks_per_sm` blocks on every SM (fewer where an
+/// SM's shared memory holds fewer: each block copies the quantization maps, up to 37 KB, into
+/// it once; the kernel's launch bounds hold its registers to what lets this many fit), and
+/// whether a warp issues the loads of its next block before it computes the current one (the
+/// memory latency hidden behind a block's arithmetic, for the registers of one block's loads).
+struct quantized_shape {
+  int blocks_per_sm;
+  bool lookahead;
+};
 
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
 /// benchmarks override the run-time values through `cuda::options`; a policy of one's own is
@@ -52,14 +64,15 @@ struct default_policy {
   /// Cap on blocks per launch; 0 launches one block per chunk and lets the hardware block
   /// scheduler balance chunks of unequal size. A positive cap makes blocks loop over chunks.
   static constexpr std::int64_t max_blocks = 0;
-  /// Blocks per SM of an update that stores 8-bit quantized states, which runs a persistent
-  /// grid (each block copies the quantization maps, up to 37 KB, into shared memory once): this
-  /// many, or as many as an SM's shared memory holds where that is fewer (persistent_grid); the
-  /// kernel's launch bounds hold its registers to what lets this many fit. 5 is what the H100's
-  /// shared memory holds with both maps (AdamW: 4 took 6% longer, 3 took 15%, and a grid of 6
-  /// or 8 per SM, which runs in uneven waves, 4-6%: docs/quantized_states.md). Only policies
-  /// used with quantized states need this member.
-  static constexpr int quantized_blocks_per_sm = 5;
+  /// The shape of an update that stores 8-bit quantized states, by the element size of its
+  /// widest slot that is not quantized (4 for fp32 parameters, 2 for bf16): fp32 parameters
+  /// with the lookahead at 4 blocks per SM, 16-bit ones without it at 5 (measured on the H100:
+  /// docs/quantized_states.md, "The lookahead"). Only policies used with quantized states need
+  /// this member.
+  static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes)
+  {
+    return widest_plain_bytes >= 4 ? quantized_shape{4, true} : quantized_shape{5, false};
+  }
 };
 
 }  // namespace detail

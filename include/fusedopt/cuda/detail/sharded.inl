@@ -200,7 +200,7 @@ void basic_sharded_plan<Communicator, Policy, B...>::run_pass(Rule const& rule, 
   detail::plan_steps::pass<J>(local_, rule, step, results, workspace_.partials, first_chunk_, stream);
   for (std::size_t q = 0; q < counts_.size(); ++q) { counts_[q] = rank_chunks_[q] * n; }
   communicator_.all_gather_v(workspace_.partials, counts_.data(), stream);
-  detail::plan_steps::finalize<Policy, Rule, J>(workspace_, results, stream);
+  detail::plan_steps::finalize<Rule, J>(local_, workspace_, results, stream);
 }
 
 template <class Communicator, class Policy, class... B>
@@ -239,7 +239,7 @@ void basic_sharded_plan<Communicator, Policy, B...>::enqueue_update(Rule const& 
   if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
   detail::plan_steps::update(local_, rule, step, results, stream);
   // After-step hooks see the results of every tensor (as on one GPU), on every rank.
-  detail::launch_after_step(rule, step, results, stream);
+  detail::plan_steps::after_step(local_, rule, step, results, stream);
 }
 
 template <class Communicator, class Policy, class... B>

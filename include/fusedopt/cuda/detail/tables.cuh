@@ -190,7 +190,7 @@ struct slot_geometry<bound_lists<B...>> {
              static_cast<std::int64_t>(sizeof(std::remove_const_t<typename B::element_type>))));
   }
   /// vector_head. Where quantized states are bound (a warp per block, agent.cuh's
-  /// process_blocks): 0 when every other slot is aligned for accesses of four elements (their
+  /// process_quantized): 0 when every other slot is aligned for accesses of four elements (their
   /// quads: 8 bytes for 16-bit types, 16 for wider ones), else -1 (elements one by one).
   static int head(void* const (&bases)[S])
   {
