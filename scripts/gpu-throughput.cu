@@ -520,12 +520,14 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
                        static_cast<double>(memory.elements());
   print({name, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
   // With --q8: the 8-bit update's shapes (blocks per SM of the persistent grid, with and
-  // without the lookahead; the library's chooses by parameter width) and a grid of two waves.
+  // without the lookahead; the library's chooses by parameter width), a grid of two waves, and
+  // longer chunks (fewer chunk changes for a warp's cursor).
   if (!sweep_q8) { return; }
-  auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks) {
+  auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks, std::int64_t chunk = 0) {
     using variant_policy = typename decltype(policy_tag)::type;
     fo::cuda::options opts;
     opts.max_blocks = max_blocks;
+    opts.chunk_elements = chunk;
     auto const plan = fo::cuda::make_plan<variant_policy>(lists, opts);
     print({name + " " + label, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
   };
@@ -534,6 +536,8 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   variant("no lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, false>>{}, 0);
   variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
   variant("8/SM grid", tag<fo::cuda::detail::default_policy>{}, 8 * sms_of_device);
+  variant("chunk 4096", tag<fo::cuda::detail::default_policy>{}, 0, 4096);
+  variant("chunk 8192", tag<fo::cuda::detail::default_policy>{}, 0, 8192);
 }
 
 /// Every variant on one workload: block size, bytes per slot, streaming hints, chunk, cap.

@@ -226,17 +226,24 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
   static_assert(sizeof...(Params) == sizeof...(Args), "fusedopt: wrong number of kernel arguments");
   static_assert((std::is_same_v<std::remove_const_t<Params>, Args> && ...), "fusedopt: kernel argument types");
   void* pointers[] = {static_cast<void*>(&args)...};
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = programmatic ? &attribute : nullptr;
-  config.numAttrs = programmatic ? 1 : 0;
-  FUSEDOPT_CUDA_TRY(cudaLaunchKernelExC(&config, reinterpret_cast<void const*>(kernel), pointers));
+#if CUDART_VERSION >= 11080  // launch attributes: CUDA 11.8
+  if (programmatic) {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    FUSEDOPT_CUDA_TRY(cudaLaunchKernelExC(&config, reinterpret_cast<void const*>(kernel), pointers));
+    return;
+  }
+#endif
+  (void)programmatic;
+  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
 }
 
 /// Blocks of a launch over `table`: one per chunk, at most `max_blocks` when set.
