@@ -15,18 +15,21 @@ using namespace fusedopt_test;
 namespace {
 
 /// The tensors of one slot end to end in one arena, on the host and on the device; T is the
-/// list's element type (a blockwise8 arena holds blocks, each tensor starting on its own).
+/// list's element type (a blockwise8 arena holds blocks, each tensor starting on its own). The
+/// first tensor starts `shift` units in, each tensor at a multiple of `align` units from there.
 template <class T>
 struct twin {
   std::vector<std::int64_t> sizes, offsets;  // offsets in units of T
   std::vector<T> host;
   device_array<T> device;
 
-  twin(std::vector<std::int64_t> const& tensor_sizes, std::vector<T> const& initial, std::int64_t shift = 0)
+  twin(std::vector<std::int64_t> const& tensor_sizes, std::vector<T> const& initial, std::int64_t shift = 0,
+       std::int64_t align = 1)
     : sizes(tensor_sizes), host(initial), device(initial.size())
   {
     std::int64_t at = shift;
     for (auto n : sizes) {
+      at = shift + (at - shift + align - 1) / align * align;
       offsets.push_back(at);
       at += fo::detail::storage_units<T>(n);
     }
@@ -40,6 +43,16 @@ struct twin {
     T* base = on_device ? device.get() : host.data();
     for (std::size_t t = 0; t < sizes.size(); ++t) { l.push_back(base + offsets[t], sizes[t]); }
     return l;
+  }
+  /// Puts the tensors' values, given end to end, at their places in the arena (host and device).
+  void assign(std::vector<T> const& packed)
+  {
+    std::size_t from = 0;
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::copy_n(packed.begin() + static_cast<std::ptrdiff_t>(from), sizes[t], host.begin() + offsets[t]);
+      from += static_cast<std::size_t>(sizes[t]);
+    }
+    device.upload(host);
   }
   /// The device's bytes equal the host's, every byte of the arena (unused codes included).
   void require_same(char const* what) const
@@ -80,14 +93,19 @@ fo::cuda::options with_transport(fo::cuda::transport how)
 /// Steps of `make_rule(found_inf)` over fp32 params and grads and the quantized `States`
 /// (pairs of slot and blockwise8 type) on both backends; every arena the same bits after
 /// every step. Step 3 has a NaN gradient: a rule wrapped in skip_if_nonfinite skips it.
+/// `aligned`: every param and grad tensor 16-byte aligned, so the CUDA backend takes a whole
+/// block four elements per lane (with the lookahead for fp32 parameters); else the params are
+/// one element in, misaligned against the grads, and every element goes one by one.
 template <class... States, class MakeRule>
-void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3)
+void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned)
 {
-  std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000};
+  std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000, 2048};
   std::int64_t const total = total_of(sizes);
-  std::vector<float> initial = mixed_values(total + 1, 11, true);
-  twin<float> param(sizes, initial, 1);  // one element in: the param is not 16-byte aligned
-  twin<float> grad(sizes, std::vector<float>(static_cast<std::size_t>(total)));
+  auto const arena = static_cast<std::size_t>(total + 4 * static_cast<std::int64_t>(sizes.size()) + 1);
+  std::int64_t const align = aligned ? 4 : 1;
+  std::vector<float> initial = mixed_values(static_cast<std::int64_t>(arena), 11, true);
+  twin<float> param(sizes, initial, aligned ? 0 : 1, align);
+  twin<float> grad(sizes, std::vector<float>(arena), 0, align);
   // twin holds a device_array, which does not move: the tuple holds pointers.
   std::tuple<std::unique_ptr<twin<typename States::second_type>>...> states{
     std::make_unique<twin<typename States::second_type>>(sizes, zero_blocks<typename States::second_type>(sizes))...};
@@ -105,8 +123,7 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
       std::vector<float> g = mixed_values(total, 100 + static_cast<std::uint64_t>(step), true);
       for (auto& x : g) { x = std::max(-1.f, std::min(1.f, x)); }
       if (step == 3 && nan_at_step_3) { g[static_cast<std::size_t>(total / 2)] = std::numeric_limits<float>::quiet_NaN(); }
-      grad.host = g;
-      grad.device.upload(g);
+      grad.assign(g);
       host_plan.run(make_rule(&found_inf_host), fo::step_info{step});
       cuda_plan.run(make_rule(found_inf_device.get()), fo::step_info{step});
       FO_TEST_CUDA(cudaDeviceSynchronize());
@@ -127,12 +144,14 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
 {
   auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
                             fo::cuda::transport::param_32k);
+  bool const aligned = GENERATE(true, false);
   if (!transport_available(how)) { return; }
+  INFO("aligned params and grads: " << aligned);
   SECTION("Adam")
   {
     fo::rules::adam adam;
     adam.lr = 1e-2;
-    check_host_equals_cuda<m_state, v_state>([&](float*) { return adam; }, how, false);
+    check_host_equals_cuda<m_state, v_state>([&](float*) { return adam; }, how, false, aligned);
   }
   SECTION("AdamW, a NaN gradient skipped by skip_if_nonfinite")
   {
@@ -140,7 +159,7 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     adamw.lr = 1e-2;
     adamw.weight_decay = 0.1;
     check_host_equals_cuda<m_state, v_state>([&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); },
-                                             how, true);
+                                             how, true, aligned);
   }
   SECTION("SGD with Nesterov momentum")
   {
@@ -148,14 +167,15 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     sgd.lr = 0.1;
     sgd.momentum = 0.9;
     sgd.nesterov = true;
-    check_host_equals_cuda<std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false);
+    check_host_equals_cuda<std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false,
+                                                                                 aligned);
   }
   SECTION("Lion")
   {
     fo::rules::lion lion;
     lion.lr = 1e-3;
     lion.weight_decay = 0.5;
-    check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false);
+    check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false, aligned);
   }
 }
 

@@ -79,8 +79,9 @@ struct options {
   /// under `zero_grad(set_to_none=True)`. Each copy takes 8 bytes per tensor and slot (plus
   /// 8 per tensor) of device memory. Ignored by `apply`.
   int address_tables = 4;
-  /// Launch the step's kernels with programmatic dependent launch (sm_90 and newer; ignored
-  /// before): each may be scheduled while the kernel before it in the stream finishes, and
+  /// Launch the step's kernels with programmatic dependent launch (sm_90 and newer GPUs, and
+  /// code built only for such targets; ignored otherwise): each may be scheduled while the
+  /// kernel before it in the stream finishes, and
   /// waits on the device for that kernel's completion and memory before it reads anything, so
   /// launch latency and block dispatch overlap the previous kernel's last wave (docs/cuda.md,
   /// "Dependent launch"). Results do not change; `false` launches them the ordinary way.

@@ -264,7 +264,7 @@ template <bool Signed>
 FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map<Signed> const& map, float x, float inverse)
 {
   std::uint32_t bits = float_bits(x * inverse);
-  // All ones for q < 0 (an arithmetic shift of the sign), else zero.
+  // All ones for q < 0 (the sign bit, negated), else zero.
   std::uint32_t const sign_mask = 0u - (bits >> 31);
   if constexpr (!Signed) {
     bits &= ~sign_mask;  // below every value of the unsigned map: the code of 0

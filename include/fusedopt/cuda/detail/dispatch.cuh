@@ -51,13 +51,32 @@ inline int device_attribute(cudaDeviceAttr attribute, int device)
   return value;
 }
 
+/// Whether every target this translation unit's device code is compiled for is sm_90 or newer
+/// (nvcc's __CUDA_ARCH_LIST__, seen by the host pass too): only code compiled for them holds
+/// the kernels' wait for their predecessor (await_predecessor). With an older target beside
+/// them (say 80;90) a newer GPU may run code compiled from that target's PTX, without the wait,
+/// so no launch may then be programmatic.
+constexpr bool device_code_awaits_predecessor()
+{
+#if defined(__CUDA_ARCH_LIST__)
+  constexpr int targets[] = {__CUDA_ARCH_LIST__};
+  for (int target : targets) {
+    if (target < 900) { return false; }
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
 /// Whether launches on `device` use programmatic dependent launch: asked for
-/// (options::dependent_launch) and the GPU is sm_90 or newer, where the kernels wait for
-/// their predecessor on the device (await_predecessor).
+/// (options::dependent_launch), the GPU is sm_90 or newer, and the device code waits for its
+/// predecessor (device_code_awaits_predecessor).
 template <class Options>
 bool programmatic_launch_for(Options const& opts, int device)
 {
-  return opts.dependent_launch && device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9;
+  return device_code_awaits_predecessor() && opts.dependent_launch &&
+         device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9;
 }
 
 /// Chunk length: the policy's unless overridden, rounded up to a vector multiple, and to whole
@@ -90,9 +109,9 @@ struct persistent_grid {
   std::int64_t reserved_per_block = 0; ///< bytes the driver keeps per block
 
   /// Blocks of a launch whose blocks take `shared_bytes` of static shared memory each:
-  /// `per_sm` (the policy's quantized_update) where that many fit in an SM's shared memory (5
-  /// of AdamW's 37 KB on an H100 or H200), fewer where they do not (an A100 holds 4), on every
-  /// SM; blocks that do not fit would run as a late, partial wave.
+  /// `per_sm` (the policy's quantized_update) where that many fit in an SM's shared memory (an
+  /// H100 or H200 holds 5 of AdamW's 37 KB, an A100 4), fewer where they do not, on every SM;
+  /// blocks that do not fit would run as a late, partial wave.
   [[nodiscard]] std::int64_t blocks(std::int64_t shared_bytes, int per_sm) const
   {
     if (max_blocks > 0) { return max_blocks; }

@@ -65,8 +65,8 @@ struct default_policy {
   /// scheduler balance chunks of unequal size. A positive cap makes blocks loop over chunks.
   static constexpr std::int64_t max_blocks = 0;
   /// The shape of an update that stores 8-bit quantized states, by the element size of its
-  /// widest slot that is not quantized (4 for fp32 parameters, 2 for bf16): fp32 parameters
-  /// with the lookahead at 4 blocks per SM, 16-bit ones without it at 5 (measured on the H100:
+  /// widest slot that is not quantized (parameters, gradients: 4 for fp32, 2 for bf16): fp32
+  /// with the lookahead at 4 blocks per SM, 16-bit without it at 5 (measured on the H100:
   /// docs/quantized_states.md, "The lookahead"). Only policies used with quantized states need
   /// this member.
   static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes)
