@@ -525,11 +525,7 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   if (!sweep_q8) { return; }
   auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks, std::int64_t chunk = 0) {
     using variant_policy = typename decltype(policy_tag)::type;
-    fo::cuda::options opts;
-    opts.max_blocks = max_blocks;
-    opts.chunk_elements = chunk;
-    auto const plan = fo::cuda::make_plan<variant_policy>(lists, opts);
-    print({name + " " + label, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
+    print({name + " " + label, time_variant<variant_policy>(rule, lists, chunk, max_blocks, pb), bytes, copy});
   };
   variant("lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
   variant("lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, true>>{}, 0);
