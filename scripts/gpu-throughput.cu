@@ -485,6 +485,16 @@ int launch_sweep(double copy)
       auto const lists = memory.lists();
       fo::rules::adamw rule;
       launch_modes("adamw bf16/fp32 " + w.name, rule, lists, bytes_of(rule, lists, memory.elements()), copy, pb);
+      // clip_by_global_norm first: a reduction pass over the bf16 gradients (2 more bytes per
+      // element), the fold of its partials, then the update.
+      double* total_norm = nullptr;
+      FUSEDOPT_CUDA_TRY(cudaMalloc(&total_norm, sizeof(double)));
+      fo::rules::clip_by_global_norm clip;
+      clip.total_norm = total_norm;
+      auto const clipped = fo::chain(clip, rule);
+      launch_modes("clip + adamw bf16/fp32 " + w.name, clipped, lists, bytes_of(clipped, lists, memory.elements()),
+                   copy, pb);
+      FUSEDOPT_CUDA_TRY(cudaFree(total_norm));
     }
     {
       q8_adam_memory<float> memory(w.sizes);

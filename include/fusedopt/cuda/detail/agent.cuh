@@ -87,14 +87,14 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
 }
 
 /// The vector path of process_chunk: scalar head elements up to the first vector-aligned one,
-/// vectors of `W` elements, a scalar tail.
-template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
+/// vectors of `W` elements, a scalar tail; `Threads` threads share the chunk, this one of rank
+/// `tid`.
+template <class Policy, class Access, int W, std::size_t Widest, int Threads, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                                std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
+                                                std::int32_t count, std::uint64_t cache_policy, int tid, Acc&... acc)
 {
-  constexpr int threads = Policy::block_threads;
+  constexpr int threads = Threads;
   constexpr int unroll = vectors_per_thread<Policy, W, Widest>;
-  int const tid = static_cast<int>(threadIdx.x);
   std::int64_t const end = begin + count;
   std::int64_t const index = te.index;
 
@@ -127,20 +127,21 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
   }
 }
 
-/// The chunk worker: elements [begin, begin + count) of one tensor, updated (no `acc`) or
-/// accumulated into this thread's `acc` (a reduction pass, `Access` a pass_access). Scalar
+/// The chunk worker: elements [begin, begin + count) of one tensor, shared by `Threads`
+/// threads (this one of rank `tid`: the block in the update, a warp in a reduction pass),
+/// updated (no `acc`) or accumulated into this thread's `acc` (a reduction pass, `Access` a
+/// pass_access). Scalar
 /// head elements up to the first vector-aligned one, then vectors of `W` elements, then a
 /// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar, and
 /// so do all elements where quantized states are bound (a reduction pass, or an update that
 /// only reads them: process_quantized updates the ones it stores).
-template <class Policy, class Access, int W, std::size_t Widest, class Body, std::size_t S, class... Acc>
+template <class Policy, class Access, int W, std::size_t Widest, int Threads, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
-                                              std::int32_t count, std::uint64_t cache_policy, Acc&... acc)
+                                              std::int32_t count, std::uint64_t cache_policy, int tid, Acc&... acc)
 {
   static_assert(sizeof...(Acc) <= 1, "one accumulator set per pass");
   static_assert((W & (W - 1)) == 0, "vector widths are powers of two");
-  constexpr int threads = Policy::block_threads;
-  int const tid = static_cast<int>(threadIdx.x);
+  constexpr int threads = Threads;
   std::int64_t const end = begin + count;
   std::int64_t const index = te.index;
 
@@ -152,7 +153,7 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
     return;
   }
   if constexpr (!Access::any_quantized) {
-    process_vectors<Policy, Access, W, Widest>(body, te, begin, count, cache_policy, acc...);
+    process_vectors<Policy, Access, W, Widest, Threads>(body, te, begin, count, cache_policy, tid, acc...);
   }
 }
 
@@ -370,7 +371,8 @@ __device__ __forceinline__ void store_code_quads(typename Access::element_type c
 }
 
 /// The element size of the widest slot of `Access` that is read or written and not quantized
-/// (what Policy::quantized_update chooses the quantized worker's shape by).
+/// (what Policy::quantized_update chooses the quantized worker's shape by, and a reduction pass
+/// its vectors per lane); 0 if there is none.
 template <class Access, std::size_t... K>
 constexpr std::size_t widest_plain_bytes(std::index_sequence<K...>)
 {
@@ -383,10 +385,13 @@ constexpr std::size_t widest_plain_bytes(std::index_sequence<K...>)
   return widest;
 }
 
+template <class Access>
+inline constexpr std::size_t widest_plain_bytes_v =
+  widest_plain_bytes<Access>(std::make_index_sequence<Access::num_slots>{});
+
 /// The quantized worker's shape for `Access` under `Policy`: blocks per SM and lookahead.
 template <class Policy, class Access>
-inline constexpr quantized_shape quantized_shape_v =
-  Policy::quantized_update(widest_plain_bytes<Access>(std::make_index_sequence<Access::num_slots>{}));
+inline constexpr quantized_shape quantized_shape_v = Policy::quantized_update(widest_plain_bytes_v<Access>);
 template <class Policy, class Access>
 inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access>.blocks_per_sm;
 template <class Policy, class Access>

@@ -265,11 +265,11 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
   FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
 }
 
-/// Blocks of a launch over `table`: one per chunk, at most `max_blocks` when set.
+/// Blocks of a launch over `table`: one per `chunks_per_block` chunks, at most `max_blocks` when set.
 template <class Table>
-unsigned grid_of(Table const& table, std::int64_t max_blocks)
+unsigned grid_of(Table const& table, std::int64_t max_blocks, int chunks_per_block = 1)
 {
-  std::int64_t blocks = table.num_chunks;
+  std::int64_t blocks = (table.num_chunks + chunks_per_block - 1) / chunks_per_block;
   if (max_blocks > 0) { blocks = std::min(blocks, max_blocks); }
   return static_cast<unsigned>(std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max()));
 }
@@ -307,7 +307,9 @@ void launch_pass(Rule const& rule, step_info const& step, Table const& table, pa
 {
   if (table.num_chunks == 0) { return; }
   if constexpr (fits_params<Rule, Table, results_bytes<P> + 16>) {
-    launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>, dim3(grid_of(table, max_blocks)),
+    // A warp per chunk (reduce_kernel).
+    launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>,
+                  dim3(grid_of(table, max_blocks, Policy::block_threads / 32)),
                   dim3(Policy::block_threads), stream, programmatic, rule, step, table, results, partials, chunk_base);
   } else {
     (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream,

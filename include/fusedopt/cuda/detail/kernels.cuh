@@ -151,18 +151,37 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
     for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
       chunk_entry const chunk = table.chunk(c);
       tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-      process_chunk<Policy, access, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                   chunk.begin, chunk.count, cache_policy);
+      process_chunk<Policy, access, width, widest, Policy::block_threads>(
+        ::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin, chunk.count, cache_policy,
+        static_cast<int>(threadIdx.x));
     }
   }
 }
 
-/// Reduction pass J of `Rule`: each block takes chunks as the update kernel does; each thread
-/// accumulates its elements in the rule's arithmetic type (what the rule's accumulating body
-/// is written for), the block combines the threads in double with cub::BlockReduce (a fixed
-/// tree), and thread 0 writes the chunk's partial to `partials[(chunk_base + c) * N + k]`.
-/// A thread whose float sum came out non-finite accumulates its elements again in double.
-/// Nothing is stored to any tensor.
+/// The fold of a warp's accumulators (lane 0 gets the result): a fixed tree of shuffles, so a
+/// chunk's partial has the same bits whichever warp, block or grid computes it.
+template <class Reduction>
+__device__ __forceinline__ accumulator<double, Reduction::size> warp_fold(accumulator<double, Reduction::size> a)
+{
+  constexpr unsigned all_lanes = 0xffffffffu;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    accumulator<double, Reduction::size> other;
+#pragma unroll
+    for (int k = 0; k < Reduction::size; ++k) { other[k] = __shfl_down_sync(all_lanes, a[k], offset); }
+    a = combine_all<Reduction>{}(a, other);
+  }
+  return a;
+}
+
+/// Reduction pass J of `Rule`: each warp takes chunks (warp w of block b: chunks b * warps + w,
+/// then gridDim.x * warps further on), its lanes accumulate their elements in the rule's
+/// arithmetic type (what the rule's accumulating body is written for), the warp folds them in
+/// double (warp_fold), and lane 0 writes the chunk's partial to `partials[(chunk_base + c) * N
+/// + k]`. A warp per chunk, not the block: a pass reads few bytes per element (2 for a clip
+/// over bf16 gradients), and a block-wide tree per chunk (two barriers) cost as much as the
+/// reads (docs/decisions.md, "Reduction passes: a warp per chunk"). A lane whose float sum came
+/// out non-finite accumulates its elements again in double. Nothing is stored to any tensor.
 template <class Policy, class Rule, class Bound, class Table, int J, int P>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks_per_sm)
   reduce_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
@@ -175,38 +194,45 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   using value_type = typename access::value_type;
   constexpr int n = reduction::size;
   constexpr int width = vector_width<Bound>::value;
-  constexpr std::size_t widest = vector_width<Bound>::widest;
-  using block_reduce = cub::BlockReduce<accumulator<double, n>, Policy::block_threads>;
-  __shared__ typename block_reduce::TempStorage temp;
+  // Vectors per lane by the widest slot the pass reads (a pass over bf16 gradients of a plan
+  // with fp32 states loads 4 vectors of 16 bytes per iteration, not 2).
+  constexpr std::size_t read_widest = widest_plain_bytes_v<paccess>;
+  constexpr std::size_t widest = read_widest > 0 ? read_widest : vector_width<Bound>::widest;
+  constexpr int lanes = 32;
+  static_assert(Policy::block_threads % lanes == 0, "a block of the CUDA backend is whole warps");
+  constexpr int warps = Policy::block_threads / lanes;
+  int const lane = static_cast<int>(threadIdx.x) % lanes;
+  int const warp = static_cast<int>(threadIdx.x) / lanes;
 
   await_predecessor();
   auto const body = ::fusedopt::detail::prepare_pass<J>(rule, step, results.data());
   std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
-  for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
+  for (std::int64_t c = std::int64_t{blockIdx.x} * warps + warp; c < table.num_chunks;
+       c += std::int64_t{gridDim.x} * warps) {
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
     auto acc = identities<reduction, value_type>();
-    process_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                  chunk.begin, chunk.count, cache_policy, acc);
+    process_chunk<Policy, paccess, width, widest, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
+                                                         tensor, chunk.begin, chunk.count, cache_policy, lane, acc);
     accumulator<double, n> wide;
 #pragma unroll
     for (int k = 0; k < n; ++k) { wide[k] = static_cast<double>(acc[k]); }
     if constexpr (::fusedopt::detail::widens_overflowing_sums_v<reduction, value_type>) {
       // A float sum that came out non-finite is accumulated again in double (as the host
-      // backend does for a chunk; ::fusedopt::detail::sums_finite): one test per thread and
+      // backend does for a chunk; ::fusedopt::detail::sums_finite): one test per lane and
       // chunk, and no FP64 work unless a sum overflowed or an input is not finite.
       if (!::fusedopt::detail::sums_finite<reduction>(acc)) {
         wide = identities<reduction, double>();
-        process_chunk<Policy, paccess, width, widest>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
-                                                      chunk.begin, chunk.count, cache_policy, wide);
+        process_chunk<Policy, paccess, width, widest, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
+                                                             tensor, chunk.begin, chunk.count, cache_policy, lane,
+                                                             wide);
       }
     }
-    accumulator<double, n> const total = block_reduce(temp).Reduce(wide, combine_all<reduction>{});
-    if (threadIdx.x == 0) {
+    accumulator<double, n> const total = warp_fold<reduction>(wide);
+    if (lane == 0) {
 #pragma unroll
       for (int k = 0; k < n; ++k) { partials[(chunk_base + c) * n + k] = total[k]; }
     }
-    __syncthreads();  // `temp` is reused by the next chunk
   }
 }
 
