@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8 | --launch]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8 [W] | --launch [W] | --passes]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -171,8 +171,9 @@ double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
 
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
-          bool Lookahead = true>
+          bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane>
 struct policy : fo::cuda::detail::default_policy {
+  static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
   static constexpr int bytes_per_slot = Bytes;
   static constexpr bool streaming_loads = StreamLoads;
@@ -465,9 +466,51 @@ void launch_modes(std::string const& name, Rule const& rule, Lists const& lists,
   print({name + " ordinary launch", off, bytes, copy});
 }
 
-int launch_sweep(double copy)
+/// --passes: the reducing steps (LAMB fp32, clip + AdamW bf16) with a reduction pass loading
+/// 64 to 512 bytes per lane and iteration (Policy::pass_bytes_per_lane).
+template <class Rule, class Lists>
+void pass_shapes(std::string const& name, Rule const& rule, Lists const& lists, double bytes, double copy, int pb)
+{
+  using fo::cuda::detail::default_policy;
+  constexpr int t = default_policy::block_threads, b = default_policy::bytes_per_slot;
+  auto run = [&](char const* label, double s) { print({name + " " + label, s, bytes, copy}); };
+  run("pass 64 B/lane", time_variant<policy<t, b, true, true, 1, 4, true, 64>>(rule, lists, 0, 0, pb));
+  run("pass 128 B/lane", time_variant<policy<t, b, true, true, 1, 4, true, 128>>(rule, lists, 0, 0, pb));
+  run("pass 256 B/lane", time_variant<policy<t, b, true, true, 1, 4, true, 256>>(rule, lists, 0, 0, pb));
+  run("pass 512 B/lane", time_variant<policy<t, b, true, true, 1, 4, true, 512>>(rule, lists, 0, 0, pb));
+}
+
+int pass_sweep(double copy)
 {
   for (auto const& w : fb::all_workloads()) {
+    int const pb = w.name == "W4" ? 10 : 50;
+    {
+      adam_memory<float, float> memory(w.sizes);
+      auto const lists = memory.lists();
+      fo::rules::lamb lamb;
+      lamb.weight_decay = 1e-2;
+      pass_shapes("lamb fp32 " + w.name, lamb, lists, bytes_of(lamb, lists, memory.elements()), copy, pb);
+    }
+    {
+      adam_memory<fo::bfloat16, float> memory(w.sizes);
+      auto const lists = memory.lists();
+      double* total_norm = nullptr;
+      FUSEDOPT_CUDA_TRY(cudaMalloc(&total_norm, sizeof(double)));
+      fo::rules::clip_by_global_norm clip;
+      clip.total_norm = total_norm;
+      auto const clipped = fo::chain(clip, fo::rules::adamw{});
+      pass_shapes("clip + adamw bf16/fp32 " + w.name, clipped, lists, bytes_of(clipped, lists, memory.elements()),
+                  copy, pb);
+      FUSEDOPT_CUDA_TRY(cudaFree(total_norm));
+    }
+  }
+  return 0;
+}
+
+int launch_sweep(double copy, char const* only)
+{
+  for (auto const& w : fb::all_workloads()) {
+    if (only != nullptr && w.name != only) { continue; }
     int const pb = w.name == "W4" ? 10 : 50;
     double same_size = 0;
     {
@@ -476,6 +519,11 @@ int launch_sweep(double copy)
       fo::rules::adam rule;
       double const bytes = bytes_of(rule, lists, memory.elements());
       launch_modes("adam fp32 " + w.name, rule, lists, bytes, copy, pb);
+      // LAMB: a reduction pass reading all four slots (16 bytes per element), the fold, the
+      // update.
+      fo::rules::lamb lamb;
+      lamb.weight_decay = 1e-2;
+      launch_modes("lamb fp32 " + w.name, lamb, lists, bytes_of(lamb, lists, memory.elements()), copy, pb);
       same_size = copy_bandwidth(static_cast<std::size_t>(bytes / 2));
       std::printf("%-44s %10.1f us %8.3f TB/s %7.1f%% of copy\n", ("D2D copy of adam's bytes " + w.name).c_str(),
                   bytes / same_size * 1e6, same_size * 1e-12, 100.0 * same_size / copy);
@@ -576,7 +624,9 @@ int main(int argc, char** argv)
               copy * 1e-12);
   std::int64_t const sms = prop.multiProcessorCount;
   if (probing) { return probe(copy) + eviction_sweep(copy); }
-  if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy); }
+  if (argc > 1 && std::strcmp(argv[1], "--passes") == 0) { return pass_sweep(copy); }
+  // --launch W2: that workload alone.
+  if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy, argc > 2 ? argv[2] : nullptr); }
   if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
     sms_of_device = sms;
     // --q8 W2: that workload's fp32 case alone, without the sweep (for a profiler).

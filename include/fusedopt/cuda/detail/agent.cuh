@@ -37,8 +37,8 @@ struct pass_access<Access, Reads, slots<S...>> : Access {
   static constexpr bool stores[sizeof...(S)] = {never<S>...};
 };
 
-/// Vectors a thread loads per iteration: Policy::bytes_per_slot of its widest slot (one
-/// vector of a slot of `widest`-byte elements is W * widest bytes), at least one.
+/// Vectors a thread of the update loads per iteration: Policy::bytes_per_slot of its widest
+/// slot (one vector of a slot of `widest`-byte elements is W * widest bytes), at least one.
 template <class Policy, int W, std::size_t Widest>
 inline constexpr int vectors_per_thread =
   Policy::bytes_per_slot / (W * static_cast<int>(Widest)) > 1 ? Policy::bytes_per_slot / (W * static_cast<int>(Widest)) : 1;
@@ -87,14 +87,14 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
 }
 
 /// The vector path of process_chunk: scalar head elements up to the first vector-aligned one,
-/// vectors of `W` elements, a scalar tail; `Threads` threads share the chunk, this one of rank
-/// `tid`.
-template <class Policy, class Access, int W, std::size_t Widest, int Threads, class Body, std::size_t S, class... Acc>
+/// vectors of `W` elements (`Unroll` of them per thread and iteration), a scalar tail;
+/// `Threads` threads share the chunk, this one of rank `tid`.
+template <class Policy, class Access, int W, int Unroll, int Threads, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
                                                 std::int32_t count, std::uint64_t cache_policy, int tid, Acc&... acc)
 {
   constexpr int threads = Threads;
-  constexpr int unroll = vectors_per_thread<Policy, W, Widest>;
+  constexpr int unroll = Unroll;
   std::int64_t const end = begin + count;
   std::int64_t const index = te.index;
 
@@ -135,7 +135,7 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
 /// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar, and
 /// so do all elements where quantized states are bound (a reduction pass, or an update that
 /// only reads them: process_quantized updates the ones it stores).
-template <class Policy, class Access, int W, std::size_t Widest, int Threads, class Body, std::size_t S, class... Acc>
+template <class Policy, class Access, int W, int Unroll, int Threads, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
                                               std::int32_t count, std::uint64_t cache_policy, int tid, Acc&... acc)
 {
@@ -153,7 +153,7 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
     return;
   }
   if constexpr (!Access::any_quantized) {
-    process_vectors<Policy, Access, W, Widest, Threads>(body, te, begin, count, cache_policy, tid, acc...);
+    process_vectors<Policy, Access, W, Unroll, Threads>(body, te, begin, count, cache_policy, tid, acc...);
   }
 }
 
@@ -371,8 +371,7 @@ __device__ __forceinline__ void store_code_quads(typename Access::element_type c
 }
 
 /// The element size of the widest slot of `Access` that is read or written and not quantized
-/// (what Policy::quantized_update chooses the quantized worker's shape by, and a reduction pass
-/// its vectors per lane); 0 if there is none.
+/// (what Policy::quantized_update chooses the quantized worker's shape by); 0 if there is none.
 template <class Access, std::size_t... K>
 constexpr std::size_t widest_plain_bytes(std::index_sequence<K...>)
 {
@@ -388,6 +387,24 @@ constexpr std::size_t widest_plain_bytes(std::index_sequence<K...>)
 template <class Access>
 inline constexpr std::size_t widest_plain_bytes_v =
   widest_plain_bytes<Access>(std::make_index_sequence<Access::num_slots>{});
+
+/// The bytes of one element of every slot `Access` loads (quantized records excepted).
+template <class Access, std::size_t... K>
+constexpr std::size_t loaded_bytes(std::index_sequence<K...>)
+{
+  return ((Access::loads[K] && !Access::quantized[K] ? sizeof(typename Access::template element_t<K>) : 0) + ... + 0);
+}
+
+/// Vectors of `W` elements a lane of a reduction pass (`Access` a pass_access) loads per
+/// iteration of every slot it reads: Policy::pass_bytes_per_lane over all those slots, at
+/// least one (docs/tuning.md, "Reduction passes").
+template <class Access>
+inline constexpr int loaded_bytes_v = static_cast<int>(loaded_bytes<Access>(std::make_index_sequence<Access::num_slots>{}));
+template <class Policy, class Access, int W>
+inline constexpr int pass_vectors_per_lane =
+  Policy::pass_bytes_per_lane / (W * (loaded_bytes_v<Access> > 0 ? loaded_bytes_v<Access> : 1)) > 1
+    ? Policy::pass_bytes_per_lane / (W * (loaded_bytes_v<Access> > 0 ? loaded_bytes_v<Access> : 1))
+    : 1;
 
 /// The quantized worker's shape for `Access` under `Policy`: blocks per SM and lookahead.
 template <class Policy, class Access>

@@ -151,7 +151,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
     for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
       chunk_entry const chunk = table.chunk(c);
       tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-      process_chunk<Policy, access, width, widest, Policy::block_threads>(
+      process_chunk<Policy, access, width, vectors_per_thread<Policy, width, widest>, Policy::block_threads>(
         ::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin, chunk.count, cache_policy,
         static_cast<int>(threadIdx.x));
     }
@@ -194,10 +194,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   using value_type = typename access::value_type;
   constexpr int n = reduction::size;
   constexpr int width = vector_width<Bound>::value;
-  // Vectors per lane by the widest slot the pass reads (a pass over bf16 gradients of a plan
-  // with fp32 states loads 4 vectors of 16 bytes per iteration, not 2).
-  constexpr std::size_t read_widest = widest_plain_bytes_v<paccess>;
-  constexpr std::size_t widest = read_widest > 0 ? read_widest : vector_width<Bound>::widest;
+  // Vectors per lane by the bytes of the slots the pass reads, not the plan's widest slot.
+  constexpr int unroll = pass_vectors_per_lane<Policy, paccess, width>;
   constexpr int lanes = 32;
   static_assert(Policy::block_threads % lanes == 0, "a block of the CUDA backend is whole warps");
   constexpr int warps = Policy::block_threads / lanes;
@@ -212,7 +210,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
     chunk_entry const chunk = table.chunk(c);
     tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
     auto acc = identities<reduction, value_type>();
-    process_chunk<Policy, paccess, width, widest, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
+    process_chunk<Policy, paccess, width, unroll, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
                                                          tensor, chunk.begin, chunk.count, cache_policy, lane, acc);
     accumulator<double, n> wide;
 #pragma unroll
@@ -223,7 +221,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
       // chunk, and no FP64 work unless a sum overflowed or an input is not finite.
       if (!::fusedopt::detail::sums_finite<reduction>(acc)) {
         wide = identities<reduction, double>();
-        process_chunk<Policy, paccess, width, widest, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
+        process_chunk<Policy, paccess, width, unroll, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
                                                              tensor, chunk.begin, chunk.count, cache_policy, lane,
                                                              wide);
       }

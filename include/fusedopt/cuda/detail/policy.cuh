@@ -39,6 +39,13 @@ struct default_policy {
   /// thread = bytes_per_slot / (vector width x widest element size), at least one: 4 for
   /// fp32 Adam, 2 for bf16 params with fp32 states, 1 for double states next to bf16.
   static constexpr int bytes_per_slot = 64;
+  /// Bytes a lane of a reduction pass (a warp per chunk) loads per iteration, over all the
+  /// slots the pass reads: vectors per lane = pass_bytes_per_lane / (vector width x the
+  /// bytes of one element of each of them), at least one. Measured on the H100 (docs/tuning.md,
+  /// "Reduction passes"): 64 is best for a clip over bf16 gradients and within 1% of 128 for
+  /// LAMB's pass over four fp32 slots; 256 (bytes_per_slot's unrolling) took LAMB's pass to
+  /// 201 registers and 4% more time per step.
+  static constexpr int pass_bytes_per_lane = 64;
   /// Loads and stores of the tensors' data carry an L2 eviction policy (evict_first_below_bytes
   /// chooses it per launch): every byte is touched once per step.
   static constexpr bool streaming_loads = true;
