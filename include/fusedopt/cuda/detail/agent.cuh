@@ -130,11 +130,11 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
 /// The chunk worker: elements [begin, begin + count) of one tensor, shared by `Threads`
 /// threads (this one of rank `tid`: the block in the update, a warp in a reduction pass),
 /// updated (no `acc`) or accumulated into this thread's `acc` (a reduction pass, `Access` a
-/// pass_access). Scalar
-/// head elements up to the first vector-aligned one, then vectors of `W` elements, then a
-/// scalar tail; a tensor whose slots are misaligned differently (head < 0) goes scalar, and
-/// so do all elements where quantized states are bound (a reduction pass, or an update that
-/// only reads them: process_quantized updates the ones it stores).
+/// pass_access). Scalar head elements up to the first vector-aligned one, then vectors of `W`
+/// elements (`Unroll` per thread and iteration), then a scalar tail; a tensor whose slots are
+/// misaligned differently (head < 0) goes scalar, and so do all elements where quantized
+/// states are bound (a reduction pass, or an update that only reads them: process_quantized
+/// updates the ones it stores).
 template <class Policy, class Access, int W, int Unroll, int Threads, class Body, std::size_t S, class... Acc>
 __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
                                               std::int32_t count, std::uint64_t cache_policy, int tid, Acc&... acc)
@@ -395,11 +395,12 @@ constexpr std::size_t loaded_bytes(std::index_sequence<K...>)
   return ((Access::loads[K] && !Access::quantized[K] ? sizeof(typename Access::template element_t<K>) : 0) + ... + 0);
 }
 
+template <class Access>
+inline constexpr int loaded_bytes_v = static_cast<int>(loaded_bytes<Access>(std::make_index_sequence<Access::num_slots>{}));
+
 /// Vectors of `W` elements a lane of a reduction pass (`Access` a pass_access) loads per
 /// iteration of every slot it reads: Policy::pass_bytes_per_lane over all those slots, at
 /// least one (docs/tuning.md, "Reduction passes").
-template <class Access>
-inline constexpr int loaded_bytes_v = static_cast<int>(loaded_bytes<Access>(std::make_index_sequence<Access::num_slots>{}));
 template <class Policy, class Access, int W>
 inline constexpr int pass_vectors_per_lane =
   Policy::pass_bytes_per_lane / (W * (loaded_bytes_v<Access> > 0 ? loaded_bytes_v<Access> : 1)) > 1
