@@ -61,7 +61,7 @@ TEST_CASE("norm_of: per-tensor and global L2 and inf norms against a double refe
     auto const got_inf = per_inf.download();
     for (std::size_t t = 0; t < rows; ++t) {
       INFO("tensor " << t << " of size " << edge_sizes()[t]);
-      // Each thread sums at most a few dozen squares in float before the double combine.
+      // Each lane sums at most 64 squares (chunk / 32) in float before the double combine.
       CHECK(got[t] == fusedopt_test::Approx(l2[t]).epsilon(2e-6).margin(1e-30));
       CHECK(got_inf[t] == inf[t]);  // max is exact
     }

@@ -57,13 +57,15 @@ enum class l2_eviction {
 struct options {
   /// Metadata transport; force one to test or compare them.
   transport metadata = transport::automatic;
-  /// Tuning override for benchmarks and tests: elements of one tensor per block (rounded up
-  /// to a multiple of the vector width); 0 takes the tuning policy's default.
+  /// Tuning override for benchmarks and tests: elements of one tensor per chunk, a block's work
+  /// in the update and a warp's in a reduction pass (rounded up to a multiple of the vector
+  /// width); 0 takes the tuning policy's default.
   std::int64_t chunk_elements = 0;
   /// Tuning override for benchmarks and tests: the L2 eviction priority of tensor data.
   l2_eviction eviction = l2_eviction::automatic;
   /// Tuning override for benchmarks and tests: most blocks per launch, blocks then loop over
-  /// chunks; 0 takes the policy's default (one block per chunk; for an update that stores
+  /// chunks; 0 takes the policy's default (one block per chunk, per four in a reduction pass
+  /// whose warps take a chunk each; for an update that stores
   /// 8-bit quantized states, a persistent grid of the policy's `quantized_update` blocks on
   /// every SM, fewer where an SM's shared memory holds fewer).
   std::int64_t max_blocks = 0;

@@ -1,8 +1,10 @@
 /// @file cuda/detail/agent.cuh
-/// @brief The per-block chunk worker (CUB's "agent"): a block's threads take the elements of
-/// one chunk of one tensor, scalar at the tensor's unaligned head and tail, in 16-byte vectors
-/// in between. One worker serves both passes of a step: the update pass (load, run the body,
-/// store) and a reduction pass (load what the pass reads, accumulate, store nothing).
+/// @brief The chunk worker (CUB's "agent"): a group of threads (the block in the update, a warp
+/// in a reduction pass) takes the elements of one chunk of one tensor, scalar at the tensor's
+/// unaligned head and tail, in 16-byte vectors in between. One worker serves both passes of a
+/// step: the update pass (load, run the body, store) and a reduction pass (load what the pass
+/// reads, accumulate, store nothing). And the update that stores 8-bit quantized states, a warp
+/// per block of codes (process_quantized).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -95,6 +97,7 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
 {
   constexpr int threads = Threads;
   constexpr int unroll = Unroll;
+  static_assert(2 * (W - 1) < Threads, "a chunk's scalar head and tail take one element per thread at most");
   std::int64_t const end = begin + count;
   std::int64_t const index = te.index;
 

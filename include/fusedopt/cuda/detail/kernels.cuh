@@ -58,7 +58,8 @@ __device__ __forceinline__ void await_predecessor()
 #endif
 }
 
-/// Folds two accumulator sets with the reduction's operations (the block reduction's operator).
+/// Folds two accumulator sets with the reduction's operations (the operator of the warp fold and
+/// of the finalize's block trees).
 template <class Reduction>
 struct combine_all {
   template <class T, int N>

@@ -68,8 +68,9 @@ struct default_policy {
   static constexpr int finalize_threads = 128;
   static constexpr int finalize_threads_wide = 512;
   static constexpr std::int64_t finalize_wide_after = 1024;
-  /// Cap on blocks per launch; 0 launches one block per chunk and lets the hardware block
-  /// scheduler balance chunks of unequal size. A positive cap makes blocks loop over chunks.
+  /// Cap on blocks per launch; 0 launches one block per chunk (a reduction pass: one per
+  /// block_threads / 32 chunks, a warp each) and lets the hardware block scheduler balance
+  /// chunks of unequal size. A positive cap makes blocks loop over chunks.
   static constexpr std::int64_t max_blocks = 0;
   /// The shape of an update that stores 8-bit quantized states, by the element size of its
   /// widest slot that is not quantized (parameters, gradients: 4 for fp32, 2 for bf16): fp32

@@ -48,7 +48,8 @@ struct tensor_entry {
   std::int32_t head;   ///< elements before the first vector-aligned one in every slot; -1: scalar only
 };
 
-/// One block's work: `count` elements of a tensor from element `begin`.
+/// One chunk, a block's work in the update and a warp's in a reduction pass: `count` elements
+/// of a tensor from element `begin`.
 struct alignas(16) chunk_entry {
   std::int64_t begin;
   std::int32_t tensor;  ///< entry in the tensor table of the launch

@@ -127,7 +127,7 @@ struct tile_of<Access, W, U, std::index_sequence<K...>> {
 template <int U>
 struct iteration {
   std::int64_t first;  // element where the vector body starts (aligned in every slot)
-  std::int64_t v0;     // first vector of the block in this iteration
+  std::int64_t v0;     // first vector of the thread group (block or warp) in this iteration
   std::uint64_t cache_policy;  // L2 eviction policy of the streaming accesses (make_cache_policy)
   int tid;
   bool valid[U];
