@@ -65,9 +65,9 @@ struct options {
   l2_eviction eviction = l2_eviction::automatic;
   /// Tuning override for benchmarks and tests: most blocks per launch, blocks then loop over
   /// chunks; 0 takes the policy's default (one block per chunk, per four in a reduction pass
-  /// whose warps take a chunk each; for an update that stores
-  /// 8-bit quantized states, a persistent grid of the policy's `quantized_update` blocks on
-  /// every SM, fewer where an SM's shared memory holds fewer).
+  /// whose warps take a chunk each; for an update that stores 8-bit quantized states, a
+  /// persistent grid of the policy's `quantized_update` blocks on every SM, fewer where an
+  /// SM's shared memory holds fewer).
   std::int64_t max_blocks = 0;
   /// Plans: accumulators (summed over a rule's reduction passes) the plan's device workspace
   /// has room for, allocated when the plan is built, so that `run` never allocates and can be

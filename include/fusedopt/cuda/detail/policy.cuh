@@ -44,7 +44,7 @@ struct default_policy {
   /// bytes of one element of each of them), at least one. Measured on the H100 (docs/tuning.md,
   /// "Reduction passes"): 64 is best for a clip over bf16 gradients and within 1% of 128 for
   /// LAMB's pass over four fp32 slots; 256 (bytes_per_slot's unrolling) took LAMB's pass to
-  /// 201 registers and 4% more time per step.
+  /// 201 registers and LAMB's step 3-4% more time.
   static constexpr int pass_bytes_per_lane = 64;
   /// Loads and stores of the tensors' data carry an L2 eviction policy (evict_first_below_bytes
   /// chooses it per launch): every byte is touched once per step.
