@@ -39,11 +39,17 @@ struct pass_access<Access, Reads, slots<S...>> : Access {
   static constexpr bool stores[sizeof...(S)] = {never<S>...};
 };
 
+/// Vectors per thread and iteration: `bytes` over the bytes one vector takes of the slots
+/// loaded together (`vector_bytes` > 0), at least one.
+constexpr int vectors_for(int bytes, int vector_bytes)
+{
+  return bytes / vector_bytes > 1 ? bytes / vector_bytes : 1;
+}
+
 /// Vectors a thread of the update loads per iteration: Policy::bytes_per_slot of its widest
 /// slot (one vector of a slot of `widest`-byte elements is W * widest bytes), at least one.
 template <class Policy, int W, std::size_t Widest>
-inline constexpr int vectors_per_thread =
-  Policy::bytes_per_slot / (W * static_cast<int>(Widest)) > 1 ? Policy::bytes_per_slot / (W * static_cast<int>(Widest)) : 1;
+inline constexpr int vectors_per_thread = vectors_for(Policy::bytes_per_slot, W * static_cast<int>(Widest));
 
 /// One element on the scalar path (a tensor's head and tail, or a tensor whose slots are
 /// misaligned differently): updated when no accumulator is given, else accumulated into it
@@ -391,24 +397,22 @@ template <class Access>
 inline constexpr std::size_t widest_plain_bytes_v =
   widest_plain_bytes<Access>(std::make_index_sequence<Access::num_slots>{});
 
-/// The bytes of one element of every slot `Access` loads (quantized records excepted).
+/// The bytes of one element of every slot `Access` loads (quantized records excepted), at
+/// least 1 (a pass that reads only quantized records goes element by element, unrolled or not).
 template <class Access, std::size_t... K>
 constexpr std::size_t loaded_bytes(std::index_sequence<K...>)
 {
-  return ((Access::loads[K] && !Access::quantized[K] ? sizeof(typename Access::template element_t<K>) : 0) + ... + 0);
+  std::size_t const bytes =
+    ((Access::loads[K] && !Access::quantized[K] ? sizeof(typename Access::template element_t<K>) : 0) + ... + 0);
+  return bytes > 0 ? bytes : 1;
 }
-
-template <class Access>
-inline constexpr int loaded_bytes_v = static_cast<int>(loaded_bytes<Access>(std::make_index_sequence<Access::num_slots>{}));
 
 /// Vectors of `W` elements a lane of a reduction pass (`Access` a pass_access) loads per
 /// iteration of every slot it reads: Policy::pass_bytes_per_lane over all those slots, at
 /// least one (docs/tuning.md, "Reduction passes").
 template <class Policy, class Access, int W>
-inline constexpr int pass_vectors_per_lane =
-  Policy::pass_bytes_per_lane / (W * (loaded_bytes_v<Access> > 0 ? loaded_bytes_v<Access> : 1)) > 1
-    ? Policy::pass_bytes_per_lane / (W * (loaded_bytes_v<Access> > 0 ? loaded_bytes_v<Access> : 1))
-    : 1;
+inline constexpr int pass_vectors_per_lane = vectors_for(
+  Policy::pass_bytes_per_lane, W * static_cast<int>(loaded_bytes<Access>(std::make_index_sequence<Access::num_slots>{})));
 
 /// The quantized worker's shape for `Access` under `Policy`: blocks per SM and lookahead.
 template <class Policy, class Access>
