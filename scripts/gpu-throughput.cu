@@ -466,6 +466,34 @@ void launch_modes(std::string const& name, Rule const& rule, Lists const& lists,
   print({name + " ordinary launch", off, bytes, copy});
 }
 
+/// LAMB as the reducing cases time it: a reduction pass reading all four slots (16 bytes per
+/// element), the fold of its partials, the update.
+fo::rules::lamb timed_lamb()
+{
+  fo::rules::lamb lamb;
+  lamb.weight_decay = 1e-2;
+  return lamb;
+}
+
+/// clip_by_global_norm (max_norm 1) before AdamW: a reduction pass over the gradients (2 more
+/// bytes per element for bf16), the fold, the update; the norm goes to a device double owned here.
+class clipped_adamw {
+ public:
+  clipped_adamw() { FUSEDOPT_CUDA_TRY(cudaMalloc(&total_norm_, sizeof(double))); }
+  clipped_adamw(clipped_adamw const&) = delete;
+  clipped_adamw& operator=(clipped_adamw const&) = delete;
+  ~clipped_adamw() { (void)cudaFree(total_norm_); }
+  auto rule() const
+  {
+    fo::rules::clip_by_global_norm clip;
+    clip.total_norm = total_norm_;
+    return fo::chain(clip, fo::rules::adamw{});
+  }
+
+ private:
+  double* total_norm_ = nullptr;
+};
+
 /// --passes: the reducing steps (LAMB fp32, clip + AdamW bf16) with a reduction pass loading
 /// 64 to 512 bytes per lane and iteration (Policy::pass_bytes_per_lane).
 template <class Rule, class Lists>
@@ -487,21 +515,16 @@ int pass_sweep(double copy)
     {
       adam_memory<float, float> memory(w.sizes);
       auto const lists = memory.lists();
-      fo::rules::lamb lamb;
-      lamb.weight_decay = 1e-2;
+      auto const lamb = timed_lamb();
       pass_shapes("lamb fp32 " + w.name, lamb, lists, bytes_of(lamb, lists, memory.elements()), copy, pb);
     }
     {
       adam_memory<fo::bfloat16, float> memory(w.sizes);
       auto const lists = memory.lists();
-      double* total_norm = nullptr;
-      FUSEDOPT_CUDA_TRY(cudaMalloc(&total_norm, sizeof(double)));
-      fo::rules::clip_by_global_norm clip;
-      clip.total_norm = total_norm;
-      auto const clipped = fo::chain(clip, fo::rules::adamw{});
+      clipped_adamw const clip;
+      auto const clipped = clip.rule();
       pass_shapes("clip + adamw bf16/fp32 " + w.name, clipped, lists, bytes_of(clipped, lists, memory.elements()),
                   copy, pb);
-      FUSEDOPT_CUDA_TRY(cudaFree(total_norm));
     }
   }
   return 0;
@@ -519,10 +542,7 @@ int launch_sweep(double copy, char const* only)
       fo::rules::adam rule;
       double const bytes = bytes_of(rule, lists, memory.elements());
       launch_modes("adam fp32 " + w.name, rule, lists, bytes, copy, pb);
-      // LAMB: a reduction pass reading all four slots (16 bytes per element), the fold, the
-      // update.
-      fo::rules::lamb lamb;
-      lamb.weight_decay = 1e-2;
+      auto const lamb = timed_lamb();
       launch_modes("lamb fp32 " + w.name, lamb, lists, bytes_of(lamb, lists, memory.elements()), copy, pb);
       same_size = copy_bandwidth(static_cast<std::size_t>(bytes / 2));
       std::printf("%-44s %10.1f us %8.3f TB/s %7.1f%% of copy\n", ("D2D copy of adam's bytes " + w.name).c_str(),
@@ -533,16 +553,10 @@ int launch_sweep(double copy, char const* only)
       auto const lists = memory.lists();
       fo::rules::adamw rule;
       launch_modes("adamw bf16/fp32 " + w.name, rule, lists, bytes_of(rule, lists, memory.elements()), copy, pb);
-      // clip_by_global_norm first: a reduction pass over the bf16 gradients (2 more bytes per
-      // element), the fold of its partials, then the update.
-      double* total_norm = nullptr;
-      FUSEDOPT_CUDA_TRY(cudaMalloc(&total_norm, sizeof(double)));
-      fo::rules::clip_by_global_norm clip;
-      clip.total_norm = total_norm;
-      auto const clipped = fo::chain(clip, rule);
+      clipped_adamw const clip;
+      auto const clipped = clip.rule();
       launch_modes("clip + adamw bf16/fp32 " + w.name, clipped, lists, bytes_of(clipped, lists, memory.elements()),
                    copy, pb);
-      FUSEDOPT_CUDA_TRY(cudaFree(total_norm));
     }
     {
       q8_adam_memory<float> memory(w.sizes);
