@@ -23,7 +23,12 @@ read on the device, no host synchronisation).
 Targets (issue 11): with set_to_none=True, fusedopt within 5% of its own set_to_none=False time,
 >= 1.5x faster than torch fused, no step over 2x the median, host call <= 1/5 of torch fused's.
 
-Usage: python3 bench/train_loop.py [--device cuda,cpu] [--steps 25] [--warmup 5] [--out FILE]
+The clipped loops (--clip MAX_NORM, 1.0 by default as HF Trainer's max_grad_norm; 0 leaves them
+out), set_to_none=True: torch fused AdamW after torch.nn.utils.clip_grad_norm_ (what HF Trainer
+runs), fusedopt after the same torch clip, and fusedopt's clip fused into the step
+(opt.clip_grad_norm_, docs/pytorch.md); the timed call is the clip and the step together.
+
+Usage: python3 bench/train_loop.py [--device cuda,cpu] [--steps 25] [--warmup 5] [--clip 1.0] [--out FILE]
 JSON goes to --out, or $OUT/train_loop.json when $OUT is set.
 """
 
@@ -116,7 +121,7 @@ def calibration_work():
     return total
 
 
-def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False, gc_off=False):
+def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False, gc_off=False, clip=None):
     vocab, d, layers, heads, context, batch, seq = shape
     torch.manual_seed(0)
     model = GPT(vocab, d, layers, heads, context).to(device)
@@ -149,6 +154,10 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
             start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
+        if clip == "torch":
+            torch.nn.utils.clip_grad_norm_(params, args.clip)
+        elif clip == "fused":
+            opt.clip_grad_norm_(args.clip)
         if scaler:
             scaler.step(opt)
         else:
@@ -173,7 +182,7 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
     if gc_off:
         gc.enable()
     row = dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none, grad_scaler=grad_scaler,
-               gc_off=gc_off, step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
+               gc_off=gc_off, clip=clip, step_us_median=statistics.median(step_s) * 1e6, step_us_max=max(step_s) * 1e6,
                host_us_median=statistics.median(host_s) * 1e6, calibration_us_median=statistics.median(calib_s) * 1e6,
                final_loss=float(loss))
     # Distinct gradient address sets over the timed steps, and how many steps met a set seen before.
@@ -204,22 +213,28 @@ def section(device, args, shape):
     n = sum(v.numel() for k, v in initial.items())
     print(f"\n{device.type}: GPT vocab {vocab}, d {d}, {layers} layers, batch {batch} x {seq}; {n / 1e6:.1f}M parameters; "
           f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
-    configurations = [(o, stn, False, False) for stn in (True, False)
+    configurations = [(o, stn, False, False, None) for stn in (True, False)
                       for o in ("torch_fused", "torch_foreach", "fusedopt", "fusedopt_8bit")
                       if o in args.optimizers.split(",")]
     if args.gc_off:
         # The same loops with Python's garbage collector off: whether collections land in the step.
-        configurations += [(o, stn, False, True) for stn in (True, False) for o in ("torch_fused", "fusedopt")
+        configurations += [(o, stn, False, True, None) for stn in (True, False) for o in ("torch_fused", "fusedopt")
                            if o in args.optimizers.split(",")]
     if device.type == "cuda" and hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        configurations += [(o, True, True, False) for o in ("torch_fused", "fusedopt", "fusedopt_8bit")
+        configurations += [(o, True, True, False, None) for o in ("torch_fused", "fusedopt", "fusedopt_8bit")
+                           if o in args.optimizers.split(",")]
+    if args.clip > 0:
+        # Clipping by the global norm as HF Trainer does it (torch's clip_grad_norm_ before the
+        # step; the timed call is both), and fusedopt's clip fused into the step.
+        configurations += [(o, True, False, False, c) for o, c in (("torch_fused", "torch"), ("fusedopt", "torch"),
+                                                                  ("fusedopt", "fused"), ("fusedopt_8bit", "fused"))
                            if o in args.optimizers.split(",")]
     rows = []
-    for optimizer, set_to_none, grad_scaler, gc_off in configurations:
+    for optimizer, set_to_none, grad_scaler, gc_off, clip in configurations:
         label = (f"{optimizer:14s} set_to_none={set_to_none!s:5s}{' fp16+GradScaler' if grad_scaler else ''}"
-                 f"{' gc off' if gc_off else ''}")
+                 f"{' gc off' if gc_off else ''}{f' + {clip} clip' if clip else ''}")
         try:
-            rows.append(run(device, optimizer, set_to_none, args, initial, shape, grad_scaler, gc_off))
+            rows.append(run(device, optimizer, set_to_none, args, initial, shape, grad_scaler, gc_off, clip))
         except Exception as e:  # noqa: BLE001 - reported, never fatal
             rows.append(dict(device=device.type, optimizer=optimizer, set_to_none=set_to_none, grad_scaler=grad_scaler,
                              error=f"{type(e).__name__}: {e}"[:300]))
@@ -243,7 +258,8 @@ def verdict(rows, device):
     """Issue 11's targets, read off the rows of one device (the CUDA loop's; on the CPU the
     step is the host call, and the issue's CPU targets are compare_torch.py --cpu's)."""
     get = {(r["optimizer"], r["set_to_none"]): r for r in rows
-           if "error" not in r and not r.get("grad_scaler") and not r.get("gc_off")}
+           if "error" not in r and not r.get("grad_scaler") and not r.get("gc_off") and not r.get("clip")}
+    clipped = {(r["optimizer"], r["clip"]): r for r in rows if "error" not in r and r.get("clip")}
     scaled = {r["optimizer"]: r for r in rows if "error" not in r and r.get("grad_scaler")}
     ours_t, ours_f, fused_t = get.get(("fusedopt", True)), get.get(("fusedopt", False)), get.get(("torch_fused", True))
     if not (ours_t and ours_f and fused_t):
@@ -268,7 +284,15 @@ def verdict(rows, device):
         out.append(f"fp16 + GradScaler, scaler.step(opt): {a['step_us_median']:.1f} us vs torch fused "
                    f"{b['step_us_median']:.1f} us ({b['step_us_median'] / a['step_us_median']:.2f}x faster), host "
                    f"{a['host_us_median']:.1f} vs {b['host_us_median']:.1f} us")
-    loss = [r["final_loss"] for r in rows if "final_loss" in r and not r.get("grad_scaler") and not r.get("gc_off")]
+    if ("torch_fused", "torch") in clipped and ("fusedopt", "fused") in clipped:
+        a, b = clipped[("fusedopt", "fused")], clipped[("torch_fused", "torch")]
+        unfused = clipped.get(("fusedopt", "torch"))
+        out.append(f"clip_grad_norm_ + step: fusedopt's fused clip {a['step_us_median']:.1f} us vs torch fused with "
+                   f"torch's clip {b['step_us_median']:.1f} us ({b['step_us_median'] / a['step_us_median']:.2f}x faster)"
+                   + (f", fusedopt with torch's clip {unfused['step_us_median']:.1f} us" if unfused else "")
+                   + "; final losses " + ", ".join(f"{o} {c} {r['final_loss']:.5f}" for (o, c), r in clipped.items()))
+    loss = [r["final_loss"] for r in rows
+            if "final_loss" in r and not r.get("grad_scaler") and not r.get("gc_off") and not r.get("clip")]
     out.append(f"final losses {min(loss):.5f} .. {max(loss):.5f}")
     return out
 
@@ -286,6 +310,8 @@ def main():
     p.add_argument("--cpu-batch", type=int, default=4)
     p.add_argument("--cpu-seq", type=int, default=64)
     p.add_argument("--out", default=None)
+    p.add_argument("--clip", type=float, default=1.0,
+                   help="max_norm of the clipped loops (HF Trainer's default 1.0); 0 leaves them out")
     p.add_argument("--gc-off", action="store_true", help="also run torch fused and fusedopt with gc disabled")
     p.add_argument("--optimizers", default="torch_fused,torch_foreach,fusedopt",
                    help="which of them to run (also fusedopt_8bit: fusedopt_torch.AdamW8bit)")

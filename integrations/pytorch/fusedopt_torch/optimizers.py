@@ -125,6 +125,36 @@ def _run_with_hooks(fn, self, args, kwargs, global_pre, global_post):
     return out
 
 
+def _total_norm(grads, norm_type, error_if_nonfinite, foreach):
+    """torch.nn.utils.get_total_norm (torch 2.6 and newer), or the same computation before it:
+    the norm of the per-tensor norms, on the first gradient's device."""
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if get_total_norm is not None:
+        return get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+    first = grads[0].device
+    norms = [torch.linalg.vector_norm(g, norm_type).to(first) for g in grads]
+    total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
+        raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
+                           "it cannot be clipped. To disable this error and scale the gradients by the non-finite "
+                           "norm anyway, set `error_if_nonfinite=False`")
+    return total
+
+
+def _clip_divisor(total_norm, max_norm, grad_scale):
+    """What the step divides the gradients by (GradScaler's grad_scale slot) to clip them as
+    torch.nn.utils.clip_grad_norm_ would: the coefficient computed as torch computes it (in the
+    norm's dtype), and the scale of gradients GradScaler has not unscaled (`grad_scale`, or
+    None), whose norm is then the scaled one. Where no clipping is needed the divisor is
+    exactly 1 (or grad_scale), so the step's bits are those of an unclipped step."""
+    if grad_scale is not None:
+        scale = grad_scale.to(device=total_norm.device, dtype=total_norm.dtype)
+        coef = torch.clamp(max_norm / (total_norm / scale + 1e-6), max=1.0)
+        return grad_scale / coef.to(device=grad_scale.device, dtype=torch.float32)
+    coef = torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+    return torch.reciprocal(coef.to(torch.float32))
+
+
 def _check_common(lr=None, eps=None, weight_decay=None, betas=None):
     # torch's constructor checks, with torch's messages.
     if isinstance(lr, torch.Tensor) and lr.numel() != 1:
@@ -199,6 +229,7 @@ class FusedOptimizer(Optimizer):
         self._aux_steps = {}  # step counts of families without torch 'step' entries
         self._views = []  # _View of every parameter the engine steps through a proxy
         self._param_of = {}  # proxy -> parameter
+        self._pending_clip = None  # (total norm, max_norm) of clip_grad_norm_, applied by the next step
         super().__init__(params, defaults)
         self._make_engine(self._wanted_family())
 
@@ -256,6 +287,9 @@ class FusedOptimizer(Optimizer):
         if self._step_supports_amp_scaling:
             grad_scale = getattr(self, "grad_scale", None)
             found_inf = getattr(self, "found_inf", None)
+        clip, self._pending_clip = self._pending_clip, None
+        if clip is not None:
+            grad_scale = _clip_divisor(*clip, grad_scale)
         with torch.no_grad():
             done = False
             if not self._dirty and (not self._views or self._sync_in()):
@@ -277,6 +311,41 @@ class FusedOptimizer(Optimizer):
         self._engine_ahead = True
         return loss
 
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        """torch.nn.utils.clip_grad_norm_ over the gradients of every parameter of the
+        optimizer's groups, fused into the next step() where the optimizer takes GradScaler's
+        fused protocol (SGD, Adam, AdamW, Adagrad and their 8-bit classes): the total norm is
+        taken now (torch's norm kernels: one read of the gradients) and returned, and the next
+        step() scales the gradients by torch's coefficient min(1, max_norm / (norm + 1e-6)) in
+        registers as it reads them. The gradients themselves are not written (torch's clip reads
+        them once more and writes them), so ``p.grad`` still holds the unclipped values after the
+        step. Nothing synchronises with the host (unless ``error_if_nonfinite``), so the pair
+        can be captured in a CUDA graph.
+
+        Call it between backward() and step(), as torch's; a second call before the step
+        raises. Under torch.amp.GradScaler either after ``scaler.unscale_(opt)`` (the norm is of
+        the unscaled gradients, as with torch's clip) or without it: then the returned norm is
+        of the scaled gradients, and the step divides it by the scale before it clips. Other
+        optimizers, and DTensor gradients (FSDP2: the norm is over the whole mesh), run
+        torch.nn.utils.clip_grad_norm_ itself (the gradients are clipped in place, nothing is
+        left for the step). docs/pytorch.md, "Gradient clipping"."""
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        params = [p for g in self.param_groups for p in g["params"]]
+        if not self._step_supports_amp_scaling or any(_is_dtensor(g) for g in grads):
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        if self._pending_clip is not None:
+            raise RuntimeError(f"fusedopt_torch.{type(self).__name__}.clip_grad_norm_: called twice before a step "
+                               "(the first clip is applied by the next step(), which has not run)")
+        if not grads:
+            return torch.tensor(0.0)
+        total_norm = _total_norm(grads, float(norm_type), error_if_nonfinite, foreach)
+        self._pending_clip = (total_norm, float(max_norm))
+        return total_norm
+
+    def zero_grad(self, set_to_none=True):
+        self._pending_clip = None  # a clip belongs to the gradients it measured
+        super().zero_grad(set_to_none=set_to_none)
+
     def state_dict(self):
         self._pull_steps()
         return super().state_dict()
@@ -292,6 +361,7 @@ class FusedOptimizer(Optimizer):
         self.__dict__.setdefault("_engine", None)
         self.__dict__.setdefault("_engine_family", None)
         self.__dict__.setdefault("_aux_steps", {})
+        self.__dict__.setdefault("_pending_clip", None)
         self._views, self._param_of = [], {}
         self._engine_ahead = False
         self._dirty = True
@@ -301,7 +371,7 @@ class FusedOptimizer(Optimizer):
     def __getstate__(self):
         self._pull_steps()
         state = super().__getstate__()
-        state = {k: v for k, v in state.items() if k not in ("_engine", "_engine_family", "_views", "_param_of")}
+        state = {k: v for k, v in state.items() if k not in ("_engine", "_engine_family", "_views", "_param_of", "_pending_clip")}
         return state
 
     # ---- internals ---------------------------------------------------------------------------
