@@ -343,7 +343,8 @@ class FusedOptimizer(Optimizer):
         return total_norm
 
     def zero_grad(self, set_to_none=True):
-        self._pending_clip = None  # a clip belongs to the gradients it measured
+        if self._pending_clip is not None:  # written only then: torch.compile traces zero_grad
+            self._pending_clip = None  # a clip belongs to the gradients it measured
         super().zero_grad(set_to_none=set_to_none)
 
     def state_dict(self):

@@ -170,18 +170,20 @@ def test_error_if_nonfinite_raises_as_torch():
 
 @pytest.mark.parametrize("unscale_first", [False, True])
 def test_gradscaler_loop_matches_torch_fused_with_its_clip(unscale_first):
-    """fp16 GradScaler loop: torch fused AdamW after scaler.unscale_ and clip_grad_norm_,
-    against fusedopt's fused clip with and without scaler.unscale_ (then the norm is of the
-    scaled gradients, and the step divides it by the scale)."""
+    """fp16 GradScaler loop: torch's fused SGD with momentum (whose step scales with the
+    gradient, unlike Adam's) after scaler.unscale_ and clip_grad_norm_, against fusedopt's fused
+    clip with and without scaler.unscale_ (then the norm is of the scaled gradients, and the
+    step divides it by the scale). The two models drift apart by rounding (fp16 activations),
+    so the norms agree to 1e-3 and the parameters to 1e-4."""
     need_device("cuda")
     torch.manual_seed(0)
     model_a = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
     model_b = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
     model_b.load_state_dict(model_a.state_dict())
-    ours = ft.AdamW(model_a.parameters(), lr=1e-3, weight_decay=0.1)
-    ref = torch.optim.AdamW(model_b.parameters(), lr=1e-3, weight_decay=0.1, fused=True)
+    ours = ft.SGD(model_a.parameters(), lr=1e-2, momentum=0.9)
+    ref = torch.optim.SGD(model_b.parameters(), lr=1e-2, momentum=0.9, fused=True)
     scaler_a, scaler_b = torch.amp.GradScaler("cuda"), torch.amp.GradScaler("cuda")
-    norms = {}
+    norms, clipped = {}, 0
     for t in range(20):
         x = torch.randn(32, 64, device="cuda") * (1e4 if t == 5 else 1.0)  # step 5 overflows fp16: skipped
         y = torch.randn(32, 8, device="cuda")
@@ -199,6 +201,8 @@ def test_gradscaler_loop_matches_torch_fused_with_its_clip(unscale_first):
             opt.zero_grad(set_to_none=True)
         assert scaler_a.get_scale() == scaler_b.get_scale(), t
         if torch.isfinite(norms[False]):
-            torch.testing.assert_close(norms[True], norms[False], rtol=1e-5, atol=0)
+            torch.testing.assert_close(norms[True], norms[False], rtol=1e-3, atol=0)
+            clipped += bool(norms[False] > 0.5)
+    assert clipped >= 10  # the clip bound at most steps
     for x, y in zip(model_a.parameters(), model_b.parameters()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
