@@ -126,16 +126,16 @@ def _run_with_hooks(fn, self, args, kwargs, global_pre, global_post):
 
 
 def _norms_buffer(norms):
-    """The one-dimensional tensor whose elements are the 0-d tensors `norms`, in order, where
-    they are views of one (torch's CUDA _foreach_norm writes every norm into one buffer and
-    returns its elements), else None."""
-    base = norms[0]._base
-    if base is None or base.dim() != 1 or base.numel() != len(norms) or base.stride(0) != 1:
+    """A one-dimensional tensor over the 0-d tensors `norms`, in order, where they lie one after
+    the other in the memory of the first one's storage (torch's CUDA _foreach_norm writes every
+    norm into one buffer and returns its elements), else None."""
+    first = norms[0]
+    size, start, storage = first.element_size(), first.data_ptr(), first.untyped_storage()
+    if start < storage.data_ptr() or start + len(norms) * size > storage.data_ptr() + storage.nbytes():
         return None
-    start, size = base.data_ptr(), base.element_size()
-    if any(n._base is not base or n.data_ptr() != start + i * size for i, n in enumerate(norms)):
+    if any(n.data_ptr() != start + i * size for i, n in enumerate(norms)):
         return None
-    return base
+    return first.new_empty(0).set_(storage, first.storage_offset(), (len(norms),), (1,))
 
 
 def _total_norm(grads, norm_type, error_if_nonfinite, foreach):
@@ -148,11 +148,11 @@ def _total_norm(grads, norm_type, error_if_nonfinite, foreach):
     first = grads[0]
     if (foreach is not False and first.is_cuda
             and all(type(g) is torch.Tensor and g.device == first.device and g.dtype == first.dtype for g in grads)):
-        buffer = _norms_buffer(torch._foreach_norm(grads, norm_type))
-        if buffer is not None:
-            total = torch.linalg.vector_norm(buffer, norm_type)
-            _check_finite_norm(total, norm_type, error_if_nonfinite)
-            return total
+        norms = torch._foreach_norm(grads, norm_type)
+        buffer = _norms_buffer(norms)
+        total = torch.linalg.vector_norm(buffer if buffer is not None else torch.stack(norms), norm_type)
+        _check_finite_norm(total, norm_type, error_if_nonfinite)
+        return total
     get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
     if get_total_norm is not None:
         return get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
