@@ -206,19 +206,3 @@ def test_gradscaler_loop_matches_torch_fused_with_its_clip(unscale_first):
     assert clipped >= 10  # the clip bound at most steps
     for x, y in zip(model_a.parameters(), model_b.parameters()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_the_norm_is_torchs_bit_for_bit(device):
-    """_total_norm against torch.nn.utils.get_total_norm, for the norm types and for gradients
-    of one dtype (on CUDA: the norm over _foreach_norm's buffer, which the test checks is taken)
-    and of two dtypes (torch's function)."""
-    need_device(device)
-    params = make_params(device)
-    grads = grads_of(0, params)
-    if device == "cuda":
-        assert ft.optimizers._norms_buffer(torch._foreach_norm(grads, 2.0)) is not None
-    for norm_type in (2.0, 1.0, 3.0, float("inf")):
-        for gs in (grads, grads + [grads[0].to(torch.float16)]):
-            torch.testing.assert_close(ft.optimizers._total_norm(gs, norm_type, False, None),
-                                       torch.nn.utils.get_total_norm(gs, norm_type), rtol=0, atol=0)
