@@ -19,6 +19,9 @@
 ///   FUSEDOPT_HOST_DEVICE void after_step(fusedopt::reduced const& r, fusedopt::step_info const&) const;
 /// };
 /// @endcode
+/// A rule that only measures (it writes no slot and its update body does nothing, like
+/// rules::norm_of) declares `static constexpr bool updates = false;`: run on its own, the
+/// backends then skip its update pass, which would read every element once more for nothing.
 /// In a chain, each reducing part adds one reduction pass; the pass runs the parts before it
 /// (with their final bodies) so it sees the element exactly as it will be when the part runs
 /// in the update pass. Results are deterministic: each chunk is reduced in a fixed order, chunk

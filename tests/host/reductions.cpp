@@ -75,6 +75,10 @@ TEST_CASE("norm_of measures per-tensor and global norms", "[reduce]")
     for (float x : t) { expected = std::max(expected, static_cast<double>(std::fabs(x))); }
   }
   REQUIRE(inf_total == expected);
+
+  // Alone, norm_of is its pass and its hook (no update pass); in a chain the update runs.
+  STATIC_REQUIRE(fo::detail::skips_update_v<fo::rules::norm_of<fo::slot::grad_t>>);
+  STATIC_REQUIRE_FALSE(fo::detail::skips_update_v<decltype(fo::chain(l2, fo::rules::sgd{}))>);
 }
 
 TEST_CASE("clip_by_global_norm then SGD matches clip_grad_norm_ followed by SGD", "[reduce]")

@@ -154,7 +154,8 @@ class basic_plan {
   /// enqueues, per pass, a pass kernel (one partial per chunk into the plan's workspace) and a
   /// finalize kernel (per-tensor rows and totals), then the update kernel, whose prepare(step,
   /// reduced) runs on the device with the results; after-step hooks run in a one-thread kernel
-  /// after the update. Still no allocation, copy or synchronisation: the whole step is
+  /// after the update (a rule that declares `updates = false`, norm_of, has no update kernel).
+  /// Still no allocation, copy or synchronisation: the whole step is
   /// capturable, and results are the same bits every run (docs/cuda.md, "Reduction passes").
   /// The workspace belongs to the plan: do not run one plan on two streams at once.
   /// @throws fusedopt::error if the rule's options need a slot that is not bound, the step

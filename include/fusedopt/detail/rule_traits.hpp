@@ -149,6 +149,20 @@ struct has_after_step<R, std::void_t<decltype(std::declval<R const&>().after_ste
                                                                                    std::declval<step_info const&>()))>>
   : std::true_type {};
 
+/// True for a rule that declares `static constexpr bool updates = false` (norm_of): a rule
+/// that only measures, whose update writes no slot and computes nothing. The backends run its
+/// reduction passes and after-step hooks and skip its update pass, which would read every
+/// element once more for nothing.
+template <class R, class = void>
+struct skips_update : std::false_type {};
+template <class R>
+struct skips_update<R, std::enable_if_t<!R::updates>> : std::true_type {
+  static_assert(std::is_same_v<typename rule_writes<R>::type, slots<>>,
+                "fusedopt: a rule that declares updates = false must write no slot");
+};
+template <class R>
+inline constexpr bool skips_update_v = skips_update<R>::value;
+
 template <class R>
 struct is_chain : std::false_type {};
 template <class... Parts>

@@ -178,7 +178,8 @@ class plan {
   }
 
   /// @brief Runs `rule` for one step over every element of every tensor: its reduction
-  /// passes first (if it has any), then the update pass, then its after-step hooks.
+  /// passes first (if it has any), then the update pass (none for a rule that declares
+  /// `updates = false`, norm_of), then its after-step hooks.
   /// Synchronous. Not to be called concurrently on one plan (the reduction results live in it).
   /// @throws fusedopt::error if the rule's options need a slot that is not bound, the step
   /// (a value, or read through its host pointer) is below 1, the `advance` counter is at
@@ -200,16 +201,18 @@ class plan {
     if (step.advance != nullptr) { ++*step.advance; }
     reduced results[passes > 0 ? passes : 1];
     if constexpr (passes > 0) { run_passes(rule, step, results, std::make_integer_sequence<int, passes>{}); }
-    using access = detail::access<Rule, lists_type>;
-    auto const body = detail::prepare_final(rule, step, results);
-    auto const count = static_cast<std::int64_t>(chunks_.size());
+    if constexpr (!detail::skips_update_v<Rule>) {
+      using access = detail::access<Rule, lists_type>;
+      auto const body = detail::prepare_final(rule, step, results);
+      auto const count = static_cast<std::int64_t>(chunks_.size());
 #if defined(_OPENMP)
-    int const threads = options_.threads > 0 ? options_.threads : omp_get_max_threads();
+      int const threads = options_.threads > 0 ? options_.threads : omp_get_max_threads();
 #  pragma omp parallel for schedule(static) num_threads(threads)
 #endif
-    for (std::int64_t c = 0; c < count; ++c) {
-      chunk const& work = chunks_[static_cast<std::size_t>(c)];
-      detail::run_for(instruction_set_, [&]() FUSEDOPT_HOST_LOOP { run_chunk<access>(body, work); });
+      for (std::int64_t c = 0; c < count; ++c) {
+        chunk const& work = chunks_[static_cast<std::size_t>(c)];
+        detail::run_for(instruction_set_, [&]() FUSEDOPT_HOST_LOOP { run_chunk<access>(body, work); });
+      }
     }
     detail::after_step(rule, step, results);
   }

@@ -81,7 +81,9 @@ namespace rules {
 /// @brief Measures the norm of `Slot` (as the element holds it at this point of a chain) per
 /// tensor and over all tensors, and writes them after the step: `per_tensor[t]` for every
 /// tensor t (if not null) and `*total` (if not null). The pointers are host memory for the
-/// host backend and device memory for the CUDA backend. Changes nothing.
+/// host backend and device memory for the CUDA backend. Changes nothing: run alone, it is
+/// its reduction pass and after-step hook, with no update pass (`updates = false`); chained
+/// in front of an update, it measures the elements on the way (one pass).
 template <class Slot>
 struct norm_of {
   norm_kind kind = norm_kind::l2;
@@ -91,6 +93,7 @@ struct norm_of {
   using reduction = detail::norm_reduction;
   using reads = slots<Slot>;
   using writes = slots<>;
+  static constexpr bool updates = false;
 
   FUSEDOPT_HOST_DEVICE detail::accumulate_norm<Slot> prepare_reduce(step_info const&) const { return {}; }
   FUSEDOPT_HOST_DEVICE detail::identity_body prepare(step_info const&, reduced const&) const { return {}; }

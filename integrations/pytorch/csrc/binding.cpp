@@ -100,6 +100,26 @@ dtype dtype_of(at::Tensor const& t)
   return dtype::f32;
 }
 
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+/// Orders work on `stream` after a plan's last run (`last`) on another stream (a plan's device
+/// tables and workspace are rewritten in stream order), and makes `stream` the last one.
+void follow_stream(c10::optional<c10::cuda::CUDAStream>& last, c10::cuda::CUDAStream const& stream)
+{
+  if (last && *last != stream) {
+    // A capture (torch.cuda.graph synchronises the device before it begins) must not wait on
+    // an event recorded outside it. Asked only on a change of stream: not every step.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capturing));
+    if (capturing == cudaStreamCaptureStatusNone) {
+      at::cuda::CUDAEvent done;
+      done.record(*last);
+      done.block(stream);
+    }
+  }
+  last = stream;
+}
+#endif
+
 struct bucket {
   std::vector<int> members;  // indices into the group's parameters
   int device = -1;           // -1: CPU (host backend), else the CUDA device index
@@ -587,7 +607,7 @@ class engine {
         if (b.device >= 0) {
           guard.emplace(static_cast<c10::DeviceIndex>(b.device));
           auto const current = at::cuda::getCurrentCUDAStream(b.device);
-          follow_stream(b, current);
+          follow_stream(b.stream, current);
           stream = current.stream();
         }
 #endif
@@ -605,25 +625,6 @@ class engine {
     d.param_ptrs.swap(d.next_param_ptrs);
     ++rebinds_;
   }
-
-#if defined(FUSEDOPT_TORCH_WITH_CUDA)
-  /// Orders work on `stream` after the bucket's last run on another stream.
-  static void follow_stream(bucket& b, c10::cuda::CUDAStream const& stream)
-  {
-    if (b.stream && *b.stream != stream) {
-      // A capture (torch.cuda.graph synchronises the device before it begins) must not wait on
-      // an event recorded outside it. Asked only on a change of stream: not every step.
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capturing));
-      if (capturing == cudaStreamCaptureStatusNone) {
-        at::cuda::CUDAEvent done;
-        done.record(*b.stream);
-        done.block(stream);
-      }
-    }
-    b.stream = stream;
-  }
-#endif
 
   static void check_amp_tensor(c10::optional<at::Tensor> const& t, char const* name)
   {
@@ -670,7 +671,7 @@ class engine {
         if (b.device >= 0) {
           guard.emplace(static_cast<c10::DeviceIndex>(b.device));
           auto const current = at::cuda::getCurrentCUDAStream(b.device);
-          follow_stream(b, current);  // before anything of this step is enqueued
+          follow_stream(b.stream, current);  // before anything of this step is enqueued
           stream = current.stream();
         }
 #endif
@@ -766,6 +767,81 @@ class engine {
   std::int64_t rebinds_ = 0;
   phase_times times_;
   std::chrono::steady_clock::time_point launched_;  // when the step's last plan run returned
+};
+
+/// `_C.GradNorm`: the norm of a list of gradients through one fusedopt norm plan (norm_of's
+/// reduction pass and hook), kept and rebound across calls as the engine keeps its plans: the
+/// host cost of a few launches where torch's get_total_norm launches per tensor and stacks
+/// one view per tensor (FusedOptimizer.clip_grad_norm_).
+class grad_norm {
+ public:
+  /// The L2 norm (`inf`: the largest magnitude) of every element of `grads`, as a 0-d tensor of
+  /// their dtype on their device (computed in float, summed in double), enqueued on the
+  /// current stream; None where the plan does not take them (several devices or dtypes, a
+  /// dtype other than float32, float64, float16, bfloat16, a tensor that is not dense): then
+  /// torch's function serves.
+  c10::optional<at::Tensor> compute(std::vector<at::Tensor> const& grads, bool inf)
+  {
+    if (grads.empty()) { return c10::nullopt; }
+    at::Tensor const& first = grads.front();
+    auto const type = first.scalar_type();
+    if (type != at::kFloat && type != at::kDouble && type != at::kHalf && type != at::kBFloat16) { return c10::nullopt; }
+    pointers_.clear();
+    sizes_.clear();
+    for (auto const& g : grads) {
+      if (g.device() != first.device() || g.scalar_type() != type || g.is_sparse() ||
+          !g.is_non_overlapping_and_dense()) {
+        return c10::nullopt;
+      }
+      pointers_.push_back(g.data_ptr());
+      sizes_.push_back(g.numel());
+    }
+    dtype const t = dtype_of(first);
+    int const device = first.is_cuda() ? first.get_device() : -1;
+    at::Tensor total = at::empty({}, first.options().dtype(at::kDouble));
+    void* stream = nullptr;
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+    c10::optional<c10::cuda::CUDAGuard> guard;
+    if (device >= 0) {
+      guard.emplace(static_cast<c10::DeviceIndex>(device));
+      auto const current = at::cuda::getCurrentCUDAStream(device);
+      if (plan_ && device_ == device) { follow_stream(stream_, current); }
+      stream_ = current;
+      stream = current.stream();
+    }
+#else
+    if (device >= 0) { return c10::nullopt; }
+#endif
+    try {
+      if (plan_ && (device_ != device || dtype_ != t || !plan_->rebind(pointers_, sizes_, stream))) { plan_.reset(); }
+      if (!plan_) {
+        if (device < 0) {
+          plan_ = make_host_norm_plan(t, pointers_, sizes_, at::get_num_threads());
+        } else {
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+          plan_ = make_cuda_norm_plan(t, pointers_, sizes_, stream);
+#endif
+        }
+        device_ = device;
+        dtype_ = t;
+      }
+      plan_->run(inf, total.data_ptr<double>(), stream);
+    } catch (fusedopt::error const& e) {
+      plan_.reset();
+      throw std::runtime_error(std::string("fusedopt_torch: gradient norm: ") + e.what());
+    }
+    return total.to(type);
+  }
+
+ private:
+  std::unique_ptr<norm_plan> plan_;
+  int device_ = -1;
+  dtype dtype_ = dtype::f32;
+  std::vector<void const*> pointers_;
+  std::vector<std::int64_t> sizes_;
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+  c10::optional<c10::cuda::CUDAStream> stream_;
+#endif
 };
 
 }  // namespace
@@ -869,6 +945,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("rebinds", &engine::rebinds)
     .def("host_times", &engine::host_times)
     .def("plans", &engine::plans);
+  py::class_<fusedopt_torch::grad_norm>(m, "GradNorm")
+    .def(py::init<>())
+    .def("compute", &fusedopt_torch::grad_norm::compute, py::arg("grads"), py::arg("inf") = false);
   m.def("quantize_state", &fusedopt_torch::quantize_state_into, py::arg("values"), py::arg("records"),
         py::arg("is_signed"));
   m.def("dequantize_state", &fusedopt_torch::dequantize_state_of, py::arg("records"), py::arg("numel"),

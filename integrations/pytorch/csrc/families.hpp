@@ -463,6 +463,54 @@ std::unique_ptr<plan> nadam_plan(family, dtype t, layout const&, lists const& x,
   return plan_of<B, build_nadam, slot::exp_avg_t, slot::exp_avg_sq_t>(t, x, s);
 }
 
+// ---- norm plans (clip_grad_norm_) ----------------------------------------------------------------
+
+/// norm_plan over gradients of element type T on backend B.
+template <class B, class T>
+class norm_plan_impl final : public norm_plan {
+  static auto bind(std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes)
+  {
+    return fo::bind(slot::grad = readonly<T>(grads, sizes));
+  }
+  // norm_of's two accumulators (sum of squares, largest magnitude).
+  static constexpr int reduction_capacity = 2;
+  using plan_type = decltype(B::make(bind({}, {}), nullptr, reduction_capacity));
+
+ public:
+  norm_plan_impl(std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes, void* s)
+      : plan_(B::make(bind(grads, sizes), s, reduction_capacity))
+  {
+  }
+  void run(bool inf, double* total, void* stream) const override
+  {
+    B::run(plan_, rules::norm_of<slot::grad_t>{inf ? fo::norm_kind::inf : fo::norm_kind::l2, nullptr, total},
+           fo::step_info{}, stream);
+  }
+  bool rebind(std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes, void* stream) override
+  {
+    auto bound = bind(grads, sizes);
+    if (!plan_.can_rebind(bound)) { return false; }
+    B::rebind(plan_, bound, stream);
+    return true;
+  }
+
+ private:
+  plan_type plan_;
+};
+
+template <class B>
+std::unique_ptr<norm_plan> norm_plan_of(dtype t, std::vector<void const*> const& grads,
+                                        std::vector<std::int64_t> const& sizes, void* s)
+{
+  switch (t) {
+    case dtype::f32: return std::make_unique<norm_plan_impl<B, float>>(grads, sizes, s);
+    case dtype::f64: return std::make_unique<norm_plan_impl<B, double>>(grads, sizes, s);
+    case dtype::f16: return std::make_unique<norm_plan_impl<B, fo::half>>(grads, sizes, s);
+    case dtype::bf16: return std::make_unique<norm_plan_impl<B, fo::bfloat16>>(grads, sizes, s);
+  }
+  throw fo::error("fusedopt_torch: unknown dtype");
+}
+
 // ---- plans of 8-bit moments (FUSEDOPT_TORCH_QUANTIZED_FAMILIES; one function per .cu) ----------
 
 template <class B>

@@ -20,6 +20,12 @@ std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists c
   throw fusedopt::error("fusedopt_torch: unknown optimizer family");
 }
 
+std::unique_ptr<norm_plan> make_host_norm_plan(dtype t, std::vector<void const*> const& grads,
+                                               std::vector<std::int64_t> const& sizes, int threads)
+{
+  return detail::norm_plan_of<detail::host_backend>(t, grads, sizes, &threads);
+}
+
 double nadam_mu(double beta1, double momentum_decay, std::int64_t t)
 {
   return fusedopt::rules::scale_by_nadam::mu(beta1, momentum_decay, t);

@@ -214,6 +214,29 @@ class plan {
   [[nodiscard]] virtual std::uint64_t table_uploads() const = 0;
 };
 
+/// @brief The norm of every element of one list of gradients of one dtype
+/// (FusedOptimizer.clip_grad_norm_): fusedopt's norm_of rule over a plan of the gradients,
+/// which is its reduction pass and after-step hook, with no update pass.
+class norm_plan {
+ public:
+  virtual ~norm_plan() = default;
+  /// @brief Writes the L2 norm (`inf`: the largest magnitude) of every element to `*total`
+  /// (for a CUDA plan device memory of its device, in stream order, no synchronisation).
+  virtual void run(bool inf, double* total, void* stream) const = 0;
+  /// @brief Points the plan at `grads` of the sizes it was made with; false, changing
+  /// nothing, for another geometry (then make a new plan).
+  virtual bool rebind(std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes, void* stream) = 0;
+};
+
+/// @brief A host-backend norm plan over `grads` (CPU memory) on `threads` threads. Defined in host_plans.cpp.
+std::unique_ptr<norm_plan> make_host_norm_plan(dtype t, std::vector<void const*> const& grads,
+                                               std::vector<std::int64_t> const& sizes, int threads);
+
+/// @brief A CUDA norm plan over `grads` on the current device, built on `stream`. Defined in
+/// cuda_norm.cu, only when the CUDA sources are compiled.
+std::unique_ptr<norm_plan> make_cuda_norm_plan(dtype t, std::vector<void const*> const& grads,
+                                               std::vector<std::int64_t> const& sizes, void* stream);
+
 /// @brief NAdam's momentum coefficient of step `t`, mu_t = beta1 (1 - 0.5 * 0.96^(t momentum_decay)),
 /// with the bits the NAdam rule uses (rules::scale_by_nadam::mu). Defined in host_plans.cpp.
 double nadam_mu(double beta1, double momentum_decay, std::int64_t t);

@@ -125,7 +125,7 @@ def _run_with_hooks(fn, self, args, kwargs, global_pre, global_post):
     return out
 
 
-def _total_norm(grads, norm_type, error_if_nonfinite, foreach):
+def _torch_total_norm(grads, norm_type, error_if_nonfinite, foreach):
     """torch.nn.utils.get_total_norm (torch 2.6 and newer), or the same computation before it:
     the norm of the per-tensor norms, on the first gradient's device."""
     get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
@@ -134,11 +134,16 @@ def _total_norm(grads, norm_type, error_if_nonfinite, foreach):
     first = grads[0].device
     norms = [torch.linalg.vector_norm(g, norm_type).to(first) for g in grads]
     total = torch.linalg.vector_norm(torch.stack(norms), norm_type)
+    _check_finite_norm(total, norm_type, error_if_nonfinite)
+    return total
+
+
+def _check_finite_norm(total, norm_type, error_if_nonfinite):
+    """torch's error for a non-finite total norm under error_if_nonfinite (a synchronisation)."""
     if error_if_nonfinite and torch.logical_or(total.isnan(), total.isinf()):
         raise RuntimeError(f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so "
                            "it cannot be clipped. To disable this error and scale the gradients by the non-finite "
                            "norm anyway, set `error_if_nonfinite=False`")
-    return total
 
 
 def _clip_divisor(total_norm, max_norm, grad_scale):
@@ -230,6 +235,7 @@ class FusedOptimizer(Optimizer):
         self._views = []  # _View of every parameter the engine steps through a proxy
         self._param_of = {}  # proxy -> parameter
         self._pending_clip = None  # (total norm, max_norm) of clip_grad_norm_, applied by the next step
+        self._grad_norm = None  # the extension's GradNorm of clip_grad_norm_, made at its first call
         super().__init__(params, defaults)
         self._make_engine(self._wanted_family())
 
@@ -315,9 +321,9 @@ class FusedOptimizer(Optimizer):
         """torch.nn.utils.clip_grad_norm_ over the gradients of every parameter of the
         optimizer's groups, fused into the next step() where the optimizer takes GradScaler's
         fused protocol (SGD, Adam, AdamW, Adagrad and their 8-bit classes): the total norm is
-        taken now (torch's norm kernels: one read of the gradients) and returned, and the next
-        step() scales the gradients by torch's coefficient min(1, max_norm / (norm + 1e-6)) in
-        registers as it reads them. The gradients themselves are not written (torch's clip reads
+        taken now (one read of the gradients: fusedopt's norm plan for the 2- and inf-norms,
+        else torch's get_total_norm) and returned, and the next step() scales the gradients
+        by torch's coefficient min(1, max_norm / (norm + 1e-6)) in registers as it reads them. The gradients themselves are not written (torch's clip reads
         them once more and writes them), so ``p.grad`` still holds the unclipped values after the
         step. Nothing synchronises with the host (unless ``error_if_nonfinite``), so the pair
         can be captured in a CUDA graph.
@@ -338,9 +344,25 @@ class FusedOptimizer(Optimizer):
                                "(the first clip is applied by the next step(), which has not run)")
         if not grads:
             return torch.tensor(0.0)
-        total_norm = _total_norm(grads, float(norm_type), error_if_nonfinite, foreach)
+        total_norm = self._total_norm(grads, float(norm_type), error_if_nonfinite, foreach)
         self._pending_clip = (total_norm, float(max_norm))
         return total_norm
+
+    def _total_norm(self, grads, norm_type, error_if_nonfinite, foreach):
+        """The total norm as clip_grad_norm_ returns it: for the 2- and inf-norms of real
+        gradients of one device and dtype, fusedopt's norm plan (one reduction over every
+        gradient, its few launches kept and rebound across steps like the step's plans: the
+        same value as torch's up to the order of the additions, in the gradients' dtype);
+        otherwise torch's get_total_norm, which launches and stacks per tensor (0.8-1.3 ms of
+        host time for GPT-2 small's 148 gradients on the H200)."""
+        if norm_type in (2.0, float("inf")) and all(type(g) is torch.Tensor and not g.is_complex() for g in grads):
+            if self._grad_norm is None:
+                self._grad_norm = _ext.load().GradNorm()
+            total = self._grad_norm.compute(grads, norm_type == float("inf"))
+            if total is not None:
+                _check_finite_norm(total, norm_type, error_if_nonfinite)
+                return total
+        return _torch_total_norm(grads, norm_type, error_if_nonfinite, foreach)
 
     def zero_grad(self, set_to_none=True):
         if self._pending_clip is not None:  # written only then: torch.compile traces zero_grad
@@ -363,6 +385,7 @@ class FusedOptimizer(Optimizer):
         self.__dict__.setdefault("_engine_family", None)
         self.__dict__.setdefault("_aux_steps", {})
         self.__dict__.setdefault("_pending_clip", None)
+        self.__dict__["_grad_norm"] = None
         self._views, self._param_of = [], {}
         self._engine_ahead = False
         self._dirty = True
@@ -372,7 +395,7 @@ class FusedOptimizer(Optimizer):
     def __getstate__(self):
         self._pull_steps()
         state = super().__getstate__()
-        state = {k: v for k, v in state.items() if k not in ("_engine", "_engine_family", "_views", "_param_of", "_pending_clip")}
+        state = {k: v for k, v in state.items() if k not in ("_engine", "_engine_family", "_views", "_param_of", "_pending_clip", "_grad_norm")}
         return state
 
     # ---- internals ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Gradient clipping fused into the step (FusedOptimizer.clip_grad_norm_): the norm is taken
-before the step, the step scales the gradients by torch's coefficient as it reads them, and the
-gradients are not written.
+before the step (fusedopt's norm plan for the 2- and inf-norms), the step scales the gradients
+by torch's coefficient as it reads them, and the gradients are not written.
 
 CPU cases run everywhere; the GradScaler loops need CUDA.
 """
@@ -50,7 +50,7 @@ def test_fused_clip_is_the_step_on_gradients_divided_by_the_inverse_coefficient(
         for p, g in zip(params_a, grads):
             p.grad = g.clone()
         norm = a.clip_grad_norm_(CLIPPING)
-        torch.testing.assert_close(norm, torch_clip(grads, CLIPPING)[0], rtol=0, atol=0)
+        torch.testing.assert_close(norm, torch_clip(grads, CLIPPING)[0], rtol=1e-6, atol=0)
         a.step()
         assert all(same_bits(p.grad, g) for p, g in zip(params_a, grads)), "the gradients were written"
         divisor = torch.reciprocal(coefficient(norm, CLIPPING).float())
@@ -105,7 +105,7 @@ def test_matches_torch_clip_grad_norm_and_torch_adamw(device, groups):
             p.grad, q.grad = g.clone(), g.clone()
         norm_a = ours.clip_grad_norm_(CLIPPING)
         norm_b = torch.nn.utils.clip_grad_norm_(params_b, CLIPPING)
-        torch.testing.assert_close(norm_a, norm_b, rtol=0, atol=0)
+        torch.testing.assert_close(norm_a, norm_b, rtol=1e-6, atol=0)
         ours.step()
         ref.step()
         ours.zero_grad()
@@ -206,3 +206,28 @@ def test_gradscaler_loop_matches_torch_fused_with_its_clip(unscale_first):
     assert clipped >= 10  # the clip bound at most steps
     for x, y in zip(model_a.parameters(), model_b.parameters()):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_norm_is_torchs(device, dtype):
+    """clip_grad_norm_'s norm against torch.nn.utils.get_total_norm: fusedopt's plan for the
+    2-norm (to the order of the additions) and the inf-norm (exact), in the gradients' dtype,
+    over moved gradients too (the plan is rebound); torch's function for the 1-norm, complex
+    gradients and gradients of two dtypes."""
+    need_device(device)
+    params = make_params(device, dtype)
+    opt = ft.AdamW(params, lr=1e-2)
+    tol = {torch.float32: 1e-6, torch.float64: 1e-12, torch.bfloat16: 1e-2}[dtype]
+    for t in range(3):
+        for p, g in zip(params, grads_of(t, params)):
+            p.grad = g  # new tensors: new addresses
+        grads = [p.grad for p in params]
+        for norm_type, rtol in ((2.0, tol), (float("inf"), 0.0), (1.0, 0.0)):
+            ours = opt._total_norm(grads, norm_type, False, None)
+            assert ours.dtype == dtype and ours.device == grads[0].device
+            torch.testing.assert_close(ours, torch.nn.utils.get_total_norm(grads, norm_type), rtol=rtol, atol=0)
+    assert opt._grad_norm is not None  # the plan served
+    for gs in ([g.to(torch.complex64) for g in grads], grads + [grads[0].to(torch.float16)]):
+        torch.testing.assert_close(opt._total_norm(gs, 2.0, False, None), torch.nn.utils.get_total_norm(gs, 2.0),
+                                   rtol=0, atol=0)

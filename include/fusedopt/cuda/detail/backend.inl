@@ -218,7 +218,9 @@ void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cuda
   detail::plan_steps::begin(*this, step, stream);
   auto const results = detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
   if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
-  detail::plan_steps::update(*this, rule, step, results, stream);
+  if constexpr (!::fusedopt::detail::skips_update_v<Rule>) {
+    detail::plan_steps::update(*this, rule, step, results, stream);
+  }
   detail::plan_steps::after_step(*this, rule, step, results, stream);
 }
 
