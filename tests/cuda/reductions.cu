@@ -67,6 +67,22 @@ TEST_CASE("norm_of: per-tensor and global L2 and inf norms against a double refe
     }
     CHECK(total.value() == fusedopt_test::Approx(l2_total).epsilon(2e-6));
     CHECK(total_inf.value() == inf_total);
+
+    // norm_of alone is its pass, finalize and hook: no update kernel (updates = false).
+    fo::rules::norm_of<slot::grad_t> const measure{fo::norm_kind::l2, nullptr, total.get()};
+    std::size_t const tables = plan.launches_per_run();
+    CHECK(plan.launches_per_run(measure) == tables + 1 + 1);
+    cudaStream_t stream = nullptr;
+    FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph = nullptr;
+    FO_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    plan.run(measure, {}, stream);
+    FO_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+    std::size_t nodes = 0;
+    FO_TEST_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+    CHECK(nodes == plan.launches_per_run(measure));
+    FO_TEST_CUDA(cudaGraphDestroy(graph));
+    FO_TEST_CUDA(cudaStreamDestroy(stream));
   }
 }
 

@@ -216,9 +216,11 @@ class basic_plan {
   /// @brief Kernel launches per `run` of a rule without reduction passes or after-step hooks
   /// (0 when every tensor is empty).
   [[nodiscard]] std::size_t launches_per_run() const;
-  /// @brief Kernel launches per `run(rule)`: the update's, plus two per reduction pass (pass
-  /// and finalize; a pass over by-value tables takes one pass launch per table), plus one for
-  /// after-step hooks and one for `step_info::advance` when `with_advance`.
+
+  /// @brief Kernel launches per `run(rule)`: the update's (none for a rule that declares
+  /// `updates = false`), plus two per reduction pass (pass and finalize; a pass over by-value
+  /// tables takes one pass launch per table), plus one for after-step hooks and one for
+  /// `step_info::advance` when `with_advance`.
   template <class Rule>
   [[nodiscard]] std::size_t launches_per_run(Rule const& rule, bool with_advance = false) const;
   /// @brief Uploads of the address table so far, the plan's construction included (device

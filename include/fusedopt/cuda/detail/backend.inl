@@ -427,8 +427,9 @@ template <class Rule>
 std::size_t basic_plan<Policy, B...>::launches_per_run(Rule const&, bool with_advance) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
-  std::size_t const update = launches_per_run();
-  std::size_t const pass = update + 1;  // a pass kernel per update launch, then finalize
+  std::size_t const tables = launches_per_run();
+  std::size_t const pass = tables + 1;  // a pass kernel per table, then finalize
+  std::size_t const update = ::fusedopt::detail::skips_update_v<Rule> ? 0 : tables;
   return update + static_cast<std::size_t>(passes) * pass +
          (::fusedopt::detail::needs_after_step<Rule>::value ? 1 : 0) + (with_advance ? 1 : 0);
 }
