@@ -333,8 +333,10 @@ TEST_CASE("the reduction workspace: capacity checked before anything runs", "[cu
   fo::cuda::options negative;
   negative.reduction_capacity = -1;
   REQUIRE_THROWS_AS(fo::cuda::make_plan(p.lists(true), negative), fo::error);
-  // Launch counts: pass + finalize per pass, the update, the hook.
+  // Launch counts: pass + finalize per pass, the update, the hook; norm_of alone has no
+  // update (updates = false), chained in front of a rule it has.
   auto const plan8 = fo::cuda::make_plan(p.lists(true));
-  CHECK(plan8.launches_per_run(fo::rules::norm_of<slot::grad_t>{}) == 4);
+  CHECK(plan8.launches_per_run(fo::rules::norm_of<slot::grad_t>{}) == 3);
+  CHECK(plan8.launches_per_run(fo::chain(fo::rules::norm_of<slot::grad_t>{}, sgd)) == 4);
   CHECK(plan8.launches_per_run(sgd) == 1);
 }
