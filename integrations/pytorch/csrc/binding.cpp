@@ -798,20 +798,20 @@ class grad_norm {
     }
     dtype const t = dtype_of(first);
     int const device = first.is_cuda() ? first.get_device() : -1;
-    at::Tensor total = at::empty({}, first.options().dtype(at::kDouble));
     void* stream = nullptr;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
     c10::optional<c10::cuda::CUDAGuard> guard;
     if (device >= 0) {
       guard.emplace(static_cast<c10::DeviceIndex>(device));
+      if (!plan_ || device_ != device) { stream_.reset(); }  // a new plan follows no earlier run
       auto const current = at::cuda::getCurrentCUDAStream(device);
-      if (plan_ && device_ == device) { follow_stream(stream_, current); }
-      stream_ = current;
+      follow_stream(stream_, current);
       stream = current.stream();
     }
 #else
     if (device >= 0) { return c10::nullopt; }
 #endif
+    at::Tensor total = at::empty({}, first.options().dtype(at::kDouble));
     try {
       if (plan_ && (device_ != device || dtype_ != t || !plan_->rebind(pointers_, sizes_, stream))) { plan_.reset(); }
       if (!plan_) {

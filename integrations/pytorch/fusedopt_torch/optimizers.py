@@ -323,10 +323,11 @@ class FusedOptimizer(Optimizer):
         fused protocol (SGD, Adam, AdamW, Adagrad and their 8-bit classes): the total norm is
         taken now (one read of the gradients: fusedopt's norm plan for the 2- and inf-norms,
         else torch's get_total_norm) and returned, and the next step() scales the gradients
-        by torch's coefficient min(1, max_norm / (norm + 1e-6)) in registers as it reads them. The gradients themselves are not written (torch's clip reads
-        them once more and writes them), so ``p.grad`` still holds the unclipped values after the
-        step. Nothing synchronises with the host (unless ``error_if_nonfinite``), so the pair
-        can be captured in a CUDA graph.
+        by torch's coefficient min(1, max_norm / (norm + 1e-6)) in registers as it reads them.
+        The gradients themselves are not written (torch's clip reads them once more and writes
+        them), so ``p.grad`` still holds the unclipped values after the step. Nothing
+        synchronises with the host (unless ``error_if_nonfinite``), so the pair can be captured
+        in a CUDA graph.
 
         Call it between backward() and step(), as torch's; a second call before the step
         raises. Under torch.amp.GradScaler either after ``scaler.unscale_(opt)`` (the norm is of
@@ -395,7 +396,8 @@ class FusedOptimizer(Optimizer):
     def __getstate__(self):
         self._pull_steps()
         state = super().__getstate__()
-        state = {k: v for k, v in state.items() if k not in ("_engine", "_engine_family", "_views", "_param_of", "_pending_clip", "_grad_norm")}
+        transient = ("_engine", "_engine_family", "_views", "_param_of", "_pending_clip", "_grad_norm")
+        state = {k: v for k, v in state.items() if k not in transient}
         return state
 
     # ---- internals ---------------------------------------------------------------------------
