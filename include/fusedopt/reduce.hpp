@@ -20,8 +20,9 @@
 /// };
 /// @endcode
 /// A rule that only measures (it writes no slot and its update body does nothing, like
-/// rules::norm_of) declares `static constexpr bool updates = false;`: run on its own, the
-/// backends then skip its update pass, which would read every element once more for nothing.
+/// rules::norm_of) declares `static constexpr bool updates = false;`: run on its own by a host
+/// or CUDA plan, its update pass is skipped, which would read every element once more for
+/// nothing (sharded plans still run it: correct, one read more).
 /// In a chain, each reducing part adds one reduction pass; the pass runs the parts before it
 /// (with their final bodies) so it sees the element exactly as it will be when the part runs
 /// in the update pass. Results are deterministic: each chunk is reduced in a fixed order, chunk

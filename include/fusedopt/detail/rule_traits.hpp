@@ -150,9 +150,9 @@ struct has_after_step<R, std::void_t<decltype(std::declval<R const&>().after_ste
   : std::true_type {};
 
 /// True for a rule that declares `static constexpr bool updates = false` (norm_of): a rule
-/// that only measures, whose update writes no slot and computes nothing. The backends run its
-/// reduction passes and after-step hooks and skip its update pass, which would read every
-/// element once more for nothing.
+/// that only measures, whose update writes no slot and computes nothing. Host and CUDA plans
+/// run its reduction passes and after-step hooks and skip its update pass, which would read
+/// every element once more for nothing.
 template <class R, class = void>
 struct skips_update : std::false_type {};
 template <class R>

@@ -775,17 +775,19 @@ class engine {
 /// one view per tensor (FusedOptimizer.clip_grad_norm_).
 class grad_norm {
  public:
-  /// The L2 norm (`inf`: the largest magnitude) of every element of `grads`, as a 0-d tensor of
-  /// their dtype on their device (computed in float, summed in double), enqueued on the
-  /// current stream; None where the plan does not take them (several devices or dtypes, a
-  /// dtype other than float32, float64, float16, bfloat16, a tensor that is not dense): then
-  /// torch's function serves.
+  /// The L2 norm (`inf`: the largest magnitude) of every element of `grads`, as a 0-d float64
+  /// tensor on their device (squares computed in float, summed in double; float64, so that the
+  /// norm of float16 gradients GradScaler has scaled does not overflow), enqueued on the
+  /// current stream; None where the plan does not take them (several devices or dtypes,
+  /// tensors neither on the CPU nor on a CUDA device, a dtype other than float32, float64,
+  /// float16, bfloat16, a tensor that is not dense): then torch's function serves.
   c10::optional<at::Tensor> compute(std::vector<at::Tensor> const& grads, bool inf)
   {
     if (grads.empty()) { return c10::nullopt; }
     at::Tensor const& first = grads.front();
     auto const type = first.scalar_type();
     if (type != at::kFloat && type != at::kDouble && type != at::kHalf && type != at::kBFloat16) { return c10::nullopt; }
+    if (!first.is_cpu() && !first.is_cuda()) { return c10::nullopt; }
     pointers_.clear();
     sizes_.clear();
     for (auto const& g : grads) {
@@ -830,7 +832,7 @@ class grad_norm {
       plan_.reset();
       throw std::runtime_error(std::string("fusedopt_torch: gradient norm: ") + e.what());
     }
-    return total.to(type);
+    return total;
   }
 
  private:

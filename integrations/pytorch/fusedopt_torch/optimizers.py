@@ -148,9 +148,10 @@ def _check_finite_norm(total, norm_type, error_if_nonfinite):
 
 def _clip_divisor(total_norm, max_norm, grad_scale):
     """What the step divides the gradients by (GradScaler's grad_scale slot) to clip them as
-    torch.nn.utils.clip_grad_norm_ would: the coefficient computed as torch computes it (in the
-    norm's dtype), and the scale of gradients GradScaler has not unscaled (`grad_scale`, or
-    None), whose norm is then the scaled one. Where no clipping is needed the divisor is
+    torch.nn.utils.clip_grad_norm_ would: the coefficient computed as torch computes it, from
+    the norm in float32 (torch computes it in the gradients' dtype: the same for float32 ones,
+    and float16 would overflow on gradients GradScaler has scaled), and the scale of gradients
+    GradScaler has not unscaled (`grad_scale`, or None), whose norm is then the scaled one. Where no clipping is needed the divisor is
     exactly 1 (or grad_scale), so the step's bits are those of an unclipped step."""
     if grad_scale is not None:
         scale = grad_scale.to(device=total_norm.device, dtype=total_norm.dtype)
@@ -234,7 +235,7 @@ class FusedOptimizer(Optimizer):
         self._aux_steps = {}  # step counts of families without torch 'step' entries
         self._views = []  # _View of every parameter the engine steps through a proxy
         self._param_of = {}  # proxy -> parameter
-        self._pending_clip = None  # (total norm, max_norm) of clip_grad_norm_, applied by the next step
+        self._pending_clip = None  # (norm in float32, max_norm) of clip_grad_norm_, applied by the next step
         self._grad_norm = None  # the extension's GradNorm of clip_grad_norm_, made at its first call
         super().__init__(params, defaults)
         self._make_engine(self._wanted_family())
@@ -338,37 +339,41 @@ class FusedOptimizer(Optimizer):
         left for the step). docs/pytorch.md, "Gradient clipping"."""
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         params = [p for g in self.param_groups for p in g["params"]]
-        if not self._step_supports_amp_scaling or any(_is_dtensor(g) for g in grads):
-            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        # float64 gradients: the protocol's divisor is a float, torch clips them in double.
+        if not self._step_supports_amp_scaling or any(_is_dtensor(g) or g.dtype == torch.float64 for g in grads):
+            kwargs = {} if foreach is None else {"foreach": foreach}  # torch before 2.0 has no foreach
+            return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
         if self._pending_clip is not None:
             raise RuntimeError(f"fusedopt_torch.{type(self).__name__}.clip_grad_norm_: called twice before a step "
                                "(the first clip is applied by the next step(), which has not run)")
         if not grads:
             return torch.tensor(0.0)
-        total_norm = self._total_norm(grads, float(norm_type), error_if_nonfinite, foreach)
-        self._pending_clip = (total_norm, float(max_norm))
+        total_norm, coefficient_norm = self._total_norm(grads, float(norm_type), error_if_nonfinite, foreach)
+        self._pending_clip = (coefficient_norm, float(max_norm))
         return total_norm
 
     def _total_norm(self, grads, norm_type, error_if_nonfinite, foreach):
-        """The total norm as clip_grad_norm_ returns it: for the 2- and inf-norms of real
-        gradients of one device and dtype, fusedopt's norm plan (one reduction over every
-        gradient, its few launches kept and rebound across steps like the step's plans: the
-        same value as torch's up to the order of the additions, in the gradients' dtype);
-        otherwise torch's get_total_norm, which launches and stacks per tensor (0.8-1.3 ms of
-        host time for GPT-2 small's 148 gradients on the H200)."""
+        """The total norm as clip_grad_norm_ returns it, and the same in float32 for the
+        coefficient (the norm of float16 gradients GradScaler has scaled overflows float16).
+        For the 2- and inf-norms of real gradients of one device and dtype: fusedopt's norm
+        plan (one reduction over every gradient, its few launches kept and rebound across steps
+        like the step's plans; torch's value up to the order of the additions, returned in the
+        gradients' dtype); otherwise torch's get_total_norm, which launches and stacks per
+        tensor (0.8-1.3 ms of host time for GPT-2 small's 148 gradients on the H200)."""
         if norm_type in (2.0, float("inf")) and all(type(g) is torch.Tensor and not g.is_complex() for g in grads):
             if self._grad_norm is None:
                 self._grad_norm = _ext.load().GradNorm()
-            total = self._grad_norm.compute(grads, norm_type == float("inf"))
+            total = self._grad_norm.compute(grads, norm_type == float("inf"))  # float64
             if total is not None:
                 _check_finite_norm(total, norm_type, error_if_nonfinite)
-                return total
-        return _torch_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+                return total.to(grads[0].dtype), total.float()
+        total = _torch_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+        return total, total.float()
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, *args, **kwargs):
         if self._pending_clip is not None:  # written only then: torch.compile traces zero_grad
             self._pending_clip = None  # a clip belongs to the gradients it measured
-        super().zero_grad(set_to_none=set_to_none)
+        super().zero_grad(*args, **kwargs)
 
     def state_dict(self):
         self._pull_steps()

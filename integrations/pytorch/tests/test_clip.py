@@ -134,7 +134,7 @@ def test_a_second_clip_before_the_step_raises_and_zero_grad_forgets_a_clip():
         p.grad = g
     ref.step()
     assert all(same_bits(x, y) for x, y in zip(params, ref_params))
-    assert opt.clip_grad_norm_(CLIPPING) is not None  # the step took the pending clip
+    assert opt.clip_grad_norm_(CLIPPING) is not None  # nothing pending after zero_grad and the step
 
 
 def test_no_gradients_give_a_zero_norm_and_nothing_pending():
@@ -144,19 +144,22 @@ def test_no_gradients_give_a_zero_norm_and_nothing_pending():
     assert opt._pending_clip is None
 
 
-def test_optimizers_without_the_fused_protocol_clip_in_place_with_torch():
-    """Lion, LAMB, RMSprop...: torch's clip_grad_norm_ itself (the gradients are written)."""
-    for cls in (ft.Lion, ft.RMSprop, ft.NAdam):
-        params = make_params("cpu")
-        grads = grads_of(0, params)
-        for p, g in zip(params, grads):
-            p.grad = g.clone()
-        opt = cls(params, lr=1e-3)
-        norm = opt.clip_grad_norm_(CLIPPING)
-        expected_norm, expected_grads = torch_clip(grads, CLIPPING)
-        torch.testing.assert_close(norm, expected_norm, rtol=0, atol=0)
-        assert all(same_bits(p.grad, g) for p, g in zip(params, expected_grads))
-        assert opt._pending_clip is None
+@pytest.mark.parametrize("cls, dtype", [(ft.Lion, torch.float32), (ft.RMSprop, torch.float32),
+                                        (ft.NAdam, torch.float32), (ft.AdamW, torch.float64)])
+def test_optimizers_without_the_fused_protocol_and_float64_clip_in_place_with_torch(cls, dtype):
+    """Lion, RMSprop, NAdam...: torch's clip_grad_norm_ itself (the gradients are written); and
+    float64 gradients, which torch clips with a float64 coefficient (the protocol's divisor is a
+    float)."""
+    params = make_params("cpu", dtype)
+    grads = grads_of(0, params)
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt = cls(params, lr=1e-3)
+    norm = opt.clip_grad_norm_(CLIPPING)
+    expected_norm, expected_grads = torch_clip(grads, CLIPPING)
+    torch.testing.assert_close(norm, expected_norm, rtol=0, atol=0)
+    assert all(same_bits(p.grad, g) for p, g in zip(params, expected_grads))
+    assert opt._pending_clip is None
 
 
 def test_error_if_nonfinite_raises_as_torch():
@@ -209,6 +212,7 @@ def test_gradscaler_loop_matches_torch_fused_with_its_clip(unscale_first):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(not hasattr(torch.nn.utils, "get_total_norm"), reason="torch.nn.utils.get_total_norm: torch 2.6")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_the_norm_is_torchs(device, dtype):
@@ -225,10 +229,32 @@ def test_the_norm_is_torchs(device, dtype):
             p.grad = g  # new tensors: new addresses
         grads = [p.grad for p in params]
         for norm_type, rtol in ((2.0, tol), (float("inf"), 0.0), (1.0, 0.0)):
-            ours = opt._total_norm(grads, norm_type, False, None)
-            assert ours.dtype == dtype and ours.device == grads[0].device
+            ours, for_coefficient = opt._total_norm(grads, norm_type, False, None)
+            assert ours.dtype == dtype and ours.device == grads[0].device and for_coefficient.dtype == torch.float32
             torch.testing.assert_close(ours, torch.nn.utils.get_total_norm(grads, norm_type), rtol=rtol, atol=0)
     assert opt._grad_norm is not None  # the plan served
     for gs in ([g.to(torch.complex64) for g in grads], grads + [grads[0].to(torch.float16)]):
-        torch.testing.assert_close(opt._total_norm(gs, 2.0, False, None), torch.nn.utils.get_total_norm(gs, 2.0),
+        torch.testing.assert_close(opt._total_norm(gs, 2.0, False, None)[0], torch.nn.utils.get_total_norm(gs, 2.0),
                                    rtol=0, atol=0)
+
+
+def test_float16_parameters_under_gradscaler_without_unscale_stay_finite():
+    """float16 parameters under GradScaler (whose unscale_ refuses float16 gradients, so the
+    fused protocol is their only way): the norm of the scaled gradients overflows float16, so
+    the coefficient is taken from the norm in float32; the step divides by scale / coefficient."""
+    need_device("cuda")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda().half()
+    opt = ft.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(10):
+        x, y = torch.randn(32, 64, device="cuda").half(), torch.randn(32, 8, device="cuda").half()
+        scaler.scale(torch.nn.functional.mse_loss(model(x).float(), y.float())).backward()
+        opt.clip_grad_norm_(0.5)
+        assert opt._pending_clip[0].dtype == torch.float32
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
