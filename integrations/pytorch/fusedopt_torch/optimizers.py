@@ -334,13 +334,15 @@ class FusedOptimizer(Optimizer):
         raises. Under torch.amp.GradScaler either after ``scaler.unscale_(opt)`` (the norm is of
         the unscaled gradients, as with torch's clip) or without it: then the returned norm is
         of the scaled gradients, and the step divides it by the scale before it clips. Other
-        optimizers, and DTensor gradients (FSDP2: the norm is over the whole mesh), run
-        torch.nn.utils.clip_grad_norm_ itself (the gradients are clipped in place, nothing is
-        left for the step). docs/pytorch.md, "Gradient clipping"."""
+        optimizers, DTensor gradients (FSDP2: the norm is over the whole mesh) and float64 or
+        complex128 ones (clipped in double by torch) run torch.nn.utils.clip_grad_norm_ itself
+        (the gradients are clipped in place, nothing is left for the step). docs/pytorch.md,
+        "Gradient clipping"."""
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         params = [p for g in self.param_groups for p in g["params"]]
-        # float64 gradients: the protocol's divisor is a float, torch clips them in double.
-        if not self._step_supports_amp_scaling or any(_is_dtensor(g) or g.dtype == torch.float64 for g in grads):
+        # Double gradients: the protocol's divisor is a float, torch clips them in double.
+        double = (torch.float64, torch.complex128)
+        if not self._step_supports_amp_scaling or any(_is_dtensor(g) or g.dtype in double for g in grads):
             kwargs = {} if foreach is None else {"foreach": foreach}  # torch before 2.0 has no foreach
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
         if self._pending_clip is not None:
