@@ -86,18 +86,26 @@ layout layout_of(family f, hyper const& h)
   return l;
 }
 
-dtype dtype_of(at::Tensor const& t)
+/// The plans' element type of `type`; none for a type fusedopt has no plans for.
+c10::optional<dtype> plan_dtype(at::ScalarType type)
 {
-  switch (t.scalar_type()) {
+  switch (type) {
     case at::kFloat: return dtype::f32;
     case at::kDouble: return dtype::f64;
     case at::kHalf: return dtype::f16;
     case at::kBFloat16: return dtype::bf16;
-    default:
-      throw py::type_error("fusedopt_torch: parameters must be float32, float64, float16 or bfloat16, not " +
-                           text(t.scalar_type()));
+    default: return c10::nullopt;
   }
-  return dtype::f32;
+}
+
+dtype dtype_of(at::Tensor const& t)
+{
+  auto const type = plan_dtype(t.scalar_type());
+  if (!type) {
+    throw py::type_error("fusedopt_torch: parameters must be float32, float64, float16 or bfloat16, not " +
+                         text(t.scalar_type()));
+  }
+  return *type;
 }
 
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
@@ -786,19 +794,18 @@ class grad_norm {
     if (grads.empty()) { return c10::nullopt; }
     at::Tensor const& first = grads.front();
     auto const type = first.scalar_type();
-    if (type != at::kFloat && type != at::kDouble && type != at::kHalf && type != at::kBFloat16) { return c10::nullopt; }
-    if (!first.is_cpu() && !first.is_cuda()) { return c10::nullopt; }
-    pointers_.clear();
-    sizes_.clear();
+    auto const t = plan_dtype(type);
+    if (!t || (!first.is_cpu() && !first.is_cuda())) { return c10::nullopt; }
+    next_pointers_.clear();
+    next_sizes_.clear();
     for (auto const& g : grads) {
       if (g.device() != first.device() || g.scalar_type() != type || g.is_sparse() ||
           !g.is_non_overlapping_and_dense()) {
         return c10::nullopt;
       }
-      pointers_.push_back(g.data_ptr());
-      sizes_.push_back(g.numel());
+      next_pointers_.push_back(g.data_ptr());
+      next_sizes_.push_back(g.numel());
     }
-    dtype const t = dtype_of(first);
     int const device = first.is_cuda() ? first.get_device() : -1;
     void* stream = nullptr;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
@@ -815,18 +822,23 @@ class grad_norm {
 #endif
     at::Tensor total = at::empty({}, first.options().dtype(at::kDouble));
     try {
-      if (plan_ && (device_ != device || dtype_ != t || !plan_->rebind(pointers_, sizes_, stream))) { plan_.reset(); }
+      if (plan_ && (device_ != device || dtype_ != *t)) { plan_.reset(); }
+      // Gradients at the addresses the plan holds (set_to_none=False) need no rebind.
+      bool const moved = next_pointers_ != pointers_ || next_sizes_ != sizes_;
+      if (plan_ && moved && !plan_->rebind(next_pointers_, next_sizes_, stream)) { plan_.reset(); }
       if (!plan_) {
         if (device < 0) {
-          plan_ = make_host_norm_plan(t, pointers_, sizes_, at::get_num_threads());
+          plan_ = make_host_norm_plan(*t, next_pointers_, next_sizes_, at::get_num_threads());
         } else {
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
-          plan_ = make_cuda_norm_plan(t, pointers_, sizes_, stream);
+          plan_ = make_cuda_norm_plan(*t, next_pointers_, next_sizes_, stream);
 #endif
         }
         device_ = device;
-        dtype_ = t;
+        dtype_ = *t;
       }
+      pointers_.swap(next_pointers_);
+      sizes_.swap(next_sizes_);
       plan_->run(inf, total.data_ptr<double>(), stream);
     } catch (fusedopt::error const& e) {
       plan_.reset();
@@ -839,8 +851,8 @@ class grad_norm {
   std::unique_ptr<norm_plan> plan_;
   int device_ = -1;
   dtype dtype_ = dtype::f32;
-  std::vector<void const*> pointers_;
-  std::vector<std::int64_t> sizes_;
+  std::vector<void const*> pointers_, next_pointers_;  // the plan's gradients, this call's
+  std::vector<std::int64_t> sizes_, next_sizes_;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
   c10::optional<c10::cuda::CUDAStream> stream_;
 #endif

@@ -45,9 +45,9 @@ struct tag {
   using type = T;
 };
 
-/// Calls `f(tag<T>{})` with the fusedopt element type of `t`.
+/// Calls `f(tag<T>{})` with the fusedopt element type of `t` (every call returns one type).
 template <class F>
-std::unique_ptr<plan> by_dtype(dtype t, F&& f)
+auto by_dtype(dtype t, F&& f) -> decltype(f(tag<float>{}))
 {
   switch (t) {
     case dtype::f32: return f(tag<float>{});
@@ -489,8 +489,12 @@ class norm_plan_impl final : public norm_plan {
   bool rebind(std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes, void* stream) override
   {
     auto bound = bind(grads, sizes);
-    if (!plan_.can_rebind(bound)) { return false; }
-    B::rebind(plan_, bound, stream);
+    try {
+      B::rebind(plan_, bound, stream);  // checks the geometry once on the usual path, as plan_impl
+    } catch (fo::error const&) {
+      if (!plan_.can_rebind(bound)) { return false; }  // another geometry: the caller makes a new plan
+      throw;
+    }
     return true;
   }
 
@@ -502,13 +506,9 @@ template <class B>
 std::unique_ptr<norm_plan> norm_plan_of(dtype t, std::vector<void const*> const& grads,
                                         std::vector<std::int64_t> const& sizes, void* s)
 {
-  switch (t) {
-    case dtype::f32: return std::make_unique<norm_plan_impl<B, float>>(grads, sizes, s);
-    case dtype::f64: return std::make_unique<norm_plan_impl<B, double>>(grads, sizes, s);
-    case dtype::f16: return std::make_unique<norm_plan_impl<B, fo::half>>(grads, sizes, s);
-    case dtype::bf16: return std::make_unique<norm_plan_impl<B, fo::bfloat16>>(grads, sizes, s);
-  }
-  throw fo::error("fusedopt_torch: unknown dtype");
+  return by_dtype(t, [&](auto tg) -> std::unique_ptr<norm_plan> {
+    return std::make_unique<norm_plan_impl<B, typename decltype(tg)::type>>(grads, sizes, s);
+  });
 }
 
 // ---- plans of 8-bit moments (FUSEDOPT_TORCH_QUANTIZED_FAMILIES; one function per .cu) ----------

@@ -339,10 +339,10 @@ class FusedOptimizer(Optimizer):
         (the gradients are clipped in place, nothing is left for the step). docs/pytorch.md,
         "Gradient clipping"."""
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        params = [p for g in self.param_groups for p in g["params"]]
         # Double gradients: the protocol's divisor is a float, torch clips them in double.
         double = (torch.float64, torch.complex128)
         if not self._step_supports_amp_scaling or any(_is_dtensor(g) or g.dtype in double for g in grads):
+            params = [p for g in self.param_groups for p in g["params"]]
             kwargs = {} if foreach is None else {"foreach": foreach}  # torch before 2.0 has no foreach
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
         if self._pending_clip is not None:
@@ -368,9 +368,10 @@ class FusedOptimizer(Optimizer):
             total = self._grad_norm.compute(grads, norm_type == float("inf"))  # float64
             if total is not None:
                 _check_finite_norm(total, norm_type, error_if_nonfinite)
-                return total.to(grads[0].dtype), total.float()
+                returned = total.to(grads[0].dtype)
+                return returned, returned if returned.dtype == torch.float32 else total.float()
         total = _torch_total_norm(grads, norm_type, error_if_nonfinite, foreach)
-        return total, total.float()
+        return total, total.float()  # the same tensor for float32
 
     def zero_grad(self, *args, **kwargs):
         if self._pending_clip is not None:  # written only then: torch.compile traces zero_grad
