@@ -33,7 +33,12 @@ namespace rules {
 /// @brief Adam's moments and bias-corrected direction:
 /// exp_avg += (1 - beta1) * (grad - exp_avg); exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * grad^2;
 /// with amsgrad, max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq) is used instead of exp_avg_sq;
-/// update = (exp_avg / (1 - beta1^t)) / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+/// update = (exp_avg / (1 - beta1^t)) / (sqrt(v) / sqrt(1 - beta2^t) + eps), computed with the
+/// bias corrections folded into two per-step constants (bitsandbytes' arithmetic):
+/// update = exp_avg / (sqrt(v) + eps c2) * (c2 / c1), c1 = 1 - beta1^t, c2 = sqrt(1 - beta2^t),
+/// the constants formed in double once per step: one division and one root per element where
+/// torch's order takes three divisions (within a few roundings of it; docs/decisions.md, "Adam's
+/// bias corrections folded into the step's constants").
 struct scale_by_adam {
   scalar<double> beta1{0.9};
   scalar<double> beta2{0.999};
@@ -44,7 +49,9 @@ struct scale_by_adam {
   using writes = slots<slot::exp_avg_t, slot::exp_avg_sq_t, slot::max_exp_avg_sq_t>;
 
   struct prepared {
-    double beta1, beta2, eps, bias_correction1, bias_correction2_sqrt;
+    double beta1, beta2;
+    double scaled_eps;  ///< eps * sqrt(1 - beta2^t)
+    double step_scale;  ///< sqrt(1 - beta2^t) / (1 - beta1^t)
     bool amsgrad;
 
     template <class E>
@@ -61,8 +68,8 @@ struct scale_by_adam {
         vmax = math::select(amsgrad, larger, vmax);
         second = math::select(amsgrad, larger, v);
       }
-      T const denom = math::sqrt(second) / static_cast<T>(bias_correction2_sqrt) + static_cast<T>(eps);
-      e[slot::update] = (m / static_cast<T>(bias_correction1)) / denom;
+      T const denom = math::sqrt(second) + static_cast<T>(scaled_eps);
+      e[slot::update] = m / denom * static_cast<T>(step_scale);
     }
   };
 
@@ -71,7 +78,9 @@ struct scale_by_adam {
     double const b1 = beta1.get();
     double const b2 = beta2.get();
     std::int64_t const t = step.step.get();
-    return prepared{b1, b2, eps.get(), 1.0 - math::ipow(b1, t), math::sqrt(1.0 - math::ipow(b2, t)), amsgrad};
+    double const bias_correction1 = 1.0 - math::ipow(b1, t);
+    double const bias_correction2_sqrt = math::sqrt(1.0 - math::ipow(b2, t));
+    return prepared{b1, b2, eps.get() * bias_correction2_sqrt, bias_correction2_sqrt / bias_correction1, amsgrad};
   }
 
   template <class Bound>
