@@ -42,6 +42,7 @@ struct adam_memory {
   std::vector<std::int64_t> offsets;
   P* params[2] = {};
   S* states[2] = {};
+  std::int64_t padded = 0;  // elements of each arena
 
   explicit adam_memory(std::vector<std::int64_t> const& s) : sizes(s)
   {
@@ -51,6 +52,7 @@ struct adam_memory {
       cursor += (n + 7) / 8 * 8;
     }
     auto const n = static_cast<std::size_t>(cursor);
+    padded = cursor;
     for (int k = 0; k < 2; ++k) {
       FUSEDOPT_CUDA_TRY(cudaMalloc(&params[k], n * sizeof(P)));
       FUSEDOPT_CUDA_TRY(cudaMalloc(&states[k], n * sizeof(S)));
@@ -94,10 +96,10 @@ struct q8_adam_memory {
   fo::signed_q8* m = nullptr;
   fo::unsigned_q8* v = nullptr;
   std::vector<std::int64_t> first_block;
+  std::int64_t blocks = 0;
 
   explicit q8_adam_memory(std::vector<std::int64_t> const& s) : sizes(s), dense(s)
   {
-    std::int64_t blocks = 0;
     for (auto n : sizes) {
       first_block.push_back(blocks);
       blocks += fo::signed_q8::blocks_for(n);
@@ -127,6 +129,26 @@ struct q8_adam_memory {
     return fo::bind(slot::param = p, slot::grad = g, slot::exp_avg = mm, slot::exp_avg_sq = vv);
   }
   std::int64_t elements() const { return dense.elements(); }
+
+  /// The parameters and both states' records, as bytes on the host.
+  std::vector<unsigned char> snapshot() const
+  {
+    std::size_t const p = static_cast<std::size_t>(dense.padded) * sizeof(P);
+    std::size_t const r = static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8);
+    std::vector<unsigned char> bytes(p + 2 * r);
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data(), dense.params[0], p, cudaMemcpyDeviceToHost));
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data() + p, m, r, cudaMemcpyDeviceToHost));
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data() + p + r, v, r, cudaMemcpyDeviceToHost));
+    return bytes;
+  }
+  void restore(std::vector<unsigned char> const& bytes) const
+  {
+    std::size_t const p = static_cast<std::size_t>(dense.padded) * sizeof(P);
+    std::size_t const r = static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8);
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(dense.params[0], bytes.data(), p, cudaMemcpyHostToDevice));
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(m, bytes.data() + p, r, cudaMemcpyHostToDevice));
+    FUSEDOPT_CUDA_TRY(cudaMemcpy(v, bytes.data() + p + r, r, cudaMemcpyHostToDevice));
+  }
 };
 
 /// Median over `batches` of the mean time of `per_batch` back-to-back calls of `f`, in seconds.
@@ -595,9 +617,27 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   // without the lookahead; the library's chooses by parameter width), a grid of two waves, and
   // longer chunks (fewer chunk changes for a warp's cursor).
   if (!sweep_q8) { return; }
+  // Each variant's step from one state must give the default's bits (checked on W1 and W3:
+  // 10 and 2000 tensors).
+  bool const check = name.find("W1") != std::string::npos || name.find("W3") != std::string::npos;
+  std::vector<unsigned char> start, expected;
+  if (check) {
+    start = memory.snapshot();
+    plan.run(rule, fo::step_info{3});
+    expected = memory.snapshot();
+  }
   auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks, std::int64_t chunk = 0) {
     using variant_policy = typename decltype(policy_tag)::type;
-    print({name + " " + label, time_variant<variant_policy>(rule, lists, chunk, max_blocks, pb), bytes, copy});
+    char const* verdict = "";
+    if (check) {
+      memory.restore(start);
+      fo::cuda::options opts;
+      opts.chunk_elements = chunk;
+      opts.max_blocks = max_blocks;
+      fo::cuda::make_plan<variant_policy>(lists, opts).run(rule, fo::step_info{3});
+      verdict = memory.snapshot() == expected ? " [bits =]" : " [BITS DIFFER]";
+    }
+    print({name + " " + label + verdict, time_variant<variant_policy>(rule, lists, chunk, max_blocks, pb), bytes, copy});
   };
   variant("lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
   variant("lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, true>>{}, 0);
