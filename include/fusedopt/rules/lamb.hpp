@@ -40,7 +40,10 @@ struct scale_by_lamb {
   using writes = slots<slot::exp_avg_t, slot::exp_avg_sq_t>;
 
   struct prepared {
-    double beta1, beta2, beta3, one_minus_beta2, bias_correction1, bias_correction2, eps, weight_decay;
+    double beta1, beta2, beta3, one_minus_beta2;
+    double scaled_eps;  ///< eps * sqrt(bias_correction2)
+    double step_scale;  ///< sqrt(bias_correction2) / bias_correction1
+    double weight_decay;
 
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
@@ -51,8 +54,10 @@ struct scale_by_lamb {
       T& v = e[slot::exp_avg_sq];
       m = m * static_cast<T>(beta1) + static_cast<T>(beta3) * g;
       v = v * static_cast<T>(beta2) + static_cast<T>(one_minus_beta2) * g * g;
-      T const denom = math::sqrt(v / static_cast<T>(bias_correction2)) + static_cast<T>(eps);
-      T const direction = (m / static_cast<T>(bias_correction1)) / denom;
+      // (m / c1) / (sqrt(v / c2) + eps) with the corrections folded into two per-step
+      // constants, as scale_by_adam: one division per element (docs/decisions.md).
+      T const denom = math::sqrt(v) + static_cast<T>(scaled_eps);
+      T const direction = m / denom * static_cast<T>(step_scale);
       // A select, not `+ 0 * param`: with no decay a non-finite param must not leak into the update.
       e[slot::update] = weight_decay != 0 ? direction + static_cast<T>(weight_decay) * e[slot::param] : direction;
     }
@@ -63,13 +68,14 @@ struct scale_by_lamb {
     double const b1 = beta1.get();
     double const b2 = beta2.get();
     std::int64_t const t = step.step.get();
+    double const bias_correction1 = bias_correction ? 1.0 - math::ipow(b1, t) : 1.0;
+    double const bias_correction2_sqrt = bias_correction ? math::sqrt(1.0 - math::ipow(b2, t)) : 1.0;
     return prepared{b1,
                     b2,
                     grad_averaging ? 1.0 - b1 : 1.0,
                     1.0 - b2,
-                    bias_correction ? 1.0 - math::ipow(b1, t) : 1.0,
-                    bias_correction ? 1.0 - math::ipow(b2, t) : 1.0,
-                    eps.get(),
+                    eps.get() * bias_correction2_sqrt,
+                    bias_correction2_sqrt / bias_correction1,
                     weight_decay.get()};
   }
 
