@@ -193,7 +193,8 @@ double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
 
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
-          bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane>
+          bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane,
+          int LookaheadBlocks = 1>
 struct policy : fo::cuda::detail::default_policy {
   static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
@@ -201,9 +202,9 @@ struct policy : fo::cuda::detail::default_policy {
   static constexpr bool streaming_loads = StreamLoads;
   static constexpr bool streaming_stores = StreamStores;
   static constexpr int min_blocks_per_sm = MinBlocks;
-  static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t)
+  static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t, bool)
   {
-    return {QuantizedBlocks, Lookahead};
+    return {QuantizedBlocks, Lookahead, LookaheadBlocks};
   }
 };
 
@@ -613,9 +614,9 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   double const bytes = fo::memory_traffic<fo::rules::adamw, std::decay_t<decltype(lists)>>::exact_bytes *
                        static_cast<double>(memory.elements());
   print({name, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
-  // With --q8: the 8-bit update's shapes (blocks per SM of the persistent grid, with and
-  // without the lookahead; the library's chooses by parameter width), a grid of two waves, and
-  // longer chunks (fewer chunk changes for a warp's cursor).
+  // With --q8: the 8-bit update's shapes (blocks per SM of the persistent grid, one or two
+  // blocks of lookahead or none; the library's chooses by parameter width and memory speed), a
+  // grid of two waves, and longer chunks (fewer chunk changes for a warp's cursor).
   if (!sweep_q8) { return; }
   // Each variant's step from one state must give the default's bits (checked on W1 and W3:
   // 10 and 2000 tensors).
@@ -639,7 +640,9 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
     }
     print({name + " " + label + verdict, time_variant<variant_policy>(rule, lists, chunk, max_blocks, pb), bytes, copy});
   };
-  variant("lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
+  constexpr int pass = fo::cuda::detail::default_policy::pass_bytes_per_lane;
+  variant("lookahead 4/SM (fast memory)", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
+  variant("lookahead 2 blocks 3/SM (slow memory)", tag<policy<128, 64, true, true, 1, 3, true, pass, 2>>{}, 0);
   variant("lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, true>>{}, 0);
   variant("no lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, false>>{}, 0);
   variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
@@ -683,6 +686,14 @@ int main(int argc, char** argv)
   if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy, argc > 2 ? argv[2] : nullptr); }
   if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
     sms_of_device = sms;
+    int memory_khz = 0, bus_bits = 0, sm_khz = 0;
+    FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, 0));
+    FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0));
+    FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, 0));
+    std::printf("memory %d MHz x %d bits, SMs at %d MHz: %.1f DRAM bytes per SM cycle; the default policy's shape for %s memory\n",
+                memory_khz / 1000, bus_bits, sm_khz / 1000,
+                2.0 * memory_khz * (bus_bits / 8.0) / (static_cast<double>(sm_khz) * static_cast<double>(sms)),
+                fo::cuda::detail::fast_memory_of<fo::cuda::detail::default_policy>(0) ? "fast" : "slow");
     // --q8 W2: that workload's fp32 case alone, without the sweep (for a profiler).
     char const* only = argc > 2 ? argv[2] : nullptr;
     sweep_q8 = only == nullptr;

@@ -83,10 +83,11 @@ std::int64_t total_of(std::vector<std::int64_t> const& sizes)
   return total;
 }
 
-fo::cuda::options with_transport(fo::cuda::transport how)
+fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed memory = fo::cuda::memory_speed::automatic)
 {
   fo::cuda::options opts;
   opts.metadata = how;
+  opts.quantized_memory = memory;
   return opts;
 }
 
@@ -95,9 +96,12 @@ fo::cuda::options with_transport(fo::cuda::transport how)
 /// every step. Step 3 has a NaN gradient: a rule wrapped in skip_if_nonfinite skips it.
 /// `aligned`: every param and grad tensor 16-byte aligned, so the CUDA backend takes a whole
 /// block four elements per lane (with the lookahead for fp32 parameters); else the params are
-/// one element in, misaligned against the grads, and every element goes one by one.
+/// one element in, misaligned against the grads, and every element goes one by one. `memory`:
+/// the policy's shape for fast or slow memory (fp32 parameters: one block of lookahead at 4
+/// blocks per SM, or two at 3), whatever the GPU.
 template <class... States, class MakeRule>
-void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned)
+void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
+                            fo::cuda::memory_speed memory)
 {
   std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000, 2048};
   std::int64_t const total = total_of(sizes);
@@ -117,7 +121,7 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
                                                   (typename States::first_type{} = state->list(false))...));
     auto cuda_plan = fo::cuda::make_plan(fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<float const>(true),
                                                   (typename States::first_type{} = state->list(true))...),
-                                         with_transport(how));
+                                         with_transport(how, memory));
     for (int step = 1; step <= 4; ++step) {
       INFO("step " << step);
       std::vector<float> g = mixed_values(total, 100 + static_cast<std::uint64_t>(step), true);
@@ -145,13 +149,15 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
   auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
                             fo::cuda::transport::param_32k);
   bool const aligned = GENERATE(true, false);
+  auto const memory = GENERATE(fo::cuda::memory_speed::fast, fo::cuda::memory_speed::slow);
   if (!transport_available(how)) { return; }
-  INFO("aligned params and grads: " << aligned);
+  INFO("aligned params and grads: " << aligned << "; shape for " << (memory == fo::cuda::memory_speed::fast ? "fast" : "slow")
+                                    << " memory");
   SECTION("Adam")
   {
     fo::rules::adam adam;
     adam.lr = 1e-2;
-    check_host_equals_cuda<m_state, v_state>([&](float*) { return adam; }, how, false, aligned);
+    check_host_equals_cuda<m_state, v_state>([&](float*) { return adam; }, how, false, aligned, memory);
   }
   SECTION("AdamW, a NaN gradient skipped by skip_if_nonfinite")
   {
@@ -159,7 +165,7 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     adamw.lr = 1e-2;
     adamw.weight_decay = 0.1;
     check_host_equals_cuda<m_state, v_state>([&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); },
-                                             how, true, aligned);
+                                             how, true, aligned, memory);
   }
   SECTION("SGD with Nesterov momentum")
   {
@@ -168,14 +174,14 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     sgd.momentum = 0.9;
     sgd.nesterov = true;
     check_host_equals_cuda<std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false,
-                                                                                 aligned);
+                                                                                 aligned, memory);
   }
   SECTION("Lion")
   {
     fo::rules::lion lion;
     lion.lr = 1e-3;
     lion.weight_decay = 0.5;
-    check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false, aligned);
+    check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false, aligned, memory);
   }
 }
 

@@ -53,6 +53,14 @@ enum class l2_eviction {
   evict_normal,  ///< ordinary priority (large steps)
 };
 
+/// @brief How fast a device's memory is beside its SMs, which chooses the shape of an update
+/// that stores 8-bit quantized states (the tuning policy's `quantized_update`).
+enum class memory_speed {
+  automatic,  ///< from the device: DRAM bytes per SM cycle above the policy's fast_memory_bytes_per_sm_cycle is fast
+  fast,       ///< the shape for memory that outruns the arithmetic (H200: more warps)
+  slow,       ///< the shape for memory whose latency bounds the update (H100: deeper lookahead)
+};
+
 /// @brief Options of a plan or of `apply`.
 struct options {
   /// Metadata transport; force one to test or compare them.
@@ -69,6 +77,9 @@ struct options {
   /// persistent grid of the policy's `quantized_update` blocks on every SM, fewer where an
   /// SM's shared memory holds fewer).
   std::int64_t max_blocks = 0;
+  /// Tuning override for benchmarks and tests: which of the policy's shapes an update that
+  /// stores 8-bit quantized states takes (docs/tuning.md, "Quantized updates by memory speed").
+  memory_speed quantized_memory = memory_speed::automatic;
   /// Plans: accumulators (summed over a rule's reduction passes) the plan's device workspace
   /// has room for, allocated when the plan is built, so that `run` never allocates and can be
   /// captured. 8 doubles per chunk (2048 elements) and per tensor: about 0.1% of an fp32 Adam

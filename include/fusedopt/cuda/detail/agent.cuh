@@ -414,13 +414,17 @@ template <class Policy, class Access, int W>
 inline constexpr int pass_vectors_per_lane = vectors_for(
   Policy::pass_bytes_per_lane, W * static_cast<int>(loaded_bytes<Access>(std::make_index_sequence<Access::num_slots>{})));
 
-/// The quantized worker's shape for `Access` under `Policy`: blocks per SM and lookahead.
+/// The quantized worker's shape for `Access` under `Policy` on memory that is fast (or not)
+/// beside the SMs: blocks per SM and lookahead.
+template <class Policy, class Access, bool FastMemory>
+inline constexpr quantized_shape quantized_shape_v =
+  Policy::quantized_update(widest_plain_bytes_v<Access>, FastMemory);
+/// Whether the two memory speeds take different shapes (then both kernels are compiled).
 template <class Policy, class Access>
-inline constexpr quantized_shape quantized_shape_v = Policy::quantized_update(widest_plain_bytes_v<Access>);
-template <class Policy, class Access>
-inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access>.blocks_per_sm;
-template <class Policy, class Access>
-inline constexpr bool quantized_lookahead_v = quantized_shape_v<Policy, Access>.lookahead;
+inline constexpr bool quantized_shapes_differ_v =
+  !(quantized_shape_v<Policy, Access, false> == quantized_shape_v<Policy, Access, true>);
+template <class Policy, class Access, bool FastMemory>
+inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access, FastMemory>.blocks_per_sm;
 
 /// Where a warp of the quantized worker stands: one of its blocks, elements [first, first +
 /// block) of the tensor (the block may end early at `end`, the chunk's end).
@@ -447,7 +451,7 @@ struct block_cursor {
 /// new scale, and lane 0 stores the scale: the steps of detail::access::update_block, the same
 /// bits. Whole blocks look their codes up in `maps` (the CTA's shared copy); the rare element
 /// path in the maps in global memory, through the host's code.
-template <class Policy, class Access, class Body, class Table>
+template <class Policy, class Access, bool FastMemory, class Body, class Table>
 __device__ __forceinline__ void process_quantized(Body const& body, Table const& table, block_maps<Access> const& maps)
 {
   constexpr int lanes = 32;
@@ -458,7 +462,10 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   constexpr bool quads = block % (4 * lanes) == 0;
   constexpr int groups = quads ? per_lane / 4 : 1;
   constexpr std::size_t S = Access::num_slots;
-  constexpr bool lookahead = quantized_lookahead_v<Policy, Access>;
+  constexpr quantized_shape shape = quantized_shape_v<Policy, Access, FastMemory>;
+  constexpr bool lookahead = shape.lookahead;
+  static_assert(!lookahead || shape.lookahead_blocks == 1 || shape.lookahead_blocks == 2,
+                "fusedopt: quantized_shape::lookahead_blocks is 1 or 2");
   using cursor = block_cursor<S>;
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
@@ -530,7 +537,25 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // `first` is the same in every lane of a warp: the shuffles see all 32 lanes.
   cursor at{static_cast<std::int64_t>(blockIdx.x) - static_cast<std::int64_t>(gridDim.x), 0, 0, {}};
   bool more = advance(at);
-  if constexpr (lookahead) {
+  if constexpr (lookahead && shape.lookahead_blocks == 2) {
+    // Two blocks in flight: the loads of the block after next are issued before this one computes.
+    cursor near = at;
+    bool near_more = more;
+    raw_block<Access, groups> near_data, far_data;
+    if (near_more && whole(near)) { near_data.fetch(near.tensor.bases, near.first, lane); }
+    bool far_more = near_more && advance(at);
+    if (far_more && whole(at)) { far_data.fetch(at.tensor.bases, at.first, lane); }
+    while (near_more) {
+      cursor const c = near;
+      raw_block<Access, groups> const data = near_data;
+      near = at;
+      near_more = far_more;
+      near_data = far_data;
+      far_more = far_more && advance(at);
+      if (far_more && whole(at)) { far_data.fetch(at.tensor.bases, at.first, lane); }
+      update_block(c, data);
+    }
+  } else if constexpr (lookahead) {
     raw_block<Access, groups> ahead;
     if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
     while (more) {

@@ -49,7 +49,7 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
   programmatic_ = detail::programmatic_launch_for(opts, device_);
   max_blocks_ = detail::max_blocks_of<Policy>(opts);
   if constexpr ((::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
-    persistent_ = detail::persistent_grid_of(opts, device_);
+    persistent_ = detail::persistent_grid_of<Policy>(opts, device_);
   }
   std::int64_t const chunk = detail::chunk_length<Policy, lists_type>(opts);
   switch (opts.metadata) {
@@ -462,7 +462,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   std::int64_t const max_blocks = detail::max_blocks_of<Policy>(opts);
   detail::persistent_grid persistent;
   if constexpr (::fusedopt::detail::access<Rule, lists_type>::stores_quantized) {
-    persistent = detail::persistent_grid_of(opts, device);
+    persistent = detail::persistent_grid_of<Policy>(opts, device);
   }
   detail::check_device_memory(lists);
   auto const layout = detail::make_layout(lists, chunk, std::index_sequence_for<B...>{});

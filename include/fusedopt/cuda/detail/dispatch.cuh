@@ -107,6 +107,7 @@ struct persistent_grid {
   std::int64_t multiprocessors = 0;
   std::int64_t shared_per_sm = 0;      ///< bytes of shared memory an SM gives its blocks
   std::int64_t reserved_per_block = 0; ///< bytes the driver keeps per block
+  bool fast_memory = false;            ///< the policy's shape for fast memory (memory_speed)
 
   /// Blocks of a launch whose blocks take `shared_bytes` of static shared memory each:
   /// `per_sm` (the policy's quantized_update) where that many fit in an SM's shared memory (an
@@ -120,11 +121,29 @@ struct persistent_grid {
   }
 };
 
-template <class Options>
+/// Whether `device`'s memory is fast beside its SMs: peak DRAM bytes per SM cycle (from the
+/// memory clock, counted twice per cycle, the bus width, the SMs and their clock) above the
+/// policy's fast_memory_bytes_per_sm_cycle; slow where a device does not report them.
+template <class Policy>
+bool fast_memory_of(int device)
+{
+  double const memory_khz = device_attribute(cudaDevAttrMemoryClockRate, device);
+  double const bus_bits = device_attribute(cudaDevAttrGlobalMemoryBusWidth, device);
+  double const sm_khz = device_attribute(cudaDevAttrClockRate, device);
+  double const sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  if (memory_khz <= 0 || bus_bits <= 0 || sm_khz <= 0 || sms <= 0) { return false; }
+  double const bytes_per_sm_cycle = 2.0 * memory_khz * (bus_bits / 8.0) / (sm_khz * sms);
+  return bytes_per_sm_cycle > Policy::fast_memory_bytes_per_sm_cycle;
+}
+
+template <class Policy, class Options>
 persistent_grid persistent_grid_of(Options const& opts, int device)
 {
   persistent_grid grid;
   grid.max_blocks = opts.max_blocks;
+  using speed = decltype(opts.quantized_memory);  // cuda::memory_speed, declared with the options
+  grid.fast_memory = opts.quantized_memory == speed::automatic ? fast_memory_of<Policy>(device)
+                                                                : opts.quantized_memory == speed::fast;
   if (grid.max_blocks > 0) { return grid; }
   grid.multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount, device);
   grid.shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
@@ -281,9 +300,17 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
                    std::int64_t max_blocks, persistent_grid const& persistent, cudaStream_t stream, bool programmatic)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
+  auto kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, false>;
   if constexpr (access::stores_quantized) {
+    // The policy's shape for the device's memory speed: a second kernel only where it differs.
+    bool fast = false;
+    if constexpr (quantized_shapes_differ_v<Policy, access>) {
+      fast = persistent.fast_memory;
+      if (fast) { kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, true>; }
+    }
     max_blocks = persistent.blocks(static_cast<std::int64_t>(sizeof(block_maps<access>)),
-                                   quantized_blocks_per_sm_v<Policy, access>);
+                                   fast ? quantized_blocks_per_sm_v<Policy, access, true>
+                                        : quantized_blocks_per_sm_v<Policy, access, false>);
   }
   (void)persistent;
   static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
@@ -291,9 +318,10 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
                 "memory and give the rule a pointer to it");
   if (table.num_chunks == 0) { return; }
   if constexpr (fits_params<Rule, Table, results_bytes<P>>) {
-    launch_kernel(&multi_tensor_kernel<Policy, Rule, Bound, Table, P>, dim3(grid_of(table, max_blocks)),
-                  dim3(Policy::block_threads), stream, programmatic, rule, step, table, results);
+    launch_kernel(kernel, dim3(grid_of(table, max_blocks)), dim3(Policy::block_threads), stream, programmatic, rule,
+                  step, table, results);
   } else {
+    (void)kernel;
     (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream, (void)programmatic;
     rule_too_large(sizeof(Rule), P > 0);
   }

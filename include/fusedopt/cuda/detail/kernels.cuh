@@ -115,22 +115,23 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// passes (prepare_final: device scalars and the results are read here, so a captured launch
 /// picks up new values; without passes it is the rule's own prepare), then each block takes
 /// chunks `blockIdx.x`, `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of
-/// quantized states where the rule stores some: process_quantized, with the maps in shared memory).
+/// quantized states where the rule stores some: process_quantized, with the maps in shared memory,
+/// in the policy's shape for fast memory or not: `FastMemory`, chosen per device by launch_update).
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
 /// stores quantized states counts on its shape's blocks per SM fitting at once
 /// (Policy::quantized_update; a policy needs it only for such rules).
-template <class Policy, class Rule, class Bound>
+template <class Policy, class Rule, class Bound, bool FastMemory>
 constexpr int update_min_blocks()
 {
   if constexpr (::fusedopt::detail::access<Rule, Bound>::stores_quantized) {
-    return quantized_blocks_per_sm_v<Policy, ::fusedopt::detail::access<Rule, Bound>>;
+    return quantized_blocks_per_sm_v<Policy, ::fusedopt::detail::access<Rule, Bound>, FastMemory>;
   } else {
     return Policy::min_blocks_per_sm;
   }
 }
 
-template <class Policy, class Rule, class Bound, class Table, int P>
-FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks<Policy, Rule, Bound>()))
+template <class Policy, class Rule, class Bound, class Table, int P, bool FastMemory = false>
+FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks<Policy, Rule, Bound, FastMemory>()))
   multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
                       FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
 {
@@ -147,7 +148,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
   auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
   if constexpr (access::stores_quantized) {
     __syncthreads();
-    process_quantized<Policy, access>(body, table, maps);
+    process_quantized<Policy, access, FastMemory>(body, table, maps);
   } else {
     for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
       chunk_entry const chunk = table.chunk(c);

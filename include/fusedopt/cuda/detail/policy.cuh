@@ -26,7 +26,12 @@ namespace detail {
 struct quantized_shape {
   int blocks_per_sm;
   bool lookahead;
+  int lookahead_blocks = 1;  ///< with the lookahead: blocks whose loads are in flight (1 or 2)
 };
+constexpr bool operator==(quantized_shape const& a, quantized_shape const& b)
+{
+  return a.blocks_per_sm == b.blocks_per_sm && a.lookahead == b.lookahead && a.lookahead_blocks == b.lookahead_blocks;
+}
 
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
 /// benchmarks override the run-time values through `cuda::options`; a policy of one's own is
@@ -73,14 +78,22 @@ struct default_policy {
   /// chunks of unequal size. A positive cap makes blocks loop over chunks.
   static constexpr std::int64_t max_blocks = 0;
   /// The shape of an update that stores 8-bit quantized states, by the element size of its
-  /// widest slot that is not quantized (parameters, gradients: 4 for fp32, 2 for bf16): fp32
-  /// with the lookahead at 4 blocks per SM, 16-bit without it at 5 (measured on the H100:
-  /// docs/quantized_states.md, "The lookahead"). Only policies used with quantized states need
-  /// this member.
-  static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes)
+  /// widest slot that is not quantized (parameters, gradients: 4 for fp32, 2 for bf16) and by
+  /// whether the device's memory is fast beside its SMs (more DRAM bytes per SM cycle than
+  /// fast_memory_bytes_per_sm_cycle): fp32 with two blocks of lookahead at 3 blocks per SM on
+  /// slow memory (the H100: the update waits on memory), one block at 4 per SM on fast memory
+  /// (the H200: it waits on instruction issue); 16-bit without the lookahead at 5 per SM on
+  /// both (docs/quantized_states.md, "The lookahead", and docs/tuning.md, "Quantized updates
+  /// by memory speed"). Where the two speeds get one shape, one kernel is compiled. Only
+  /// policies used with quantized states need these members.
+  static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes, bool fast_memory)
   {
-    return widest_plain_bytes >= 4 ? quantized_shape{4, true} : quantized_shape{5, false};
+    if (widest_plain_bytes < 4) { return quantized_shape{5, false}; }
+    return fast_memory ? quantized_shape{4, true, 1} : quantized_shape{3, true, 2};
   }
+  /// DRAM bytes per SM cycle (peak, from the device's attributes) above which memory is fast:
+  /// the H100 SXM has 12.8 (3.35 TB/s, 132 SMs at 1.98 GHz), the H200 18.4.
+  static constexpr double fast_memory_bytes_per_sm_cycle = 16.0;
 };
 
 }  // namespace detail
