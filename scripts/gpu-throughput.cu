@@ -8,10 +8,12 @@
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "workloads.hpp"
@@ -130,24 +132,29 @@ struct q8_adam_memory {
   }
   std::int64_t elements() const { return dense.elements(); }
 
-  /// The parameters and both states' records, as bytes on the host.
+  /// What a step writes: the parameters and both states' records (device address, bytes).
+  std::array<std::pair<void*, std::size_t>, 3> written() const
+  {
+    std::size_t const records = static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8);
+    return {{{dense.params[0], static_cast<std::size_t>(dense.padded) * sizeof(P)}, {m, records}, {v, records}}};
+  }
+  /// Those bytes, on the host.
   std::vector<unsigned char> snapshot() const
   {
-    std::size_t const p = static_cast<std::size_t>(dense.padded) * sizeof(P);
-    std::size_t const r = static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8);
-    std::vector<unsigned char> bytes(p + 2 * r);
-    FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data(), dense.params[0], p, cudaMemcpyDeviceToHost));
-    FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data() + p, m, r, cudaMemcpyDeviceToHost));
-    FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data() + p + r, v, r, cudaMemcpyDeviceToHost));
+    std::vector<unsigned char> bytes;
+    for (auto const& [at, n] : written()) {
+      bytes.resize(bytes.size() + n);
+      FUSEDOPT_CUDA_TRY(cudaMemcpy(bytes.data() + bytes.size() - n, at, n, cudaMemcpyDeviceToHost));
+    }
     return bytes;
   }
   void restore(std::vector<unsigned char> const& bytes) const
   {
-    std::size_t const p = static_cast<std::size_t>(dense.padded) * sizeof(P);
-    std::size_t const r = static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8);
-    FUSEDOPT_CUDA_TRY(cudaMemcpy(dense.params[0], bytes.data(), p, cudaMemcpyHostToDevice));
-    FUSEDOPT_CUDA_TRY(cudaMemcpy(m, bytes.data() + p, r, cudaMemcpyHostToDevice));
-    FUSEDOPT_CUDA_TRY(cudaMemcpy(v, bytes.data() + p + r, r, cudaMemcpyHostToDevice));
+    std::size_t offset = 0;
+    for (auto const& [at, n] : written()) {
+      FUSEDOPT_CUDA_TRY(cudaMemcpy(at, bytes.data() + offset, n, cudaMemcpyHostToDevice));
+      offset += n;
+    }
   }
 };
 
@@ -686,14 +693,9 @@ int main(int argc, char** argv)
   if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy, argc > 2 ? argv[2] : nullptr); }
   if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
     sms_of_device = sms;
-    int memory_khz = 0, bus_bits = 0, sm_khz = 0;
-    FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, 0));
-    FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0));
-    FUSEDOPT_CUDA_TRY(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, 0));
-    std::printf("memory %d MHz x %d bits, SMs at %d MHz: %.1f DRAM bytes per SM cycle; the default policy's shape for %s memory\n",
-                memory_khz / 1000, bus_bits, sm_khz / 1000,
-                2.0 * memory_khz * (bus_bits / 8.0) / (static_cast<double>(sm_khz) * static_cast<double>(sms)),
-                fo::cuda::detail::fast_memory_of<fo::cuda::detail::default_policy>(0) ? "fast" : "slow");
+    double const per_sm_cycle = fo::cuda::detail::dram_bytes_per_sm_cycle(0);
+    std::printf("%.1f DRAM bytes per SM cycle: the default policy's 8-bit shape for %s memory\n", per_sm_cycle,
+                per_sm_cycle > fo::cuda::detail::default_policy::fast_memory_bytes_per_sm_cycle ? "fast" : "slow");
     // --q8 W2: that workload's fp32 case alone, without the sweep (for a profiler).
     char const* only = argc > 2 ? argv[2] : nullptr;
     sweep_q8 = only == nullptr;

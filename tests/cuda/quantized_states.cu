@@ -219,6 +219,17 @@ TEST_CASE("blocks of zeros, huge and non-finite values: the host backend's bits"
   }
 }
 
+TEST_CASE("a memory speed that is not one of memory_speed's is rejected", "[cuda][quantized][errors]")
+{
+  std::vector<std::int64_t> const sizes = {300};
+  twin<fo::signed_q8> state(sizes, zero_blocks<fo::signed_q8>(sizes));
+  fo::cuda::options opts;
+  opts.quantized_memory = static_cast<fo::cuda::memory_speed>(7);
+  REQUIRE_THROWS_AS(fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = state.list(true)), opts), fo::error);
+  opts.quantized_memory = fo::cuda::memory_speed::slow;
+  REQUIRE_NOTHROW(fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = state.list(true)), opts));
+}
+
 namespace {
 /// momentum = values[index % 1024] (device memory): only the position decides.
 struct by_position {

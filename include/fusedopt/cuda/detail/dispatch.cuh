@@ -121,29 +121,32 @@ struct persistent_grid {
   }
 };
 
-/// Whether `device`'s memory is fast beside its SMs: peak DRAM bytes per SM cycle (from the
-/// memory clock, counted twice per cycle, the bus width, the SMs and their clock) above the
-/// policy's fast_memory_bytes_per_sm_cycle; slow where a device does not report them.
-template <class Policy>
-bool fast_memory_of(int device)
+/// Peak DRAM bytes per SM cycle of `device` (the memory clock, counted twice per cycle, times
+/// the bus width, over the SMs times their clock): how fast its memory is beside its SMs; 0
+/// where the device does not report them.
+inline double dram_bytes_per_sm_cycle(int device)
 {
   double const memory_khz = device_attribute(cudaDevAttrMemoryClockRate, device);
   double const bus_bits = device_attribute(cudaDevAttrGlobalMemoryBusWidth, device);
   double const sm_khz = device_attribute(cudaDevAttrClockRate, device);
   double const sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
-  if (memory_khz <= 0 || bus_bits <= 0 || sm_khz <= 0 || sms <= 0) { return false; }
-  double const bytes_per_sm_cycle = 2.0 * memory_khz * (bus_bits / 8.0) / (sm_khz * sms);
-  return bytes_per_sm_cycle > Policy::fast_memory_bytes_per_sm_cycle;
+  if (memory_khz <= 0 || bus_bits <= 0 || sm_khz <= 0 || sms <= 0) { return 0; }
+  return 2.0 * memory_khz * (bus_bits / 8.0) / (sm_khz * sms);
 }
 
 template <class Policy, class Options>
 persistent_grid persistent_grid_of(Options const& opts, int device)
 {
+  using speed = decltype(opts.quantized_memory);  // cuda::memory_speed, declared with the options
+  FUSEDOPT_EXPECTS(opts.quantized_memory == speed::automatic || opts.quantized_memory == speed::fast ||
+                     opts.quantized_memory == speed::slow,
+                   "cuda::options::quantized_memory must be memory_speed::automatic, fast or slow");
   persistent_grid grid;
   grid.max_blocks = opts.max_blocks;
-  using speed = decltype(opts.quantized_memory);  // cuda::memory_speed, declared with the options
-  grid.fast_memory = opts.quantized_memory == speed::automatic ? fast_memory_of<Policy>(device)
-                                                                : opts.quantized_memory == speed::fast;
+  // Fast beside the SMs: above the policy's bound (a device that reports nothing counts as slow).
+  grid.fast_memory = opts.quantized_memory == speed::automatic
+                       ? dram_bytes_per_sm_cycle(device) > Policy::fast_memory_bytes_per_sm_cycle
+                       : opts.quantized_memory == speed::fast;
   if (grid.max_blocks > 0) { return grid; }
   grid.multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount, device);
   grid.shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
