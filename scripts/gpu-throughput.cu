@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8 [W] | --launch [W] | --passes]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8 [W [bf16]] | --launch [W] | --passes]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -696,14 +696,16 @@ int main(int argc, char** argv)
     double const per_sm_cycle = fo::cuda::detail::dram_bytes_per_sm_cycle(0);
     std::printf("%.1f DRAM bytes per SM cycle: the default policy's 8-bit shape for %s memory\n", per_sm_cycle,
                 per_sm_cycle > fo::cuda::detail::default_policy::fast_memory_bytes_per_sm_cycle ? "fast" : "slow");
-    // --q8 W2: that workload's fp32 case alone, without the sweep (for a profiler).
+    // --q8 W2 [bf16]: that workload's fp32 (or bf16) case alone, without the sweep (for a
+    // profiler, or builds compared in turn).
     char const* only = argc > 2 ? argv[2] : nullptr;
+    bool const bf16_only = argc > 3 && std::strcmp(argv[3], "bf16") == 0;
     sweep_q8 = only == nullptr;
     for (auto const& w : fb::all_workloads()) {
       if (only != nullptr && w.name != only) { continue; }
       int const pb = w.name == "W4" ? 10 : 50;
-      q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb);
-      if (only == nullptr) { q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb); }
+      if (!bf16_only) { q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb); }
+      if (only == nullptr || bf16_only) { q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb); }
     }
     return 0;
   }

@@ -470,14 +470,35 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
 
-  // The warp's next block, crossing into the CTA's next chunk that has one for this warp.
+  // The warp's next block, crossing into the CTA's next chunk that has one for this warp. With
+  // two blocks of lookahead the entry of the chunk after that is loaded at each crossing, a
+  // crossing ahead of its use, and the tensor's entry only where the chunk is of another tensor
+  // (rare for large tensors): Nsight Compute put a fifth of that kernel's stall samples on these
+  // two dependent table loads when every crossing made both. The shapes bound by instruction
+  // issue lost 2-3% with it (docs/quantized_states.md, "Crossing into the next chunk").
+  constexpr bool prefetch = lookahead && shape.lookahead_blocks == 2;
+  std::int64_t const grid = gridDim.x;
+  std::int64_t const num_chunks = table.num_chunks;
+  chunk_entry upcoming{};  // with prefetch: the entry of the advancing cursor's next chunk
+  if (prefetch && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = table.chunk(blockIdx.x); }
+  std::int32_t tensor_in_cursor = -1;  // with prefetch: the table's entry the advancing cursor holds
   auto advance = [&](cursor& c) {
     c.first += warps * block;
     while (c.first >= c.end) {
-      c.chunk += gridDim.x;
-      if (c.chunk >= table.num_chunks) { return false; }
-      chunk_entry const entry = table.chunk(c.chunk);
-      c.tensor = table.tensor(entry.tensor);
+      c.chunk += grid;
+      if (c.chunk >= num_chunks) { return false; }
+      chunk_entry entry;
+      if constexpr (prefetch) {
+        entry = upcoming;
+        if (c.chunk + grid < num_chunks) { upcoming = table.chunk(c.chunk + grid); }
+        if (entry.tensor != tensor_in_cursor) {
+          c.tensor = table.tensor(entry.tensor);
+          tensor_in_cursor = entry.tensor;
+        }
+      } else {
+        entry = table.chunk(c.chunk);
+        c.tensor = table.tensor(entry.tensor);
+      }
       c.first = entry.begin + warp * block;
       c.end = entry.begin + entry.count;
     }
@@ -485,22 +506,30 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
 
-  // One block: `data` holds the lanes' loads where the block is whole.
-  auto update_block = [&](cursor const& c, raw_block<Access, groups> const& data) {
+  using element = typename Access::element_type;
+  using raw = raw_block<Access, groups>;
+  // One block. Where it is whole its elements come from the lanes' loads `data`, decoded here,
+  // or with `data` null from `decoded`, where the two-block lookahead decoded them before the
+  // loads of a later block went into the same registers; a block that is not whole loads element
+  // by element. The elements live in `decoded`, or in registers of their own with `decoded`
+  // null: which of the two the caller picks moved the register allocation (no spills for 16-bit
+  // parameters with the caller's array, 1% faster with its own for fp32 on the H200).
+  auto update_block = [&](cursor const& c, raw const* data, element* decoded) {
+    element own[per_lane];
+    element* const e = decoded != nullptr ? decoded : own;
     bool const is_whole = whole(c);
     auto const tensor_body = ::fusedopt::detail::body_for_tensor(body, c.tensor.index);
-    auto update = [&](typename Access::element_type& e, std::int64_t i, typename Access::block_summary& summary) {
-      e.set_position(c.tensor.index, i);
-      Access::clear_registers(e);
-      auto const before = e;
-      tensor_body(e);
-      Access::summarize(summary, e, before);
+    auto update = [&](element& x, std::int64_t i, typename Access::block_summary& summary) {
+      x.set_position(c.tensor.index, i);
+      Access::clear_registers(x);
+      auto const before = x;
+      tensor_body(x);
+      Access::summarize(summary, x, before);
     };
     void* const* bases = c.tensor.bases;
-    typename Access::element_type e[per_lane];
     auto summary = Access::empty_summary();
     if (is_whole) {
-      data.decode(e, maps);
+      if (data != nullptr) { data->decode(e, maps); }
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
 #pragma unroll
@@ -535,42 +564,52 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   };
 
   // `first` is the same in every lane of a warp: the shuffles see all 32 lanes.
-  cursor at{static_cast<std::int64_t>(blockIdx.x) - static_cast<std::int64_t>(gridDim.x), 0, 0, {}};
+  cursor at{static_cast<std::int64_t>(blockIdx.x) - grid, 0, 0, {}};
   bool more = advance(at);
   if constexpr (lookahead && shape.lookahead_blocks == 2) {
-    // Two blocks in flight: the loads of the block after next are issued before this one computes.
+    // Two blocks in flight: the loads of the block after next are issued before this one
+    // computes, into the registers this one's loads were decoded from. The buffers alternate,
+    // so the loop takes two blocks per turn (written twice rather than copied between them).
     cursor near = at;
     bool near_more = more;
-    raw_block<Access, groups> near_data, far_data;
-    if (near_more && whole(near)) { near_data.fetch(near.tensor.bases, near.first, lane); }
+    raw first_data, second_data;
+    if (near_more && whole(near)) { first_data.fetch(near.tensor.bases, near.first, lane); }
     bool far_more = near_more && advance(at);
-    if (far_more && whole(at)) { far_data.fetch(at.tensor.bases, at.first, lane); }
-    while (near_more) {
+    if (far_more && whole(at)) { second_data.fetch(at.tensor.bases, at.first, lane); }
+    auto turn = [&](raw& data) {
       cursor const c = near;
-      raw_block<Access, groups> const data = near_data;
+      element e[per_lane];
+      if (whole(c)) { data.decode(e, maps); }
       near = at;
       near_more = far_more;
-      near_data = far_data;
       far_more = far_more && advance(at);
-      if (far_more && whole(at)) { far_data.fetch(at.tensor.bases, at.first, lane); }
-      update_block(c, data);
+      if (far_more && whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
+      update_block(c, nullptr, e);
+    };
+    while (near_more) {
+      turn(first_data);
+      if (!near_more) { break; }
+      turn(second_data);
     }
   } else if constexpr (lookahead) {
-    raw_block<Access, groups> ahead;
+    // Decoding before the next loads go into the same registers, as above, was 2-3% slower
+    // here (the H200, bound by issue) than this copy.
+    raw ahead;
     if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
     while (more) {
       cursor const c = at;
-      raw_block<Access, groups> const data = ahead;
+      raw const data = ahead;
       more = advance(at);
       if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
-      update_block(c, data);
+      update_block(c, &data, nullptr);
     }
   } else {
     // One cursor live: the loads of a block are issued when it starts.
     while (more) {
-      raw_block<Access, groups> data;
+      raw data;
       if (whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
-      update_block(at, data);
+      element e[per_lane];
+      update_block(at, &data, e);
       more = advance(at);
     }
   }
