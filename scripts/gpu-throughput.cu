@@ -650,6 +650,7 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   constexpr int pass = fo::cuda::detail::default_policy::pass_bytes_per_lane;
   variant("lookahead 4/SM (fast memory)", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
   variant("lookahead 2 blocks 3/SM (slow memory)", tag<policy<128, 64, true, true, 1, 3, true, pass, 2>>{}, 0);
+  variant("lookahead 2 blocks 4/SM", tag<policy<128, 64, true, true, 1, 4, true, pass, 2>>{}, 0);
   variant("lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, true>>{}, 0);
   variant("no lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, false>>{}, 0);
   variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
