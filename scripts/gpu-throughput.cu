@@ -696,7 +696,7 @@ int main(int argc, char** argv)
     sms_of_device = sms;
     double const per_sm_cycle = fo::cuda::detail::dram_bytes_per_sm_cycle(0);
     std::printf("%.1f DRAM bytes per SM cycle: the default policy's 8-bit shape for %s memory\n", per_sm_cycle,
-                per_sm_cycle > fo::cuda::detail::default_policy::fast_memory_bytes_per_sm_cycle ? "fast" : "slow");
+                fo::cuda::detail::memory_is_fast<fo::cuda::detail::default_policy>(0) ? "fast" : "slow");
     // --q8 W2 [bf16]: that workload's fp32 (or bf16) case alone, without the sweep (for a
     // profiler, or builds compared in turn).
     char const* only = argc > 2 ? argv[2] : nullptr;

@@ -476,19 +476,19 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // (rare for large tensors): Nsight Compute put a fifth of that kernel's stall samples on these
   // two dependent table loads when every crossing made both. The shapes bound by instruction
   // issue lost 2-3% with it (docs/quantized_states.md, "Crossing into the next chunk").
-  constexpr bool prefetch = lookahead && shape.lookahead_blocks == 2;
+  constexpr bool two_ahead = lookahead && shape.lookahead_blocks == 2;
   std::int64_t const grid = gridDim.x;
   std::int64_t const num_chunks = table.num_chunks;
-  chunk_entry upcoming{};  // with prefetch: the entry of the advancing cursor's next chunk
-  if (prefetch && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = table.chunk(blockIdx.x); }
-  std::int32_t tensor_in_cursor = -1;  // with prefetch: the table's entry the advancing cursor holds
+  chunk_entry upcoming{};  // two blocks ahead: the entry of the advancing cursor's next chunk
+  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = table.chunk(blockIdx.x); }
+  std::int32_t tensor_in_cursor = -1;  // two blocks ahead: the table's entry the advancing cursor holds
   auto advance = [&](cursor& c) {
     c.first += warps * block;
     while (c.first >= c.end) {
       c.chunk += grid;
       if (c.chunk >= num_chunks) { return false; }
       chunk_entry entry;
-      if constexpr (prefetch) {
+      if constexpr (two_ahead) {
         entry = upcoming;
         if (c.chunk + grid < num_chunks) { upcoming = table.chunk(c.chunk + grid); }
         if (entry.tensor != tensor_in_cursor) {
@@ -566,7 +566,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // `first` is the same in every lane of a warp: the shuffles see all 32 lanes.
   cursor at{static_cast<std::int64_t>(blockIdx.x) - grid, 0, 0, {}};
   bool more = advance(at);
-  if constexpr (lookahead && shape.lookahead_blocks == 2) {
+  if constexpr (two_ahead) {
     // Two blocks in flight: the loads of the block after next are issued before this one
     // computes, into the registers this one's loads were decoded from. The buffers alternate,
     // so the loop takes two blocks per turn (written twice rather than copied between them).

@@ -134,6 +134,14 @@ inline double dram_bytes_per_sm_cycle(int device)
   return 2.0 * memory_khz * (bus_bits / 8.0) / (sm_khz * sms);
 }
 
+/// Whether `device`'s memory is fast beside its SMs for `Policy`: more peak DRAM bytes per SM
+/// cycle than its fast_memory_bytes_per_sm_cycle (a device that reports nothing counts as slow).
+template <class Policy>
+bool memory_is_fast(int device)
+{
+  return dram_bytes_per_sm_cycle(device) > Policy::fast_memory_bytes_per_sm_cycle;
+}
+
 template <class Policy, class Options>
 persistent_grid persistent_grid_of(Options const& opts, int device)
 {
@@ -143,10 +151,8 @@ persistent_grid persistent_grid_of(Options const& opts, int device)
                    "cuda::options::quantized_memory must be memory_speed::automatic, fast or slow");
   persistent_grid grid;
   grid.max_blocks = opts.max_blocks;
-  // Fast beside the SMs: above the policy's bound (a device that reports nothing counts as slow).
-  grid.fast_memory = opts.quantized_memory == speed::automatic
-                       ? dram_bytes_per_sm_cycle(device) > Policy::fast_memory_bytes_per_sm_cycle
-                       : opts.quantized_memory == speed::fast;
+  grid.fast_memory = opts.quantized_memory == speed::automatic ? memory_is_fast<Policy>(device)
+                                                                : opts.quantized_memory == speed::fast;
   if (grid.max_blocks > 0) { return grid; }
   grid.multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount, device);
   grid.shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
