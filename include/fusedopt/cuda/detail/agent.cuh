@@ -476,32 +476,45 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // (rare for large tensors): Nsight Compute put a fifth of that kernel's stall samples on these
   // two dependent table loads when every crossing made both. The shapes bound by instruction
   // issue lost 2-3% with it (docs/quantized_states.md, "Crossing into the next chunk").
+  // The entry ahead is 16 bytes loaded as one vector, outside the loop over chunks that have no
+  // block for this warp: the load then goes straight into the registers that carry it to the
+  // next crossing (loaded into others, its move into these made the warp wait for the load at
+  // once: a tenth of the stall samples).
   constexpr bool two_ahead = lookahead && shape.lookahead_blocks == 2;
   std::int64_t const grid = gridDim.x;
   std::int64_t const num_chunks = table.num_chunks;
-  chunk_entry upcoming{};  // two blocks ahead: the entry of the advancing cursor's next chunk
-  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = table.chunk(blockIdx.x); }
+  auto chunk_bits = [&](std::int64_t k) { return *reinterpret_cast<uint4 const*>(&table.chunks[k]); };
+  uint4 upcoming{};  // two blocks ahead: the entry of the advancing cursor's next chunk
+  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(blockIdx.x); }
   std::int32_t tensor_in_cursor = -1;  // two blocks ahead: the table's entry the advancing cursor holds
+  auto enter = [&](cursor& c, chunk_entry const& entry) {
+    if (!two_ahead || entry.tensor != tensor_in_cursor) {
+      c.tensor = table.tensor(entry.tensor);
+      tensor_in_cursor = entry.tensor;
+    }
+    c.first = entry.begin + warp * block;
+    c.end = entry.begin + entry.count;
+  };
   auto advance = [&](cursor& c) {
     c.first += warps * block;
+    if (c.first < c.end) { return true; }
+    c.chunk += grid;
+    if (c.chunk >= num_chunks) { return false; }
+    if constexpr (two_ahead) {
+      static_assert(sizeof(chunk_entry) == sizeof(uint4), "a chunk entry is one 16-byte vector");
+      enter(c, chunk_entry{static_cast<std::int64_t>((static_cast<std::uint64_t>(upcoming.y) << 32) | upcoming.x),
+                           static_cast<std::int32_t>(upcoming.z), static_cast<std::int32_t>(upcoming.w)});
+    } else {
+      enter(c, table.chunk(c.chunk));
+    }
+    // A chunk that has no block for this warp (a tensor's short last chunk): on to the next,
+    // waiting for its entry.
     while (c.first >= c.end) {
       c.chunk += grid;
       if (c.chunk >= num_chunks) { return false; }
-      chunk_entry entry;
-      if constexpr (two_ahead) {
-        entry = upcoming;
-        if (c.chunk + grid < num_chunks) { upcoming = table.chunk(c.chunk + grid); }
-        if (entry.tensor != tensor_in_cursor) {
-          c.tensor = table.tensor(entry.tensor);
-          tensor_in_cursor = entry.tensor;
-        }
-      } else {
-        entry = table.chunk(c.chunk);
-        c.tensor = table.tensor(entry.tensor);
-      }
-      c.first = entry.begin + warp * block;
-      c.end = entry.begin + entry.count;
+      enter(c, table.chunk(c.chunk));
     }
+    if constexpr (two_ahead) { upcoming = chunk_bits(c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
