@@ -501,7 +501,6 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     c.chunk += grid;
     if (c.chunk >= num_chunks) { return false; }
     if constexpr (two_ahead) {
-      static_assert(sizeof(chunk_entry) == sizeof(uint4), "a chunk entry is one 16-byte vector");
       enter(c, chunk_entry{static_cast<std::int64_t>((static_cast<std::uint64_t>(upcoming.y) << 32) | upcoming.x),
                            static_cast<std::int32_t>(upcoming.z), static_cast<std::int32_t>(upcoming.w)});
     } else {

@@ -55,7 +55,8 @@ struct alignas(16) chunk_entry {
   std::int32_t tensor;  ///< entry in the tensor table of the launch
   std::int32_t count;
 };
-static_assert(sizeof(chunk_entry) == 16, "a chunk entry is one 16-byte load");
+static_assert(sizeof(chunk_entry) == 16 && offsetof(chunk_entry, tensor) == 8 && offsetof(chunk_entry, count) == 12,
+              "a chunk entry is one 16-byte load: begin, then tensor and count (the 8-bit update reads it as a uint4)");
 
 /// Tables in device memory (plans): any number of tensors and chunks, one launch.
 template <std::size_t S>
