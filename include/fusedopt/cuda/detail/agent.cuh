@@ -483,9 +483,8 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   constexpr bool two_ahead = lookahead && shape.lookahead_blocks == 2;
   std::int64_t const grid = gridDim.x;
   std::int64_t const num_chunks = table.num_chunks;
-  auto chunk_bits = [&](std::int64_t k) { return *reinterpret_cast<uint4 const*>(&table.chunks[k]); };
   uint4 upcoming{};  // two blocks ahead: the entry of the advancing cursor's next chunk
-  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(blockIdx.x); }
+  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(table, blockIdx.x); }
   std::int32_t tensor_in_cursor = -1;  // two blocks ahead: the table's entry the advancing cursor holds
   auto enter = [&](cursor& c, chunk_entry const& entry) {
     if (!two_ahead || entry.tensor != tensor_in_cursor) {
@@ -501,8 +500,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     c.chunk += grid;
     if (c.chunk >= num_chunks) { return false; }
     if constexpr (two_ahead) {
-      enter(c, chunk_entry{static_cast<std::int64_t>((static_cast<std::uint64_t>(upcoming.y) << 32) | upcoming.x),
-                           static_cast<std::int32_t>(upcoming.z), static_cast<std::int32_t>(upcoming.w)});
+      enter(c, chunk_of_bits(upcoming));
     } else {
       enter(c, table.chunk(c.chunk));
     }
@@ -513,7 +511,8 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       if (c.chunk >= num_chunks) { return false; }
       enter(c, table.chunk(c.chunk));
     }
-    if constexpr (two_ahead) { upcoming = chunk_bits(c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
+    // Past the last chunk the load reads this one's entry again (a valid address, never used).
+    if constexpr (two_ahead) { upcoming = chunk_bits(table, c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };

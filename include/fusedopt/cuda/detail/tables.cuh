@@ -56,7 +56,21 @@ struct alignas(16) chunk_entry {
   std::int32_t count;
 };
 static_assert(sizeof(chunk_entry) == 16 && offsetof(chunk_entry, tensor) == 8 && offsetof(chunk_entry, count) == 12,
-              "a chunk entry is one 16-byte load: begin, then tensor and count (the 8-bit update reads it as a uint4)");
+              "a chunk entry is one 16-byte load: begin, then tensor and count");
+
+/// Chunk `k`'s entry of `table` as one 16-byte vector (the 8-bit update carries it so from one
+/// crossing to the next: a vector load lands in the registers that carry it), and the entry
+/// back from it.
+template <class Table>
+__device__ __forceinline__ uint4 chunk_bits(Table const& table, std::int64_t k)
+{
+  return *reinterpret_cast<uint4 const*>(&table.chunks[k]);
+}
+__device__ __forceinline__ chunk_entry chunk_of_bits(uint4 bits)
+{
+  return chunk_entry{static_cast<std::int64_t>((static_cast<std::uint64_t>(bits.y) << 32) | bits.x),
+                     static_cast<std::int32_t>(bits.z), static_cast<std::int32_t>(bits.w)};
+}
 
 /// Tables in device memory (plans): any number of tensors and chunks, one launch.
 template <std::size_t S>
