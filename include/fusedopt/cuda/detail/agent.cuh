@@ -244,6 +244,14 @@ struct block_maps
   }
 };
 
+/// The block of quantized states holding element `i` (never negative) of a tensor: an unsigned
+/// division is a shift, where the signed one took a sign fix-up.
+template <std::int64_t Block>
+__device__ __forceinline__ std::uint64_t block_of(std::int64_t i)
+{
+  return static_cast<std::uint64_t>(i) / static_cast<std::uint64_t>(Block);
+}
+
 /// Four consecutive elements of a slot of type T in one access (8, 16 or 32 bytes).
 template <class T>
 struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) quad {
@@ -292,7 +300,7 @@ struct raw_slot<Access, K, G, true, true> {
   float absmax;
   __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
   {
-    T const& record = static_cast<T const*>(bases[K])[first / T::block_elements];
+    T const& record = static_cast<T const*>(bases[K])[block_of<T::block_elements>(first)];
 #pragma unroll
     for (int g = 0; g < G; ++g) { codes[g] = *reinterpret_cast<std::uint32_t const*>(record.codes + g * 128 + 4 * lane); }
     absmax = record.absmax;
@@ -341,27 +349,42 @@ __device__ __forceinline__ void store_plain_quad(typename Access::element_type c
   }
 }
 
-/// Stores the codes of e[0..3] into elements i..i+3 of slot K, a written quantized slot, as one
-/// 4-byte store, when the block is rewritten.
-template <class Access, std::size_t K>
-__device__ __forceinline__ void store_code_quad(typename Access::element_type const* e, void* const* bases,
-                                                std::int64_t i, typename Access::block_summary const& summary,
-                                                block_maps<Access> const& maps)
+/// Stores the codes of a lane's elements e[0 .. 4 Groups) of a whole block into block `block`
+/// of slot K, a written quantized slot, when the block is rewritten: group g's four codes as one
+/// 4-byte store at codes 128 g + 4 lane. The record's address is computed once per block: from
+/// each element's index the division and the address took about ten instructions a store.
+template <class Access, int Groups, std::size_t K>
+__device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
+                                                  std::uint64_t block, unsigned lane,
+                                                  typename Access::block_summary const& summary,
+                                                  block_maps<Access> const& maps)
 {
   using T = typename Access::template element_t<K>;
   if constexpr (Access::stores[K] && Access::quantized[K]) {
     if (Access::template rewrites<K>(summary)) {
-      T& record = static_cast<T*>(bases[K])[i / T::block_elements];
+      std::uint8_t* const codes = static_cast<T*>(bases[K])[block].codes + 4 * lane;
       float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
       auto const& map = maps.template get<typename T::map_type>();
-      std::uint32_t codes = 0;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        codes |= std::uint32_t{::fusedopt::detail::quantize(map, e[j].at(K), inverse)} << (8 * j);
+      for (int g = 0; g < Groups; ++g) {
+        std::uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          word |= std::uint32_t{::fusedopt::detail::quantize(map, e[4 * g + j].at(K), inverse)} << (8 * j);
+        }
+        *reinterpret_cast<std::uint32_t*>(codes + 128 * g) = word;
       }
-      *reinterpret_cast<std::uint32_t*>(record.codes + i % T::block_elements) = codes;
     }
   }
+}
+
+template <class Access, int Groups, std::size_t... K>
+__device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
+                                                  std::uint64_t block, unsigned lane,
+                                                  typename Access::block_summary const& summary,
+                                                  block_maps<Access> const& maps, std::index_sequence<K...>)
+{
+  (store_block_codes<Access, Groups, K>(e, bases, block, lane, summary, maps), ...);
 }
 
 template <class Access, std::size_t... K>
@@ -369,14 +392,6 @@ __device__ __forceinline__ void store_plain_quads(typename Access::element_type 
                                                   std::int64_t i, std::index_sequence<K...>)
 {
   (store_plain_quad<Access, K>(e, bases, i), ...);
-}
-
-template <class Access, std::size_t... K>
-__device__ __forceinline__ void store_code_quads(typename Access::element_type const* e, void* const* bases,
-                                                 std::int64_t i, typename Access::block_summary const& summary,
-                                                 block_maps<Access> const& maps, std::index_sequence<K...>)
-{
-  (store_code_quad<Access, K>(e, bases, i, summary, maps), ...);
 }
 
 /// The element size of the widest slot of `Access` that is read or written and not quantized
@@ -538,6 +553,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       Access::summarize(summary, x, before);
     };
     void* const* bases = c.tensor.bases;
+    std::uint64_t const block_index = block_of<block>(c.first);
     auto summary = Access::empty_summary();
     if (is_whole) {
       if (data != nullptr) { data->decode(e, maps); }
@@ -550,11 +566,8 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
         store_plain_quads<Access>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
       }
       warp_summary<Access>(summary);
-#pragma unroll
-      for (int g = 0; g < per_lane / 4; ++g) {
-        store_code_quads<Access>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, summary, maps,
-                                 std::make_index_sequence<S>{});
-      }
+      store_block_codes<Access, per_lane / 4>(e, bases, block_index, static_cast<unsigned>(lane), summary, maps,
+                                              std::make_index_sequence<S>{});
     } else {
 #pragma unroll
       for (int j = 0; j < per_lane; ++j) {
@@ -571,7 +584,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
         if (i < c.end) { Access::store_in_block(e[j], bases, i, summary, std::make_index_sequence<S>{}); }
       }
     }
-    if (lane == 0) { Access::store_scales(bases, c.first / block, summary); }
+    if (lane == 0) { Access::store_scales(bases, static_cast<std::int64_t>(block_index), summary); }
   };
 
   // `first` is the same in every lane of a warp: the shuffles see all 32 lanes.
