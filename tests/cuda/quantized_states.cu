@@ -1,5 +1,6 @@
 // 8-bit blockwise-quantized states on the CUDA backend: the same bits as the host backend
-// (parameters, codes and scales) for Adam, AdamW, SGD momentum, Lion and a skipped step, on
+// (parameters, codes and scales) for Adam, AdamW, SGD momentum, Lion and a skipped step, over
+// fp32 parameters in both shapes with lookahead and over bf16 ones in the shape without, on
 // every transport, sizes that are not multiples of the block and tensors of many chunks;
 // blocks of zeros, huge and non-finite values; a tensor of more than 2^31 elements where the
 // GPU has the memory. tests/host/quantized_states.cpp checks the host against the reference.
@@ -99,17 +100,23 @@ fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed
 /// one element in, misaligned against the grads, and every element goes one by one. `memory`:
 /// the policy's shape for fast or slow memory (fp32 parameters: one block of lookahead at 4
 /// blocks per SM, or two at 3), whatever the GPU.
-template <class... States, class MakeRule>
-void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
-                            fo::cuda::memory_speed memory)
+/// `P`: the parameters' and gradients' type (float; bfloat16 takes the shape without
+/// lookahead, whose next block is staged in shared memory).
+template <class P, class... States, class MakeRule>
+void check_params_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3,
+                                   bool aligned, fo::cuda::memory_speed memory)
 {
   std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000, 2048};
   std::int64_t const total = total_of(sizes);
   auto const arena = static_cast<std::size_t>(total + 4 * static_cast<std::int64_t>(sizes.size()) + 1);
   std::int64_t const align = aligned ? 4 : 1;
-  std::vector<float> initial = mixed_values(static_cast<std::int64_t>(arena), 11, true);
-  twin<float> param(sizes, initial, aligned ? 0 : 1, align);
-  twin<float> grad(sizes, std::vector<float>(arena), 0, align);
+  auto const as_params = [](std::vector<float> const& values) {
+    std::vector<P> out(values.size());
+    std::transform(values.begin(), values.end(), out.begin(), [](float x) { return static_cast<P>(x); });
+    return out;
+  };
+  twin<P> param(sizes, as_params(mixed_values(static_cast<std::int64_t>(arena), 11, true)), aligned ? 0 : 1, align);
+  twin<P> grad(sizes, std::vector<P>(arena, static_cast<P>(0.f)), 0, align);
   // twin holds a device_array, which does not move: the tuple holds pointers.
   std::tuple<std::unique_ptr<twin<typename States::second_type>>...> states{
     std::make_unique<twin<typename States::second_type>>(sizes, zero_blocks<typename States::second_type>(sizes))...};
@@ -117,9 +124,9 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
   float found_inf_host = 0.f;
 
   auto run = [&](auto&... state) {
-    auto host_plan = fo::host::make_plan(fo::bind(fo::slot::param = param.list(false), fo::slot::grad = grad.template list<float const>(false),
+    auto host_plan = fo::host::make_plan(fo::bind(fo::slot::param = param.list(false), fo::slot::grad = grad.template list<P const>(false),
                                                   (typename States::first_type{} = state->list(false))...));
-    auto cuda_plan = fo::cuda::make_plan(fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<float const>(true),
+    auto cuda_plan = fo::cuda::make_plan(fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<P const>(true),
                                                   (typename States::first_type{} = state->list(true))...),
                                          with_transport(how, memory));
     for (int step = 1; step <= 4; ++step) {
@@ -127,7 +134,7 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
       std::vector<float> g = mixed_values(total, 100 + static_cast<std::uint64_t>(step), true);
       for (auto& x : g) { x = std::max(-1.f, std::min(1.f, x)); }
       if (step == 3 && nan_at_step_3) { g[static_cast<std::size_t>(total / 2)] = std::numeric_limits<float>::quiet_NaN(); }
-      grad.assign(g);
+      grad.assign(as_params(g));
       host_plan.run(make_rule(&found_inf_host), fo::step_info{step});
       cuda_plan.run(make_rule(found_inf_device.get()), fo::step_info{step});
       FO_TEST_CUDA(cudaDeviceSynchronize());
@@ -136,6 +143,13 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
     }
   };
   std::apply(run, states);
+}
+
+template <class... States, class MakeRule>
+void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
+                            fo::cuda::memory_speed memory)
+{
+  check_params_host_equals_cuda<float, States...>(make_rule, how, nan_at_step_3, aligned, memory);
 }
 
 using m_state = std::pair<fo::slot::exp_avg_t, fo::signed_q8>;
@@ -183,6 +197,22 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     lion.weight_decay = 0.5;
     check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false, aligned, memory);
   }
+}
+
+TEST_CASE("8-bit AdamW over bf16 parameters and gradients: the host backend's bits on every transport",
+          "[cuda][quantized][bf16]")
+{
+  auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
+                            fo::cuda::transport::param_32k);
+  bool const aligned = GENERATE(true, false);
+  if (!transport_available(how)) { return; }
+  INFO("aligned params and grads: " << aligned);
+  fo::rules::adamw adamw;
+  adamw.lr = 1e-2;
+  adamw.weight_decay = 0.1;
+  check_params_host_equals_cuda<fo::bfloat16, m_state, v_state>(
+    [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned,
+    fo::cuda::memory_speed::automatic);
 }
 
 TEST_CASE("blocks of zeros, huge and non-finite values: the host backend's bits", "[cuda][quantized][nonfinite]")

@@ -334,6 +334,110 @@ struct raw_block<Access, G, std::index_sequence<K...>> {
   }
 };
 
+/// `Bytes` (4, 8 or 16) from global memory to this thread's place in shared memory without
+/// waiting (`cp.async`, sm_80 and newer; before, an ordinary load and store): this thread's
+/// copies are complete after copies_wait<0>.
+template <int Bytes>
+__device__ __forceinline__ void copy_async(void* shared, void const* global)
+{
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  auto const to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  if constexpr (Bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(global) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(to), "l"(global), "n"(Bytes) : "memory");
+  }
+#else
+  struct alignas(Bytes) piece {
+    unsigned char b[Bytes];
+  };
+  *static_cast<piece*>(shared) = *static_cast<piece const*>(global);
+#endif
+}
+/// Closes this thread's group of copy_async copies.
+__device__ __forceinline__ void copies_commit()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+/// Waits until this thread's committed copy_async copies are complete.
+__device__ __forceinline__ void copies_wait_all()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+/// A warp's copy in shared memory of what raw_slot holds, each lane's bytes in its own column
+/// (lane l's group g of a plain slot at q[g][l]: a warp's reads and copies touch consecutive
+/// words, no bank conflicts): the next block's loads land here while the warp computes.
+template <class Access, std::size_t K, int G, bool Load = Access::loads[K], bool Quantized = Access::quantized[K]>
+struct staged_slot {
+  __device__ __forceinline__ void fetch_async(void* const*, std::int64_t, int) {}
+  __device__ __forceinline__ void load(raw_slot<Access, K, G>&, int) const {}
+};
+template <class Access, std::size_t K, int G>
+struct staged_slot<Access, K, G, true, false> {
+  using T = typename Access::template element_t<K>;
+  quad<T> q[G][32];
+  __device__ __forceinline__ void fetch_async(void* const* bases, std::int64_t first, int lane)
+  {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      copy_async<sizeof(quad<T>)>(&q[g][lane], static_cast<T const*>(bases[K]) + first + g * 128 + 4 * lane);
+    }
+  }
+  __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane) const
+  {
+#pragma unroll
+    for (int g = 0; g < G; ++g) { r.q[g] = q[g][lane]; }
+  }
+};
+template <class Access, std::size_t K, int G>
+struct staged_slot<Access, K, G, true, true> {
+  using T = typename Access::template element_t<K>;
+  std::uint32_t codes[G][32];
+  float absmax[32];
+  __device__ __forceinline__ void fetch_async(void* const* bases, std::int64_t first, int lane)
+  {
+    T const& record = static_cast<T const*>(bases[K])[block_of<T::block_elements>(first)];
+#pragma unroll
+    for (int g = 0; g < G; ++g) { copy_async<4>(&codes[g][lane], record.codes + g * 128 + 4 * lane); }
+    copy_async<4>(&absmax[lane], &record.absmax);
+  }
+  __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane) const
+  {
+#pragma unroll
+    for (int g = 0; g < G; ++g) { r.codes[g] = codes[g][lane]; }
+    r.absmax = absmax[lane];
+  }
+};
+
+/// A warp's staged copy of every slot of one whole block (staged_slot).
+template <class Access, int G, class Slots = std::make_index_sequence<Access::num_slots>>
+struct staged_block;
+template <class Access, int G, std::size_t... K>
+struct staged_block<Access, G, std::index_sequence<K...>> {
+  ::fusedopt::detail::pack<staged_slot<Access, K, G>...> slots;
+  __device__ __forceinline__ void fetch_async(void* const* bases, std::int64_t first, int lane)
+  {
+    (::fusedopt::detail::pack_get<K>(slots).fetch_async(bases, first, lane), ...);
+  }
+  __device__ __forceinline__ void load(raw_block<Access, G>& r, int lane) const
+  {
+    (::fusedopt::detail::pack_get<K>(slots).load(::fusedopt::detail::pack_get<K>(r.slots), lane), ...);
+  }
+};
+
+/// Groups of four consecutive elements a lane takes in a whole block of `Access`'s quantized
+/// slots (process_quantized): one where a block is not a multiple of 128 elements (such blocks
+/// go element by element).
+template <class Access>
+inline constexpr int quantized_groups_v =
+  Access::block_elements % 128 == 0 ? static_cast<int>(Access::block_elements / 128) : 1;
+
 /// Stores e[0..3] into elements i..i+3 of slot K, a written slot that is not quantized, as one
 /// quad.
 template <class Access, std::size_t K>
@@ -440,6 +544,15 @@ inline constexpr bool quantized_shapes_differ_v =
   !(quantized_shape_v<Policy, Access, false> == quantized_shape_v<Policy, Access, true>);
 template <class Policy, class Access, bool FastMemory>
 inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access, FastMemory>.blocks_per_sm;
+
+/// Bytes of shared memory a block of the quantized update takes beside its maps: a staged
+/// block per warp in the shape without lookahead (its next block's copies land there), none in
+/// the others. The persistent grid counts them (launch_update).
+template <class Policy, class Access, bool FastMemory>
+inline constexpr std::size_t quantized_stage_bytes_v =
+  quantized_shape_v<Policy, Access, FastMemory>.lookahead
+    ? 0
+    : static_cast<std::size_t>(Policy::block_threads / 32) * sizeof(staged_block<Access, quantized_groups_v<Access>>);
 
 /// Where a warp of the quantized worker stands: one of its blocks, elements [first, first +
 /// block) of the tensor (the block may end early at `end`, the chunk's end).
@@ -628,12 +741,34 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       update_block(c, &data, nullptr);
     }
   } else {
-    // One cursor live: the loads of a block are issued when it starts.
+    // One cursor live, no registers for a lookahead: the warp's next block in the same chunk is
+    // copied into shared memory (cp.async) while this one computes; a block after a crossing is
+    // loaded when it starts. The staged bytes are decoded (read into registers and used) before
+    // the next copies into the same place are issued.
+    static_assert(sizeof(staged_block<Access, groups>) * warps == quantized_stage_bytes_v<Policy, Access, FastMemory>,
+                  "the persistent grid counts this shared memory");
+    __shared__ staged_block<Access, groups> stages[warps];
+    auto& stage = stages[warp];
+    bool staged = more && whole(at);
+    if (staged) { stage.fetch_async(at.tensor.bases, at.first, lane); }
+    copies_commit();
     while (more) {
-      raw data;
-      if (whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
       element e[per_lane];
-      update_block(at, &data, e);
+      if (whole(at)) {
+        raw data;
+        if (staged) {
+          copies_wait_all();
+          stage.load(data, lane);
+        } else {
+          data.fetch(at.tensor.bases, at.first, lane);
+        }
+        data.decode(e, maps);
+      }
+      std::int64_t const next = at.first + warps * block;
+      staged = quads && at.tensor.head == 0 && next + block <= at.end;
+      if (staged) { stage.fetch_async(at.tensor.bases, next, lane); }
+      copies_commit();
+      update_block(at, nullptr, e);
       more = advance(at);
     }
   }

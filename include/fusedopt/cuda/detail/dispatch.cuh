@@ -317,7 +317,10 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
       fast = persistent.fast_memory;
       if (fast) { kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, true>; }
     }
-    max_blocks = persistent.blocks(static_cast<std::int64_t>(sizeof(block_maps<access>)),
+    std::size_t const shared_bytes =
+      sizeof(block_maps<access>) +
+      (fast ? quantized_stage_bytes_v<Policy, access, true> : quantized_stage_bytes_v<Policy, access, false>);
+    max_blocks = persistent.blocks(static_cast<std::int64_t>(shared_bytes),
                                    fast ? quantized_blocks_per_sm_v<Policy, access, true>
                                         : quantized_blocks_per_sm_v<Policy, access, false>);
   }
