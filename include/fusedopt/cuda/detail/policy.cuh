@@ -82,9 +82,10 @@ struct default_policy {
   /// whether the device's memory is fast beside its SMs (more DRAM bytes per SM cycle than
   /// fast_memory_bytes_per_sm_cycle): fp32 with two blocks of lookahead at 3 blocks per SM on
   /// slow memory (the H100: the update waits on memory), one block at 4 per SM on fast memory
-  /// (the H200: it waits on instruction issue); 16-bit without the lookahead at 5 per SM on
-  /// both (docs/quantized_states.md, "The lookahead", and docs/tuning.md, "Quantized updates
-  /// by memory speed"). Where the two speeds get one shape, one kernel is compiled. Only
+  /// (the H200: it waits on instruction issue); 16-bit without the lookahead in registers at 5
+  /// per SM on both, the warp's next block of the same chunk staged in shared memory
+  /// (docs/quantized_states.md, "The lookahead" and "A block's records addressed once", and
+  /// docs/tuning.md, "Quantized updates by memory speed"). Where the two speeds get one shape, one kernel is compiled. Only
   /// policies used with quantized states need these members.
   static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes, bool fast_memory)
   {
