@@ -1,7 +1,7 @@
 // 8-bit blockwise-quantized states on the CUDA backend: the same bits as the host backend
 // (parameters, codes and scales) for Adam, AdamW, SGD momentum, Lion and a skipped step, over
-// fp32 parameters in both shapes with lookahead and over bf16 ones in the shape without, on
-// every transport, sizes that are not multiples of the block and tensors of many chunks;
+// fp32 parameters in both shapes with lookahead and over bf16 ones in both shapes without
+// (one stages the next block in shared memory), on every transport, sizes that are not multiples of the block and tensors of many chunks;
 // blocks of zeros, huge and non-finite values; a tensor of more than 2^31 elements where the
 // GPU has the memory. tests/host/quantized_states.cpp checks the host against the reference.
 #include "support.cuh"
@@ -205,14 +205,16 @@ TEST_CASE("8-bit AdamW over bf16 parameters and gradients: the host backend's bi
   auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
                             fo::cuda::transport::param_32k);
   bool const aligned = GENERATE(true, false);
+  // Slow memory's shape stages a warp's next block in shared memory, fast memory's does not.
+  auto const memory = GENERATE(fo::cuda::memory_speed::fast, fo::cuda::memory_speed::slow);
   if (!transport_available(how)) { return; }
-  INFO("aligned params and grads: " << aligned);
+  INFO("aligned params and grads: " << aligned << "; shape for " << (memory == fo::cuda::memory_speed::fast ? "fast" : "slow")
+                                    << " memory");
   fo::rules::adamw adamw;
   adamw.lr = 1e-2;
   adamw.weight_decay = 0.1;
   check_params_host_equals_cuda<fo::bfloat16, m_state, v_state>(
-    [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned,
-    fo::cuda::memory_speed::automatic);
+    [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned, memory);
 }
 
 TEST_CASE("blocks of zeros, huge and non-finite values: the host backend's bits", "[cuda][quantized][nonfinite]")

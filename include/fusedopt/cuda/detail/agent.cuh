@@ -546,11 +546,11 @@ template <class Policy, class Access, bool FastMemory>
 inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access, FastMemory>.blocks_per_sm;
 
 /// Bytes of shared memory a block of the quantized update takes beside its maps: a staged
-/// block per warp in the shape without lookahead (its next block's copies land there), none in
-/// the others. The persistent grid counts them (launch_update).
+/// block per warp in the shape without lookahead that stages its next block
+/// (quantized_shape::staged_next), none in the others. The persistent grid counts them (launch_update).
 template <class Policy, class Access, bool FastMemory>
 inline constexpr std::size_t quantized_stage_bytes_v =
-  quantized_shape_v<Policy, Access, FastMemory>.lookahead
+  quantized_shape_v<Policy, Access, FastMemory>.lookahead || !quantized_shape_v<Policy, Access, FastMemory>.staged_next
     ? 0
     : static_cast<std::size_t>(Policy::block_threads / 32) * sizeof(staged_block<Access, quantized_groups_v<Access>>);
 
@@ -594,6 +594,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   constexpr bool lookahead = shape.lookahead;
   static_assert(!lookahead || shape.lookahead_blocks == 1 || shape.lookahead_blocks == 2,
                 "fusedopt: quantized_shape::lookahead_blocks is 1 or 2");
+  static_assert(!(lookahead && shape.staged_next), "fusedopt: quantized_shape::staged_next is for shapes without lookahead");
   using cursor = block_cursor<S>;
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
@@ -740,7 +741,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
       update_block(c, &data, nullptr);
     }
-  } else {
+  } else if constexpr (shape.staged_next) {
     // One cursor live, no registers for a lookahead: the warp's next block in the same chunk is
     // copied into shared memory (cp.async) while this one computes; a block after a crossing is
     // loaded when it starts. The staged bytes are decoded (read into registers and used) before
@@ -769,6 +770,15 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       if (staged) { stage.fetch_async(at.tensor.bases, next, lane); }
       copies_commit();
       update_block(at, nullptr, e);
+      more = advance(at);
+    }
+  } else {
+    // One cursor live: the loads of a block are issued when it starts.
+    while (more) {
+      raw data;
+      if (whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
+      element e[per_lane];
+      update_block(at, &data, e);
       more = advance(at);
     }
   }

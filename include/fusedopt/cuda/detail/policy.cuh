@@ -27,10 +27,14 @@ struct quantized_shape {
   int blocks_per_sm;
   bool lookahead;
   int lookahead_blocks = 1;  ///< with the lookahead: blocks whose loads are in flight (1 or 2)
+  /// Without the lookahead: the warp's next block of the same chunk is copied into shared
+  /// memory (`cp.async`) while it computes the current one.
+  bool staged_next = false;
 };
 constexpr bool operator==(quantized_shape const& a, quantized_shape const& b)
 {
-  return a.blocks_per_sm == b.blocks_per_sm && a.lookahead == b.lookahead && a.lookahead_blocks == b.lookahead_blocks;
+  return a.blocks_per_sm == b.blocks_per_sm && a.lookahead == b.lookahead && a.lookahead_blocks == b.lookahead_blocks &&
+         a.staged_next == b.staged_next;
 }
 
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
@@ -83,13 +87,14 @@ struct default_policy {
   /// fast_memory_bytes_per_sm_cycle): fp32 with two blocks of lookahead at 3 blocks per SM on
   /// slow memory (the H100: the update waits on memory), one block at 4 per SM on fast memory
   /// (the H200: it waits on instruction issue); 16-bit without the lookahead in registers at 5
-  /// per SM on both, the warp's next block of the same chunk staged in shared memory
-  /// (docs/quantized_states.md, "The lookahead" and "A block's records addressed once", and
+  /// per SM on both, the warp's next block of the same chunk staged in shared memory on slow
+  /// memory only (2-3% faster on the H100, 1-2% slower on the H200, whose update waits on
+  /// issue: docs/quantized_states.md, "The lookahead" and "The 16-bit shape's next block", and
   /// docs/tuning.md, "Quantized updates by memory speed"). Where the two speeds get one shape, one kernel is compiled. Only
   /// policies used with quantized states need these members.
   static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes, bool fast_memory)
   {
-    if (widest_plain_bytes < 4) { return quantized_shape{5, false}; }
+    if (widest_plain_bytes < 4) { return fast_memory ? quantized_shape{5, false} : quantized_shape{5, false, 1, true}; }
     return fast_memory ? quantized_shape{4, true, 1} : quantized_shape{3, true, 2};
   }
   /// DRAM bytes per SM cycle (peak, from the device's attributes) above which memory is fast:
