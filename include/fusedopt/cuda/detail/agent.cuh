@@ -336,7 +336,7 @@ struct raw_block<Access, G, std::index_sequence<K...>> {
 
 /// `Bytes` (4, 8 or 16) from global memory to this thread's place in shared memory without
 /// waiting (`cp.async`, sm_80 and newer; before, an ordinary load and store): this thread's
-/// copies are complete after copies_wait<0>.
+/// copies are complete after copies_wait_all().
 template <int Bytes>
 __device__ __forceinline__ void copy_async(void* shared, void const* global)
 {
