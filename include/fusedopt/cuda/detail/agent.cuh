@@ -277,12 +277,15 @@ template <class Access, std::size_t K, int G>
 struct raw_slot<Access, K, G, true, false> {
   using T = typename Access::template element_t<K>;
   quad<T> q[G];
+  /// Where lane `lane`'s group g of the block at element `first` is (staged_slot copies it too).
+  static __device__ __forceinline__ quad<T> const* source(void* const* bases, std::int64_t first, int lane, int g)
+  {
+    return reinterpret_cast<quad<T> const*>(static_cast<T const*>(bases[K]) + first + g * 128 + 4 * lane);
+  }
   __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
   {
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      q[g] = *reinterpret_cast<quad<T> const*>(static_cast<T const*>(bases[K]) + first + g * 128 + 4 * lane);
-    }
+    for (int g = 0; g < G; ++g) { q[g] = *source(bases, first, lane, g); }
   }
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const&) const
   {
@@ -298,11 +301,21 @@ struct raw_slot<Access, K, G, true, true> {
   using T = typename Access::template element_t<K>;
   std::uint32_t codes[G];
   float absmax;
+  /// The record of the block at element `first` (staged_slot copies from it too).
+  static __device__ __forceinline__ T const& record_of(void* const* bases, std::int64_t first)
+  {
+    return static_cast<T const*>(bases[K])[block_of<T::block_elements>(first)];
+  }
+  /// Lane `lane`'s word of group g's codes in `record`.
+  static __device__ __forceinline__ std::uint32_t const* code_word(T const& record, int lane, int g)
+  {
+    return reinterpret_cast<std::uint32_t const*>(record.codes + g * 128 + 4 * lane);
+  }
   __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
   {
-    T const& record = static_cast<T const*>(bases[K])[block_of<T::block_elements>(first)];
+    T const& record = record_of(bases, first);
 #pragma unroll
-    for (int g = 0; g < G; ++g) { codes[g] = *reinterpret_cast<std::uint32_t const*>(record.codes + g * 128 + 4 * lane); }
+    for (int g = 0; g < G; ++g) { codes[g] = *code_word(record, lane, g); }
     absmax = record.absmax;
   }
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const& maps) const
@@ -386,7 +399,7 @@ struct staged_slot<Access, K, G, true, false> {
   {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      copy_async<sizeof(quad<T>)>(&q[g][lane], static_cast<T const*>(bases[K]) + first + g * 128 + 4 * lane);
+      copy_async<sizeof(quad<T>)>(&q[g][lane], raw_slot<Access, K, G>::source(bases, first, lane, g));
     }
   }
   __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane) const
@@ -402,9 +415,10 @@ struct staged_slot<Access, K, G, true, true> {
   float absmax[32];
   __device__ __forceinline__ void fetch_async(void* const* bases, std::int64_t first, int lane)
   {
-    T const& record = static_cast<T const*>(bases[K])[block_of<T::block_elements>(first)];
+    using raw = raw_slot<Access, K, G>;
+    T const& record = raw::record_of(bases, first);
 #pragma unroll
-    for (int g = 0; g < G; ++g) { copy_async<4>(&codes[g][lane], record.codes + g * 128 + 4 * lane); }
+    for (int g = 0; g < G; ++g) { copy_async<4>(&codes[g][lane], raw::code_word(record, lane, g)); }
     copy_async<4>(&absmax[lane], &record.absmax);
   }
   __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane) const
@@ -545,14 +559,15 @@ inline constexpr bool quantized_shapes_differ_v =
 template <class Policy, class Access, bool FastMemory>
 inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Access, FastMemory>.blocks_per_sm;
 
-/// Bytes of shared memory a block of the quantized update takes beside its maps: a staged
-/// block per warp in the shape without lookahead that stages its next block
-/// (quantized_shape::staged_next), none in the others. The persistent grid counts them (launch_update).
+/// A block's staged copies, one staged_block per warp (the shape with quantized_shape::staged_next).
+template <class Policy, class Access>
+using warp_stages = staged_block<Access, quantized_groups_v<Access>>[Policy::block_threads / 32];
+/// Bytes of shared memory a block of the quantized update takes beside its maps: warp_stages
+/// where the shape stages its next block, none in the others. The persistent grid counts them
+/// (launch_update).
 template <class Policy, class Access, bool FastMemory>
 inline constexpr std::size_t quantized_stage_bytes_v =
-  quantized_shape_v<Policy, Access, FastMemory>.lookahead || !quantized_shape_v<Policy, Access, FastMemory>.staged_next
-    ? 0
-    : static_cast<std::size_t>(Policy::block_threads / 32) * sizeof(staged_block<Access, quantized_groups_v<Access>>);
+  quantized_shape_v<Policy, Access, FastMemory>.staged_next ? sizeof(warp_stages<Policy, Access>) : 0;
 
 /// Where a warp of the quantized worker stands: one of its blocks, elements [first, first +
 /// block) of the tensor (the block may end early at `end`, the chunk's end).
@@ -588,7 +603,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   constexpr std::int64_t block = Access::block_elements;
   constexpr int per_lane = static_cast<int>(block / lanes);
   constexpr bool quads = block % (4 * lanes) == 0;
-  constexpr int groups = quads ? per_lane / 4 : 1;
+  constexpr int groups = quantized_groups_v<Access>;
   constexpr std::size_t S = Access::num_slots;
   constexpr quantized_shape shape = quantized_shape_v<Policy, Access, FastMemory>;
   constexpr bool lookahead = shape.lookahead;
@@ -746,9 +761,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     // copied into shared memory (cp.async) while this one computes; a block after a crossing is
     // loaded when it starts. The staged bytes are decoded (read into registers and used) before
     // the next copies into the same place are issued.
-    static_assert(sizeof(staged_block<Access, groups>) * warps == quantized_stage_bytes_v<Policy, Access, FastMemory>,
-                  "the persistent grid counts this shared memory");
-    __shared__ staged_block<Access, groups> stages[warps];
+    __shared__ warp_stages<Policy, Access> stages;
     auto& stage = stages[warp];
     bool staged = more && whole(at);
     if (staged) { stage.fetch_async(at.tensor.bases, at.first, lane); }
@@ -766,6 +779,8 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
         data.decode(e, maps);
       }
       std::int64_t const next = at.first + warps * block;
+      // whole() of the block at `next`, written out: through one lambda taking the element,
+      // ptxas spilled 24 bytes more in this loop.
       staged = quads && at.tensor.head == 0 && next + block <= at.end;
       if (staged) { stage.fetch_async(at.tensor.bases, next, lane); }
       copies_commit();
