@@ -92,19 +92,18 @@ fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed
   return opts;
 }
 
-/// Steps of `make_rule(found_inf)` over fp32 params and grads and the quantized `States`
-/// (pairs of slot and blockwise8 type) on both backends; every arena the same bits after
-/// every step. Step 3 has a NaN gradient: a rule wrapped in skip_if_nonfinite skips it.
-/// `aligned`: every param and grad tensor 16-byte aligned, so the CUDA backend takes a whole
-/// block four elements per lane (with the lookahead for fp32 parameters); else the params are
-/// one element in, misaligned against the grads, and every element goes one by one. `memory`:
-/// the policy's shape for fast or slow memory (fp32 parameters: one block of lookahead at 4
-/// blocks per SM, or two at 3), whatever the GPU.
-/// `P`: the parameters' and gradients' type (float; bfloat16 takes the shape without
-/// lookahead, whose next block is staged in shared memory).
+/// Steps of `make_rule(found_inf)` over params and grads of type P (float or bfloat16) and the
+/// quantized `States` (pairs of slot and blockwise8 type) on both backends; every arena the
+/// same bits after every step. Step 3 has a NaN gradient: a rule wrapped in skip_if_nonfinite
+/// skips it. `aligned`: every param and grad tensor 16-byte aligned, so the CUDA backend takes
+/// a whole block four elements per lane; else the params are one element in, misaligned
+/// against the grads, and every element goes one by one. `memory`: the policy's shape for
+/// fast or slow memory, whatever the GPU (fp32 parameters: one block of lookahead at 4 blocks
+/// per SM, or two at 3; 16-bit ones: none, slow memory's staging the next block in shared
+/// memory).
 template <class P, class... States, class MakeRule>
-void check_params_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3,
-                                   bool aligned, fo::cuda::memory_speed memory)
+void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
+                            fo::cuda::memory_speed memory)
 {
   std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000, 2048};
   std::int64_t const total = total_of(sizes);
@@ -145,19 +144,12 @@ void check_params_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transpor
   std::apply(run, states);
 }
 
-template <class... States, class MakeRule>
-void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
-                            fo::cuda::memory_speed memory)
-{
-  check_params_host_equals_cuda<float, States...>(make_rule, how, nan_at_step_3, aligned, memory);
-}
-
 using m_state = std::pair<fo::slot::exp_avg_t, fo::signed_q8>;
 using v_state = std::pair<fo::slot::exp_avg_sq_t, fo::unsigned_q8>;
 
 }  // namespace
 
-TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on every transport",
+TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion: the host backend's bits on every transport",
           "[cuda][quantized]")
 {
   auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
@@ -171,14 +163,14 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
   {
     fo::rules::adam adam;
     adam.lr = 1e-2;
-    check_host_equals_cuda<m_state, v_state>([&](float*) { return adam; }, how, false, aligned, memory);
+    check_host_equals_cuda<float, m_state, v_state>([&](float*) { return adam; }, how, false, aligned, memory);
   }
   SECTION("AdamW, a NaN gradient skipped by skip_if_nonfinite")
   {
     fo::rules::adamw adamw;
     adamw.lr = 1e-2;
     adamw.weight_decay = 0.1;
-    check_host_equals_cuda<m_state, v_state>([&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); },
+    check_host_equals_cuda<float, m_state, v_state>([&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); },
                                              how, true, aligned, memory);
   }
   SECTION("SGD with Nesterov momentum")
@@ -187,7 +179,7 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     sgd.lr = 0.1;
     sgd.momentum = 0.9;
     sgd.nesterov = true;
-    check_host_equals_cuda<std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false,
+    check_host_equals_cuda<float, std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false,
                                                                                  aligned, memory);
   }
   SECTION("Lion")
@@ -195,26 +187,18 @@ TEST_CASE("8-bit Adam, AdamW, SGD momentum and Lion: the host backend's bits on 
     fo::rules::lion lion;
     lion.lr = 1e-3;
     lion.weight_decay = 0.5;
-    check_host_equals_cuda<m_state>([&](float*) { return lion; }, how, false, aligned, memory);
+    check_host_equals_cuda<float, m_state>([&](float*) { return lion; }, how, false, aligned, memory);
   }
-}
-
-TEST_CASE("8-bit AdamW over bf16 parameters and gradients: the host backend's bits on every transport",
-          "[cuda][quantized][bf16]")
-{
-  auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
-                            fo::cuda::transport::param_32k);
-  bool const aligned = GENERATE(true, false);
-  // Slow memory's shape stages a warp's next block in shared memory, fast memory's does not.
-  auto const memory = GENERATE(fo::cuda::memory_speed::fast, fo::cuda::memory_speed::slow);
-  if (!transport_available(how)) { return; }
-  INFO("aligned params and grads: " << aligned << "; shape for " << (memory == fo::cuda::memory_speed::fast ? "fast" : "slow")
-                                    << " memory");
-  fo::rules::adamw adamw;
-  adamw.lr = 1e-2;
-  adamw.weight_decay = 0.1;
-  check_params_host_equals_cuda<fo::bfloat16, m_state, v_state>(
-    [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned, memory);
+  SECTION("AdamW over bf16 parameters and gradients, a NaN gradient skipped")
+  {
+    // The 16-bit shapes: slow memory's stages a warp's next block in shared memory, fast
+    // memory's does not.
+    fo::rules::adamw adamw;
+    adamw.lr = 1e-2;
+    adamw.weight_decay = 0.1;
+    check_host_equals_cuda<fo::bfloat16, m_state, v_state>(
+      [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned, memory);
+  }
 }
 
 TEST_CASE("blocks of zeros, huge and non-finite values: the host backend's bits", "[cuda][quantized][nonfinite]")
