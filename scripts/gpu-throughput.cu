@@ -90,26 +90,26 @@ struct adam_memory {
 };
 
 /// Adam with parameters and gradients of type P and 8-bit blockwise states (issue 16): the
-/// states of each tensor are its own run of blocks.
+/// states of each tensor are its own run of 16-byte units (blockwise8's storage).
 template <class P>
 struct q8_adam_memory {
   std::vector<std::int64_t> sizes;
   adam_memory<P, P> dense;  // params and grads (its fp32-or-P states are unused)
   fo::signed_q8* m = nullptr;
   fo::unsigned_q8* v = nullptr;
-  std::vector<std::int64_t> first_block;
-  std::int64_t blocks = 0;
+  std::vector<std::int64_t> first_unit;
+  std::int64_t units = 0;
 
   explicit q8_adam_memory(std::vector<std::int64_t> const& s) : sizes(s), dense(s)
   {
     for (auto n : sizes) {
-      first_block.push_back(blocks);
-      blocks += fo::signed_q8::blocks_for(n);
+      first_unit.push_back(units);
+      units += fo::signed_q8::units_for(n);
     }
-    FUSEDOPT_CUDA_TRY(cudaMalloc(&m, static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8)));
-    FUSEDOPT_CUDA_TRY(cudaMalloc(&v, static_cast<std::size_t>(blocks) * sizeof(fo::unsigned_q8)));
-    FUSEDOPT_CUDA_TRY(cudaMemset(m, 0, static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8)));
-    FUSEDOPT_CUDA_TRY(cudaMemset(v, 0, static_cast<std::size_t>(blocks) * sizeof(fo::unsigned_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&m, static_cast<std::size_t>(units) * sizeof(fo::signed_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&v, static_cast<std::size_t>(units) * sizeof(fo::unsigned_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMemset(m, 0, static_cast<std::size_t>(units) * sizeof(fo::signed_q8)));
+    FUSEDOPT_CUDA_TRY(cudaMemset(v, 0, static_cast<std::size_t>(units) * sizeof(fo::unsigned_q8)));
   }
   ~q8_adam_memory()
   {
@@ -125,18 +125,18 @@ struct q8_adam_memory {
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       p.push_back(dense.params[0] + dense.offsets[i], sizes[i]);
       g.push_back(dense.params[1] + dense.offsets[i], sizes[i]);
-      mm.push_back(m + first_block[i], sizes[i]);
-      vv.push_back(v + first_block[i], sizes[i]);
+      mm.push_back(m + first_unit[i], sizes[i]);
+      vv.push_back(v + first_unit[i], sizes[i]);
     }
     return fo::bind(slot::param = p, slot::grad = g, slot::exp_avg = mm, slot::exp_avg_sq = vv);
   }
   std::int64_t elements() const { return dense.elements(); }
 
-  /// What a step writes: the parameters and both states' records (device address, bytes).
+  /// What a step writes: the parameters and both states' storage (device address, bytes).
   std::array<std::pair<void*, std::size_t>, 3> written() const
   {
-    std::size_t const records = static_cast<std::size_t>(blocks) * sizeof(fo::signed_q8);
-    return {{{dense.params[0], static_cast<std::size_t>(dense.padded) * sizeof(P)}, {m, records}, {v, records}}};
+    std::size_t const states = static_cast<std::size_t>(units) * sizeof(fo::signed_q8);
+    return {{{dense.params[0], static_cast<std::size_t>(dense.padded) * sizeof(P)}, {m, states}, {v, states}}};
   }
   /// Those bytes, on the host.
   std::vector<unsigned char> snapshot() const

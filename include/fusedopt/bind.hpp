@@ -96,7 +96,13 @@ class bound_lists {
   template <std::size_t K>
   [[nodiscard]] void* address(std::size_t i) const
   {
-    return const_cast<void*>(static_cast<void const*>(list<K>()[i].data));
+    auto const& tensor = list<K>()[i];
+    if constexpr (is_blockwise_v<element_t<K>>) {
+      // A quantized tensor is addressed by its codes; its scales lie before them.
+      return const_cast<void*>(static_cast<void const*>(detail::quantized_codes(tensor.data, tensor.size)));
+    } else {
+      return const_cast<void*>(static_cast<void const*>(tensor.data));
+    }
   }
 
  private:
@@ -132,6 +138,10 @@ class bound_lists {
                          std::to_string(l[i].size) + " elements");
       if (l[i].size > 0) {
         auto const begin = reinterpret_cast<std::uintptr_t>(l[i].data);
+        if constexpr (is_blockwise_v<T>) {
+          FUSEDOPT_EXPECTS(begin % alignof(T) == 0, "tensor " + std::to_string(i) + " of slot '" + slot_names[K] +
+                                                      "': 8-bit state storage must be 16-byte aligned");
+        }
         auto const size = static_cast<std::uintptr_t>(detail::storage_units<T>(l[i].size));
         // size * sizeof(T) or begin + bytes could wrap around: a huge tensor would then look
         // short (or empty) to the overlap sweep below and be accepted over other tensors. One

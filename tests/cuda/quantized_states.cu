@@ -16,7 +16,7 @@ using namespace fusedopt_test;
 namespace {
 
 /// The tensors of one slot end to end in one arena, on the host and on the device; T is the
-/// list's element type (a blockwise8 arena holds blocks, each tensor starting on its own). The
+/// list's element type (a blockwise8 arena holds 16-byte units, each tensor its own). The
 /// first tensor starts `shift` units in, each tensor at a multiple of `align` units from there.
 template <class T>
 struct twin {
@@ -64,15 +64,15 @@ struct twin {
   }
 };
 
+/// The storage of quantized tensors of `sizes` end to end, zeros (scale 0, the code of 0) as
+/// torch starts them.
 template <class Q>
 std::vector<Q> zero_blocks(std::vector<std::int64_t> const& sizes)
 {
-  std::int64_t blocks = 0;
-  for (auto n : sizes) { blocks += Q::blocks_for(n); }
-  std::vector<Q> out(static_cast<std::size_t>(blocks));
-  for (auto& b : out) {
-    b.absmax = 0.f;
-    std::fill(std::begin(b.codes), std::end(b.codes), std::uint8_t{Q::map_type::is_signed ? 127 : 0});
+  std::vector<Q> out;
+  for (auto n : sizes) {
+    q8_storage<Q> const zeros(n);
+    out.insert(out.end(), zeros.units.begin(), zeros.units.end());
   }
   return out;
 }
@@ -263,7 +263,8 @@ struct by_position {
 TEST_CASE("a quantized tensor of more than 2^31 elements", "[cuda][quantized][big]")
 {
   std::int64_t const n = (std::int64_t{1} << 31) + 300;
-  std::size_t const bytes = static_cast<std::size_t>(fo::signed_q8::blocks_for(n)) * sizeof(fo::signed_q8);
+  using Q = fo::signed_q8;
+  std::size_t const bytes = static_cast<std::size_t>(Q::bytes_for(n));
   std::size_t free_bytes = 0, total_bytes = 0;
   FO_TEST_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (free_bytes < bytes + (std::size_t{1} << 30)) {
@@ -274,19 +275,24 @@ TEST_CASE("a quantized tensor of more than 2^31 elements", "[cuda][quantized][bi
   for (std::size_t i = 0; i < values.size(); ++i) { values[i] = static_cast<float>(i % 97) - 48.f; }
   device_array<float> values_device(values.size());
   values_device.upload(values);
-  device_array<fo::signed_q8> blocks(static_cast<std::size_t>(fo::signed_q8::blocks_for(n)));
-  fo::tensor_list<fo::signed_q8> list{{blocks.get(), n}};
+  device_array<Q> storage(static_cast<std::size_t>(Q::units_for(n)));
+  fo::tensor_list<Q> list{{storage.get(), n}};
   fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = list)).run(by_position{values_device.get()});
   FO_TEST_CUDA(cudaDeviceSynchronize());
-  std::size_t const count = blocks.size();
-  std::size_t const around = static_cast<std::size_t>((std::int64_t{1} << 31) / 256);  // the block at 2^31
-  for (std::size_t b : {std::size_t{0}, around - 1, around, count - 2, count - 1}) {
+  auto const* device_bytes = reinterpret_cast<unsigned char const*>(storage.get());
+  std::int64_t const count = Q::blocks_in(n);
+  std::int64_t const around = (std::int64_t{1} << 31) / 256;  // the block at 2^31
+  for (std::int64_t b : {std::int64_t{0}, around - 1, around, count - 2, count - 1}) {
     INFO("block " << b);
-    std::int64_t const used = b + 1 < count ? 256 : n - static_cast<std::int64_t>(b) * 256;
+    std::int64_t const used = b + 1 < count ? 256 : n - b * 256;
     std::vector<float> const block_values(values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024),
                                           values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024 + used));
-    std::vector<fo::signed_q8> got(1);
-    FO_TEST_CUDA(cudaMemcpy(got.data(), blocks.get() + b, sizeof(fo::signed_q8), cudaMemcpyDeviceToHost));
-    CHECK(same_blocks(got, reference_quantize<fo::signed_q8>(block_values), used));
+    // Block b's scale and codes, copied into a one-block tensor's places.
+    q8_storage<Q> got(used);
+    FO_TEST_CUDA(cudaMemcpy(got.raw() + got.scale_byte_of(used, 0), device_bytes + q8_storage<Q>::scale_byte_of(n, b),
+                            4, cudaMemcpyDeviceToHost));
+    FO_TEST_CUDA(cudaMemcpy(got.raw() + got.code_byte_of(used, 0), device_bytes + q8_storage<Q>::code_byte_of(n, b * 256),
+                            256, cudaMemcpyDeviceToHost));
+    CHECK(same_block(got, 0, reference_quantize<Q>(block_values), 0));
   }
 }

@@ -28,9 +28,9 @@ std::vector<std::int64_t> const odd_sizes{1, 3, 7, 15, 17, 31, 33, 63, 65, 127, 
 // Chunks that end in the middle of every vector width.
 constexpr std::int64_t odd_chunk = 100;
 
-// One slot's tensors, back to back with one element (or 8-bit block) between them and the first
-// one past the allocation's start: no tensor starts on a 16-byte boundary. Quantized states
-// start as torch's do, at zero.
+// One slot's tensors, back to back with one element between them and the first one past the
+// allocation's start: no tensor starts on a 16-byte boundary (8-bit states, whose storage must,
+// one 16-byte unit apart). Quantized states start as torch's do, at zero.
 template <class T>
 class slot_memory {
  public:
@@ -40,7 +40,7 @@ class slot_memory {
     for (auto n : sizes) {
       offsets_.push_back(next);
       if constexpr (fo::is_blockwise_v<T>) {
-        next += T::blocks_for(n) + 1;
+        next += T::units_for(n) + 1;
       } else {
         next += n + 1;
       }
@@ -49,8 +49,7 @@ class slot_memory {
     fusedopt_test::random r(seed);
     for (auto& v : values_) {
       if constexpr (fo::is_blockwise_v<T>) {
-        v.absmax = 0.f;
-        std::fill(std::begin(v.codes), std::end(v.codes), std::uint8_t{T::map_type::is_signed ? 127 : 0});
+        v = T{};  // zeros: scale 0 reads every code as 0
       } else {
         // Signed values when lo < 0: magnitudes in [|hi| / 100, |hi|) with a random sign.
         double const x = r.uniform(lo < 0 ? hi / 100 : lo, hi);

@@ -25,6 +25,8 @@ using fusedopt_test::read_state;
 using fusedopt_test::reference_dequantize;
 using fusedopt_test::reference_map_floats;
 using fusedopt_test::reference_quantize;
+using fusedopt_test::q8_storage;
+using fusedopt_test::same_block;
 using fusedopt_test::same_blocks;
 
 using m_t = fo::slot::momentum_buffer_t;
@@ -32,22 +34,16 @@ using m_t = fo::slot::momentum_buffer_t;
 template <class Q>
 using slot_for = std::conditional_t<Q::map_type::is_signed, m_t, fo::slot::exp_avg_sq_t>;
 
-/// Tensors of the given sizes, each its own vector of blocks.
+/// Tensors of the given sizes, each its own storage, zeros (scale 0, the code of 0) as torch
+/// starts them.
 template <class Q>
 struct quantized_tensors {
   std::vector<std::int64_t> sizes;
-  std::vector<std::vector<Q>> blocks;
+  std::vector<q8_storage<Q>> blocks;
 
   explicit quantized_tensors(std::vector<std::int64_t> s) : sizes(std::move(s))
   {
-    for (auto n : sizes) {
-      std::vector<Q> b(static_cast<std::size_t>(Q::blocks_for(n)));
-      for (auto& block : b) {  // the state torch starts from: zeros (scale 0, the code of 0)
-        block.absmax = 0.f;
-        std::fill(std::begin(block.codes), std::end(block.codes), std::uint8_t{Q::map_type::is_signed ? 127 : 0});
-      }
-      blocks.push_back(std::move(b));
-    }
+    for (auto n : sizes) { blocks.emplace_back(n); }
   }
   [[nodiscard]] fo::tensor_list<Q> list()
   {
@@ -85,9 +81,9 @@ TEMPLATE_TEST_CASE("the dynamic maps are the paper's: every code of a block of s
   if (Q::map_type::is_signed) {
     CHECK(map[0] == fusedopt_test::Approx(-0.99297).epsilon(1e-5));  // -1 is not a value of the signed map
   }
-  std::vector<Q> block(1);
-  block[0].absmax = 1.f;
-  for (int c = 0; c < 256; ++c) { block[0].codes[c] = static_cast<std::uint8_t>(c); }
+  q8_storage<Q> block(256);
+  block.set_scale(0, 1.f);
+  for (int c = 0; c < 256; ++c) { block.set_code(c, c); }
   std::vector<float> out(256, -7.f);
   fo::tensor_list<Q> q{{block.data(), 256}};
   fo::tensor_list<float> p{{out.data(), 256}};
@@ -118,15 +114,15 @@ TEMPLATE_TEST_CASE("quantizing gives the reference's scales and nearest codes, t
   quantized_tensors<Q> q({n});
   assign(q, values);
   auto const expected = reference_quantize<Q>(values);
-  CHECK(same_blocks(q.blocks[0], expected, n));
+  CHECK(same_blocks(q.blocks[0], expected));
   for (int k = 0; k < ties; ++k) {  // the lower of the two codes: the one whose value is below
-    std::uint8_t const code = q.blocks[0][1].codes[1 + k];
+    std::uint8_t const code = q.blocks[0].code(257 + k);
     CHECK(map[code] < values[static_cast<std::size_t>(257 + k)]);
   }
   // Dequantized, every value is within half a code gap of the scale times its normalised value.
-  auto const back = reference_dequantize(q.blocks[0], n);
+  auto const back = reference_dequantize(q.blocks[0]);
   for (std::int64_t i = 0; i < n; ++i) {
-    float const absmax = q.blocks[0][static_cast<std::size_t>(i / 256)].absmax;
+    float const absmax = q.blocks[0].scale(i / 256);
     CHECK(std::fabs(back[static_cast<std::size_t>(i)] - values[static_cast<std::size_t>(i)]) <= 0.06f * absmax);
   }
 }
@@ -199,25 +195,33 @@ TEST_CASE("blocks of zeros, one huge value, subnormal values, and sizes that are
   for (std::size_t t = 0; t < sizes.size(); ++t) {
     INFO("tensor " << t << " of " << sizes[t] << " elements, chunks of " << chunk);
     // Each tensor's blocks are its own: the reference quantizes every tensor on its own.
-    CHECK(same_blocks(q.blocks[t], reference_quantize<fo::signed_q8>(slice(values, at, sizes[t])), sizes[t]));
+    CHECK(same_blocks(q.blocks[t], reference_quantize<fo::signed_q8>(slice(values, at, sizes[t]))));
     at += sizes[t];
   }
   auto const& big = q.blocks.back();
-  CHECK(big[0].absmax == 0.f);
-  CHECK(std::all_of(std::begin(big[0].codes), std::end(big[0].codes), [](std::uint8_t c) { return c == 127; }));
-  CHECK(big[1].absmax == 3e38f);
-  CHECK(big[1].codes[3] == 255);  // exactly the value: 1 * absmax
-  CHECK(big[2].absmax == 3e38f);
-  CHECK(big[2].codes[9] == 0);  // -0.99297 * absmax: the signed map's most negative value
+  auto codes_of_block = [&big](std::int64_t b) {
+    std::vector<int> codes;
+    for (std::int64_t i = 256 * b; i < 256 * (b + 1); ++i) { codes.push_back(big.code(i)); }
+    return codes;
+  };
+  auto const all_zero = [](std::vector<int> const& codes) {
+    return std::all_of(codes.begin(), codes.end(), [](int c) { return c == 127; });
+  };
+  CHECK(big.scale(0) == 0.f);
+  CHECK(all_zero(codes_of_block(0)));
+  CHECK(big.scale(1) == 3e38f);
+  CHECK(big.code(256 + 3) == 255);  // exactly the value: 1 * absmax
+  CHECK(big.scale(2) == 3e38f);
+  CHECK(big.code(512 + 9) == 0);  // -0.99297 * absmax: the signed map's most negative value
   for (int i = 0; i < 256; ++i) {
-    if (i != 3) { CHECK(big[1].codes[i] == 127); }  // all below 1e-6 of the scale: 0
+    if (i != 3) { CHECK(big.code(256 + i) == 127); }  // all below 1e-6 of the scale: 0
   }
   float subnormal_max = 0.f;
   for (int i = 0; i < 256; ++i) { subnormal_max = std::max(subnormal_max, std::fabs(values[static_cast<std::size_t>(last + 768 + i)])); }
   CHECK(subnormal_max > 0.f);
   CHECK(subnormal_max < std::numeric_limits<float>::min());
-  CHECK(big[3].absmax == subnormal_max);  // kept; every code that of 0: the block reads back as zeros
-  CHECK(std::all_of(std::begin(big[3].codes), std::end(big[3].codes), [](std::uint8_t c) { return c == 127; }));
+  CHECK(big.scale(3) == subnormal_max);  // kept; every code that of 0: the block reads back as zeros
+  CHECK(all_zero(codes_of_block(3)));
 }
 
 TEST_CASE("a block with a non-finite value keeps its codes and scale; its neighbours are updated",
@@ -229,17 +233,17 @@ TEST_CASE("a block with a non-finite value keeps its codes and scale; its neighb
   quantized_tensors<fo::signed_q8> q({n});
   std::vector<float> const first = fusedopt_test::mixed_values(n, 7, true);
   assign(q, first);
-  std::vector<fo::signed_q8> const before = q.blocks[0];
+  q8_storage<fo::signed_q8> const before = q.blocks[0];
   std::vector<float> second = fusedopt_test::mixed_values(n, 8, true);
   second[256 + 100] = bad;  // block 1
   second[n - 1] = bad;      // block 3, the partial last one
   assign(q, second);
   auto const expected = reference_quantize<fo::signed_q8>(second);
-  CHECK(std::memcmp(&q.blocks[0][0], &expected[0], sizeof expected[0]) == 0);
-  CHECK(std::memcmp(&q.blocks[0][2], &expected[2], sizeof expected[2]) == 0);
-  CHECK(std::memcmp(&q.blocks[0][1], &before[1], sizeof before[1]) == 0);
-  CHECK(std::memcmp(&q.blocks[0][3], &before[3], sizeof before[3]) == 0);
-  CHECK(std::isfinite(q.blocks[0][1].absmax));
+  CHECK(same_block(q.blocks[0], 0, expected, 0));
+  CHECK(same_block(q.blocks[0], 2, expected, 2));
+  CHECK(same_block(q.blocks[0], 1, before, 1));
+  CHECK(same_block(q.blocks[0], 3, before, 3));
+  CHECK(std::isfinite(q.blocks[0].scale(1)));
 }
 
 TEST_CASE("a block whose values come out as loaded keeps its bits (quantizing them again could move them)",
@@ -247,15 +251,17 @@ TEST_CASE("a block whose values come out as loaded keeps its bits (quantizing th
 {
   std::int64_t const n = 700;
   quantized_tensors<fo::signed_q8> q({n});
-  std::vector<fo::signed_q8>& blocks = q.blocks[0];
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    blocks[b].absmax = 0.37f + static_cast<float>(b);
+  q8_storage<fo::signed_q8>& blocks = q.blocks[0];
+  for (std::int64_t b = 0; b < blocks.blocks(); ++b) {
+    blocks.set_scale(b, 0.37f + static_cast<float>(b));
     // No element takes code 255 (the value 1): requantizing would shrink the scale.
-    for (int i = 0; i < 256; ++i) { blocks[b].codes[i] = static_cast<std::uint8_t>((i * 37 + static_cast<int>(b)) % 200); }
+    for (std::int64_t i = 256 * b; i < std::min(n, 256 * (b + 1)); ++i) {
+      blocks.set_code(i, static_cast<int>(((i % 256) * 37 + b) % 200));
+    }
   }
-  std::vector<fo::signed_q8> const before = blocks;
+  q8_storage<fo::signed_q8> const before = blocks;
   fo::host::apply(keep_state<m_t>{}, fo::bind(fo::slot::momentum_buffer = q.list()));
-  CHECK(same_blocks(blocks, before, n));
+  CHECK(same_blocks(blocks, before));
 
   // A step skip_if_nonfinite skips leaves every state as it was, param and states alike.
   std::vector<float> param(n, 1.f), grad(n, 0.5f);
@@ -269,7 +275,7 @@ TEST_CASE("a block whose values come out as loaded keeps its bits (quantizing th
   auto plan = fo::host::make_plan(fo::bind(fo::slot::param = p, fo::slot::grad = g, fo::slot::momentum_buffer = q.list()));
   plan.run(fo::rules::skip_if_nonfinite(sgd, &found_inf), fo::step_info{2});
   CHECK(found_inf == 1.f);
-  CHECK(same_blocks(blocks, before, n));
+  CHECK(same_blocks(blocks, before));
   CHECK(std::all_of(param.begin(), param.end(), [](float x) { return x == 1.f; }));
 }
 
@@ -320,7 +326,7 @@ class fp32_comparison {
     auto& out = fp32_[K];
     out.clear();
     for (std::size_t t = 0; t < sizes_.size(); ++t) {
-      auto const part = reference_dequantize(std::get<K>(q_).blocks[t], sizes_[t]);
+      auto const part = reference_dequantize(std::get<K>(q_).blocks[t]);
       out.insert(out.end(), part.begin(), part.end());
     }
   }
@@ -332,7 +338,7 @@ class fp32_comparison {
     std::int64_t first = 0;
     for (std::size_t t = 0; t < sizes_.size(); ++t) {
       INFO("state " << K << ", tensor " << t);
-      CHECK(same_blocks(std::get<K>(q_).blocks[t], reference_quantize<Q>(slice(fp32_[K], first, sizes_[t])), sizes_[t]));
+      CHECK(same_blocks(std::get<K>(q_).blocks[t], reference_quantize<Q>(slice(fp32_[K], first, sizes_[t]))));
       first += sizes_[t];
     }
   }
@@ -456,13 +462,56 @@ TEST_CASE("8-bit AdamW moves at most 16.1 bytes per element with fp32 params, 10
   CHECK(fo::bytes_per_element_v<fo::rules::adamw, fp32_lists> == 16);  // codes only
 }
 
-TEST_CASE("binding checks quantized tensors' memory by whole blocks", "[quantized][bind]")
+TEST_CASE("binding checks quantized tensors' memory by their whole storage, and its alignment", "[quantized][bind]")
 {
-  std::vector<fo::signed_q8> blocks(4);
-  fo::tensor_list<fo::signed_q8> adjacent{{blocks.data(), 257}, {blocks.data() + 2, 512}};
+  // 257 elements: 2 blocks, 128 bytes of scales, 512 of codes: 40 units of 16 bytes.
+  REQUIRE(fo::signed_q8::units_for(257) == 40);
+  std::vector<fo::signed_q8> units(80);
+  fo::tensor_list<fo::signed_q8> adjacent{{units.data(), 257}, {units.data() + 40, 257}};
   CHECK_NOTHROW(fo::bind(fo::slot::momentum_buffer = adjacent));
-  fo::tensor_list<fo::signed_q8> overlapping{{blocks.data(), 257}, {blocks.data() + 1, 256}};
+  fo::tensor_list<fo::signed_q8> overlapping{{units.data(), 257}, {units.data() + 39, 256}};
   expect_error([&] { (void)fo::bind(fo::slot::momentum_buffer = overlapping); }, {"overlaps", "momentum_buffer"});
+  auto* const misaligned = reinterpret_cast<fo::signed_q8*>(reinterpret_cast<unsigned char*>(units.data()) + 4);
+  fo::tensor_list<fo::signed_q8> shifted{{misaligned, 256}};
+  expect_error([&] { (void)fo::bind(fo::slot::momentum_buffer = shifted); }, {"16-byte aligned", "momentum_buffer"});
+}
+
+TEST_CASE("the storage layout: scales reversed before 128-byte aligned codes, a lane's codes side by side",
+          "[quantized][layout]")
+{
+  // Written from the layout's description, byte by byte, for blocks of 256 and of 64.
+  std::int64_t const n = 300;  // two blocks of 256: 8 bytes of scales padded to 128
+  std::vector<fo::signed_q8> units(static_cast<std::size_t>(fo::signed_q8::units_for(n)));
+  CHECK(fo::signed_q8::bytes_for(n) == 128 + 512);
+  fo::quantized_state<fo::signed_q8> state(units.data(), n);
+  state.set_scale(0, 2.f);
+  state.set_scale(1, -3.f);
+  state.set_code(0, 11);          // lane 0, group 0, element 0 of its four: codes byte 0
+  state.set_code(4 + 1, 12);      // lane 1, group 0, element 1: byte 8 + 1
+  state.set_code(128 + 2, 13);    // lane 0, group 1, element 2: byte 4 + 2
+  state.set_code(256 + 127, 14);  // block 1, lane 31, group 0, element 3: byte 256 + 248 + 3
+  auto const* bytes = reinterpret_cast<unsigned char const*>(units.data());
+  float first = 0.f, second = 0.f;
+  std::memcpy(&first, bytes + 124, 4);
+  std::memcpy(&second, bytes + 120, 4);
+  CHECK(first == 2.f);
+  CHECK(second == -3.f);
+  CHECK(bytes[128 + 0] == 11);
+  CHECK(bytes[128 + 9] == 12);
+  CHECK(bytes[128 + 6] == 13);
+  CHECK(bytes[128 + 256 + 251] == 14);
+  CHECK(state.value(0) == fo::detail::host_map<fo::signed_dynamic_map>.values[11] * 2.f);
+  // Blocks under 128 elements keep element order.
+  using small = fo::blockwise8<fo::signed_dynamic_map, 64>;
+  CHECK(small::code_offset(64 + 37) == 64 + 37);
+  CHECK(small::bytes_for(65) == 128 + 128);
+  // And the test's own reader (tests/reference) agrees with the library's.
+  q8_storage<fo::signed_q8> mine(n);
+  fo::quantized_state<fo::signed_q8> theirs(mine.data(), n);
+  for (std::int64_t i = 0; i < n; i += 7) { theirs.set_code(i, static_cast<std::uint8_t>(i % 251)); }
+  theirs.set_scale(1, 0.5f);
+  for (std::int64_t i = 0; i < n; i += 7) { CHECK(mine.code(i) == i % 251); }
+  CHECK(mine.scale(1) == 0.5f);
 }
 
 TEST_CASE("a quantized tensor of more than 2^31 elements", "[quantized][big]")
@@ -476,18 +525,18 @@ TEST_CASE("a quantized tensor of more than 2^31 elements", "[quantized][big]")
   std::vector<float> values(1024);
   for (std::size_t i = 0; i < values.size(); ++i) { values[i] = static_cast<float>(i % 97) - 48.f; }
   // Every block holds the same values but for the last, partial one (300 - 256 = 44 elements).
-  std::vector<fo::signed_q8> blocks(static_cast<std::size_t>(fo::signed_q8::blocks_for(n)));
+  q8_storage<fo::signed_q8> blocks(n, false);
   fo::tensor_list<fo::signed_q8> list{{blocks.data(), n}};
   fo::host::apply(by_position{values.data()}, fo::bind(fo::slot::momentum_buffer = list));
-  std::size_t const around = static_cast<std::size_t>((std::int64_t{1} << 31) / 256);  // the block at 2^31
-  for (std::size_t b : {std::size_t{0}, around - 1, around, blocks.size() - 2}) {
+  std::int64_t const around = (std::int64_t{1} << 31) / 256;  // the block at 2^31
+  for (std::int64_t b : {std::int64_t{0}, around - 1, around, blocks.blocks() - 2}) {
     INFO("block " << b);
     std::vector<float> const block_values(values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024),
                                           values.begin() + static_cast<std::ptrdiff_t>((b * 256) % 1024 + 256));
-    CHECK(same_blocks(std::vector<fo::signed_q8>{blocks[b]}, reference_quantize<fo::signed_q8>(block_values), 256));
+    CHECK(same_block(blocks, b, reference_quantize<fo::signed_q8>(block_values), 0));
   }
-  std::size_t const last = blocks.size() - 1;
+  std::int64_t const last = blocks.blocks() - 1;
   std::vector<float> const tail(values.begin() + static_cast<std::ptrdiff_t>((last * 256) % 1024),
                                 values.begin() + static_cast<std::ptrdiff_t>((last * 256) % 1024 + 44));
-  CHECK(same_blocks(std::vector<fo::signed_q8>{blocks[last]}, reference_quantize<fo::signed_q8>(tail), 44));
+  CHECK(same_block(blocks, last, reference_quantize<fo::signed_q8>(tail), 0));
 }

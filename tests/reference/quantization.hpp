@@ -65,52 +65,113 @@ inline int reference_code(std::vector<float> const& map, float x, float absmax)
   return best;
 }
 
-/// A quantized tensor's blocks holding `values` as the paper quantizes them: each block's
-/// scale is its largest |value|, each code the nearest (reference_code).
+/// One quantized tensor of `n` elements in the storage layout numeric/quantization.hpp
+/// documents for blockwise8, read and written here from that description (not through the
+/// library's accessors): the scale of block b 4 (b + 1) bytes before the codes, which start
+/// after the scales padded to a multiple of 128 bytes; in blocks of a multiple of 128 elements
+/// lane l's codes of elements 128 g + 4 l + k (g < Block / 128, k < 4) side by side at codes
+/// byte 4 (Block / 128) l + 4 g + k of its block.
 template <class Q>
-std::vector<Q> reference_quantize(std::vector<float> const& values)
+struct q8_storage {
+  static constexpr std::int64_t block = Q::block_elements;
+  std::int64_t n = 0;
+  std::vector<Q> units;
+
+  /// Zeros: every scale 0, every code that of 0 (127 signed, 0 unsigned), as torch starts; or,
+  /// with `codes_of_zero` false, every byte 0 (also zeros: a scale of 0 reads any code as 0).
+  explicit q8_storage(std::int64_t elements, bool codes_of_zero = true)
+    : n(elements), units(static_cast<std::size_t>(bytes() / 16))
+  {
+    if (codes_of_zero) {
+      for (std::int64_t i = 0; i < n; ++i) { set_code(i, Q::map_type::is_signed ? 127 : 0); }
+    }
+  }
+  // The layout of a tensor of `elements` elements.
+  static std::int64_t blocks_of(std::int64_t elements) { return (elements + block - 1) / block; }
+  static std::int64_t scale_bytes_of(std::int64_t elements) { return (4 * blocks_of(elements) + 127) / 128 * 128; }
+  static std::int64_t scale_byte_of(std::int64_t elements, std::int64_t b) { return scale_bytes_of(elements) - 4 * (b + 1); }
+  static std::int64_t code_byte_of(std::int64_t elements, std::int64_t i)
+  {
+    std::int64_t const j = i % block;
+    std::int64_t const in_block = block % 128 == 0 ? (j % 128) / 4 * (4 * (block / 128)) + j / 128 * 4 + j % 4 : j;
+    return scale_bytes_of(elements) + i / block * block + in_block;
+  }
+
+  [[nodiscard]] std::int64_t blocks() const { return blocks_of(n); }
+  [[nodiscard]] std::int64_t scale_bytes() const { return scale_bytes_of(n); }
+  [[nodiscard]] std::int64_t bytes() const { return scale_bytes() + blocks() * block; }
+  [[nodiscard]] std::int64_t code_byte(std::int64_t i) const { return code_byte_of(n, i); }
+  [[nodiscard]] unsigned char* raw() { return reinterpret_cast<unsigned char*>(units.data()); }
+  [[nodiscard]] unsigned char const* raw() const { return reinterpret_cast<unsigned char const*>(units.data()); }
+  [[nodiscard]] Q* data() { return units.data(); }
+
+  [[nodiscard]] float scale(std::int64_t b) const
+  {
+    float f;
+    std::memcpy(&f, raw() + scale_byte_of(n, b), sizeof f);
+    return f;
+  }
+  void set_scale(std::int64_t b, float f) { std::memcpy(raw() + scale_byte_of(n, b), &f, sizeof f); }
+  [[nodiscard]] std::uint8_t code(std::int64_t i) const { return raw()[code_byte(i)]; }
+  void set_code(std::int64_t i, int c) { raw()[code_byte(i)] = static_cast<std::uint8_t>(c); }
+};
+
+/// A quantized tensor holding `values` as the paper quantizes them: each block's scale is its
+/// largest |value|, each code the nearest (reference_code).
+template <class Q>
+q8_storage<Q> reference_quantize(std::vector<float> const& values)
 {
   std::vector<float> const map = reference_map_floats(Q::map_type::is_signed);
-  auto const n = static_cast<std::int64_t>(values.size());
-  std::vector<Q> blocks(static_cast<std::size_t>(Q::blocks_for(n)));
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    std::size_t const first = b * Q::block_elements;
+  q8_storage<Q> q(static_cast<std::int64_t>(values.size()));
+  for (std::int64_t b = 0; b < q.blocks(); ++b) {
+    std::size_t const first = static_cast<std::size_t>(b * Q::block_elements);
     std::size_t const last = std::min(values.size(), first + Q::block_elements);
     float absmax = 0.f;
     for (std::size_t i = first; i < last; ++i) { absmax = std::max(absmax, std::fabs(values[i])); }
-    blocks[b].absmax = absmax;
-    std::fill(std::begin(blocks[b].codes), std::end(blocks[b].codes), std::uint8_t{0});
+    q.set_scale(b, absmax);
     for (std::size_t i = first; i < last; ++i) {
-      blocks[b].codes[i - first] = static_cast<std::uint8_t>(reference_code(map, values[i], absmax));
+      q.set_code(static_cast<std::int64_t>(i), reference_code(map, values[i], absmax));
     }
   }
-  return blocks;
+  return q;
 }
 
-/// The values a quantized tensor of `n` elements holds: map[code] * absmax.
+/// The values a quantized tensor holds: map[code] * scale.
 template <class Q>
-std::vector<float> reference_dequantize(std::vector<Q> const& blocks, std::int64_t n)
+std::vector<float> reference_dequantize(q8_storage<Q> const& q)
 {
   std::vector<float> const map = reference_map_floats(Q::map_type::is_signed);
-  std::vector<float> out(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) {
-    Q const& b = blocks[static_cast<std::size_t>(i / Q::block_elements)];
-    out[static_cast<std::size_t>(i)] = map[b.codes[i % Q::block_elements]] * b.absmax;
-  }
+  std::vector<float> out(static_cast<std::size_t>(q.n));
+  for (std::int64_t i = 0; i < q.n; ++i) { out[static_cast<std::size_t>(i)] = map[q.code(i)] * q.scale(i / Q::block_elements); }
   return out;
 }
 
-/// The tensor's blocks and codes in use equal (unused codes of a last block are not compared).
+/// Block `ba` of `a` and block `bb` of `b` hold the same scale and codes (bit for bit; the
+/// codes of the elements both blocks use).
 template <class Q>
-bool same_blocks(std::vector<Q> const& a, std::vector<Q> const& b, std::int64_t n)
+bool same_block(q8_storage<Q> const& a, std::int64_t ba, q8_storage<Q> const& b, std::int64_t bb)
 {
-  if (a.size() != b.size()) { return false; }
-  for (std::int64_t i = 0; i < n; ++i) {
-    auto const block = static_cast<std::size_t>(i / Q::block_elements);
-    if (a[block].codes[i % Q::block_elements] != b[block].codes[i % Q::block_elements]) { return false; }
+  float const x = a.scale(ba), y = b.scale(bb);
+  if (std::memcmp(&x, &y, sizeof(float)) != 0) { return false; }
+  std::int64_t const used = std::min(std::min(a.n - ba * Q::block_elements, b.n - bb * Q::block_elements),
+                                     std::int64_t{Q::block_elements});
+  for (std::int64_t j = 0; j < used; ++j) {
+    if (a.code(ba * Q::block_elements + j) != b.code(bb * Q::block_elements + j)) { return false; }
   }
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    if (std::memcmp(&a[k].absmax, &b[k].absmax, sizeof(float)) != 0) { return false; }
+  return true;
+}
+
+/// The two tensors' scales and codes in use are equal (bit for bit).
+template <class Q>
+bool same_blocks(q8_storage<Q> const& a, q8_storage<Q> const& b)
+{
+  if (a.n != b.n) { return false; }
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    if (a.code(i) != b.code(i)) { return false; }
+  }
+  for (std::int64_t k = 0; k < a.blocks(); ++k) {
+    float const x = a.scale(k), y = b.scale(k);
+    if (std::memcmp(&x, &y, sizeof(float)) != 0) { return false; }
   }
   return true;
 }

@@ -109,8 +109,10 @@ struct access<Rule, bound_lists<B...>> {
   {
     if constexpr (Load && quantized[K]) {
       using T = element_t<K>;
-      T const& block = static_cast<T const*>(bases[K])[i / T::block_elements];
-      e.at(K) = dequantize(map_of<typename T::map_type>(), block.codes[i % T::block_elements], block.absmax);
+      // bases[K] is where the tensor's codes start (quantized_codes); its scales lie before.
+      auto const* codes = static_cast<std::uint8_t const*>(bases[K]);
+      e.at(K) = dequantize(map_of<typename T::map_type>(), codes[T::code_offset(i)],
+                           load_scale(codes, static_cast<std::uint64_t>(i / T::block_elements)));
     } else if constexpr (Load) {
       e.at(K) = to_opmath<value_type>(static_cast<element_t<K> const*>(bases[K])[i]);
     } else {
@@ -254,8 +256,7 @@ struct access<Rule, bound_lists<B...>> {
     if constexpr (stores[K] && quantized[K]) {
       if (rewrites<K>(s)) {
         using T = element_t<K>;
-        T& block = static_cast<T*>(bases[K])[i / T::block_elements];
-        block.codes[i % T::block_elements] =
+        static_cast<std::uint8_t*>(bases[K])[T::code_offset(i)] =
           quantize(map_of<typename T::map_type>(), e.at(K), inverse_scale(bits_float(s.max_bits[K])));
       }
     }
@@ -276,7 +277,7 @@ struct access<Rule, bound_lists<B...>> {
   FUSEDOPT_HOST_DEVICE static void store_scale(void* const* bases, std::int64_t block, block_summary const& s)
   {
     if constexpr (stores[K] && quantized[K]) {
-      if (rewrites<K>(s)) { static_cast<element_t<K>*>(bases[K])[block].absmax = bits_float(s.max_bits[K]); }
+      if (rewrites<K>(s)) { ::fusedopt::detail::store_scale(bases[K], static_cast<std::uint64_t>(block), bits_float(s.max_bits[K])); }
     }
   }
 

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "../config.hpp"
@@ -42,17 +43,27 @@ struct unsigned_dynamic_map {
   static constexpr bool is_signed = false;
 };
 
-/// @brief One block of an 8-bit quantized state: the scale (the absolute maximum of the
-/// block's values when they were stored) and one code per element. A quantized state tensor
-/// of n elements is an array of ceil(n / Block) blocks (the last one partly used), bound as a
-/// `tensor_list<blockwise8<Map, Block>>` whose entries point at the first block and count the
-/// n elements: 1 + 4 / Block bytes per element (1.016 for 256).
+/// @brief The storage of 8-bit quantized state tensors, in units of 16 bytes. A tensor of n
+/// elements is cut into blocks of `Block` elements (the last one partly used); each block
+/// keeps one fp32 scale (the absolute maximum of its values when they were stored) and one
+/// 8-bit code per element. A tensor takes `units_for(n)` units (`bytes_for(n)` bytes, 1 + 4 /
+/// Block bytes per element and at most 124 bytes of padding), laid out as
 ///
-/// The scale sits next to its codes (one array per tensor, 260-byte records for Block 256)
-/// rather than in an array of its own, so a bound state is one pointer per tensor like every
-/// other slot (docs/decisions.md, "8-bit states: one record per block").
+///     [padding][scale of block nb-1] ... [scale of block 0][codes of block 0][codes of block 1] ...
+///
+/// with `scale_bytes(n)` bytes (a multiple of 128) before the codes: the codes start 128 bytes
+/// aligned where the storage is, and the scale of block b sits 4 (b + 1) bytes before them,
+/// so one address (the codes') finds both. In a block of a multiple of 128 elements the codes
+/// are in lane order (`code_position`): the 4 Block / 128 codes that one lane of a warp
+/// updates (elements 128 g + 4 l .. + 3 for each g) lie side by side, one access each
+/// (docs/decisions.md, "8-bit states: codes aligned, scales apart, lanes' codes together").
+///
+/// A `tensor_list<blockwise8<Map, Block>>` entry points at the storage's first unit (16-byte
+/// aligned; fusedopt::bind checks it) and counts the tensor's n elements. Storage of zero bytes
+/// holds zeros (scale 0 reads every code as 0). `quantized_state` reads and writes one
+/// tensor's scales and codes on the host.
 template <class Map, int Block = 256>
-struct blockwise8 {
+struct alignas(16) blockwise8 {
   static_assert(std::is_same_v<Map, signed_dynamic_map> || std::is_same_v<Map, unsigned_dynamic_map>,
                 "fusedopt::blockwise8: Map is signed_dynamic_map or unsigned_dynamic_map");
   // A warp owns a block on the GPU (Block / 32 elements per lane), and chunks of the CUDA
@@ -62,12 +73,35 @@ struct blockwise8 {
   using map_type = Map;
   static constexpr int block_elements = Block;
 
-  float absmax;
-  std::uint8_t codes[Block];
+  unsigned char bytes[16];
 
-  /// @brief Blocks a tensor of `elements` elements takes.
-  static constexpr std::int64_t blocks_for(std::int64_t elements) { return (elements + Block - 1) / Block; }
+  /// @brief Blocks of a tensor of `elements` elements.
+  static constexpr std::int64_t blocks_in(std::int64_t elements) { return (elements + Block - 1) / Block; }
+  /// @brief Bytes before the codes (the scales, reversed, and padding to 128).
+  static constexpr std::int64_t scale_bytes(std::int64_t elements) { return (4 * blocks_in(elements) + 127) / 128 * 128; }
+  /// @brief Bytes of storage a tensor of `elements` elements takes (a multiple of 16).
+  static constexpr std::int64_t bytes_for(std::int64_t elements) { return scale_bytes(elements) + blocks_in(elements) * Block; }
+  /// @brief Units (of 16 bytes) to allocate for a tensor of `elements` elements.
+  static constexpr std::int64_t units_for(std::int64_t elements) { return bytes_for(elements) / 16; }
+
+  /// @brief Byte of element j's code (0 <= j < Block) among its block's codes: lane order in
+  /// blocks of a multiple of 128 elements (element 128 g + 4 l + k at 4 G l + 4 g + k, G =
+  /// Block / 128), element order in smaller blocks.
+  FUSEDOPT_HOST_DEVICE static constexpr int code_position(int j)
+  {
+    if constexpr (Block % 128 == 0) {
+      return (j % 128) / 4 * (Block / 32) + j / 128 * 4 + j % 4;
+    } else {
+      return j;
+    }
+  }
+  /// @brief Byte of element i's code from the start of the codes.
+  FUSEDOPT_HOST_DEVICE static constexpr std::int64_t code_offset(std::int64_t i)
+  {
+    return i / Block * Block + code_position(static_cast<int>(i % Block));
+  }
 };
+static_assert(sizeof(blockwise8<signed_dynamic_map>) == 16, "fusedopt::blockwise8 is a 16-byte unit of storage");
 
 /// @brief Quantized first moments / momentum, blocks of 256 (the paper's and bitsandbytes').
 using signed_q8 = blockwise8<signed_dynamic_map>;
@@ -82,10 +116,41 @@ template <class T>
 constexpr std::int64_t storage_units(std::int64_t elements)
 {
   if constexpr (is_blockwise_v<T>) {
-    return std::remove_const_t<T>::blocks_for(elements);
+    return std::remove_const_t<T>::units_for(elements);
   } else {
     return elements;
   }
+}
+
+/// Where the codes of a quantized tensor of `elements` elements start in its storage: the
+/// address the backends bind it by (its scales lie before it, see blockwise8).
+template <class T>
+T* quantized_codes(T* storage, std::int64_t elements)
+{
+  using byte = std::conditional_t<std::is_const_v<T>, unsigned char const, unsigned char>;
+  return reinterpret_cast<T*>(reinterpret_cast<byte*>(storage) + std::remove_const_t<T>::scale_bytes(elements));
+}
+
+/// The scale of block `block` of the quantized tensor whose codes start at `codes`.
+FUSEDOPT_HOST_DEVICE float load_scale(void const* codes, std::uint64_t block)
+{
+  auto const* at = static_cast<unsigned char const*>(codes) - 4 * (block + 1);
+#if FUSEDOPT_DEVICE_PASS
+  return *reinterpret_cast<float const*>(at);  // a device memcpy of unknown alignment is four byte loads
+#else
+  float scale;
+  std::memcpy(&scale, at, sizeof scale);
+  return scale;
+#endif
+}
+FUSEDOPT_HOST_DEVICE void store_scale(void* codes, std::uint64_t block, float scale)
+{
+  auto* at = static_cast<unsigned char*>(codes) - 4 * (block + 1);
+#if FUSEDOPT_DEVICE_PASS
+  *reinterpret_cast<float*>(at) = scale;
+#else
+  std::memcpy(at, &scale, sizeof scale);
+#endif
 }
 
 /// Buckets of the code search: |q| in [2^-23, 1] by its float exponent (104..127) and the top
@@ -283,4 +348,45 @@ FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map<Signed> const& map, 
 }
 
 }  // namespace detail
+
+/// @brief One 8-bit quantized tensor's scales and codes, read and written on the host: a view
+/// of the `Q::units_for(size)` units at `storage` (Q a blockwise8, const for a read-only view),
+/// for tests, checkpoint converters and tools that inspect states. Owns nothing.
+template <class Q>
+class quantized_state {
+  static_assert(is_blockwise_v<Q>, "fusedopt::quantized_state: Q is a blockwise8 type");
+  using unit = std::remove_const_t<Q>;
+  using byte = std::conditional_t<std::is_const_v<Q>, unsigned char const, unsigned char>;
+
+ public:
+  quantized_state(Q* storage, std::int64_t size) : codes_(reinterpret_cast<byte*>(detail::quantized_codes(storage, size))), size_(size) {}
+
+  [[nodiscard]] std::int64_t size() const noexcept { return size_; }
+  [[nodiscard]] std::int64_t blocks() const noexcept { return unit::blocks_in(size_); }
+
+  /// @brief The scale (absolute maximum when stored) of block b.
+  [[nodiscard]] float scale(std::int64_t b) const { return detail::load_scale(codes_, static_cast<std::uint64_t>(b)); }
+  void set_scale(std::int64_t b, float scale) const
+  {
+    static_assert(!std::is_const_v<Q>, "fusedopt::quantized_state: a view of const storage is read-only");
+    detail::store_scale(codes_, static_cast<std::uint64_t>(b), scale);
+  }
+  /// @brief The code of element i (0 <= i < size()).
+  [[nodiscard]] std::uint8_t code(std::int64_t i) const { return codes_[unit::code_offset(i)]; }
+  void set_code(std::int64_t i, std::uint8_t code) const
+  {
+    static_assert(!std::is_const_v<Q>, "fusedopt::quantized_state: a view of const storage is read-only");
+    codes_[unit::code_offset(i)] = code;
+  }
+  /// @brief Element i as a step reads it: map[code] * scale.
+  [[nodiscard]] float value(std::int64_t i) const
+  {
+    return detail::dequantize(detail::map_of<typename unit::map_type>(), code(i), scale(i / unit::block_elements));
+  }
+
+ private:
+  byte* codes_;
+  std::int64_t size_;
+};
+
 FUSEDOPT_NAMESPACE_END

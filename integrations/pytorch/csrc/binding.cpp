@@ -184,28 +184,38 @@ void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* wha
               " must be dense with the parameter's strides (an elementwise step runs over the memory of each tensor)");
 }
 
-/// Whether state `s` holds 8-bit records (a uint8 tensor, plans.hpp's quantized_record_bytes
-/// per block) rather than elements of its parameter's dtype.
-bool holds_records(at::Tensor const& s) { return s.defined() && s.scalar_type() == at::kByte; }
+/// Whether state `s` holds an 8-bit state (a uint8 tensor of plans.hpp's quantized_state_bytes)
+/// rather than elements of its parameter's dtype.
+bool holds_quantized(at::Tensor const& s) { return s.defined() && s.scalar_type() == at::kByte; }
 
-/// Checks 8-bit state records of parameter `p`: the memory a plan reads and writes for them.
-void check_records(at::Tensor const& p, at::Tensor const& s, std::size_t index)
+/// Checks the 8-bit state `s` of a tensor of `numel` elements: a contiguous 1-D uint8 tensor of
+/// quantized_state_bytes(numel), 16-byte aligned (fusedopt's blockwise8 storage). `who...`
+/// prefix the message.
+template <class... Who>
+void check_quantized_bytes(at::Tensor const& s, std::int64_t numel, Who const&... who)
 {
-  std::int64_t const blocks = quantized_blocks(p.numel());
-  FUSEDOPT_TORCH_CHECK(s.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(),
-                       " but its 8-bit state is on ", s.device());
-  FUSEDOPT_TORCH_CHECK(s.is_contiguous() && s.numel() == blocks * quantized_record_bytes, "fusedopt_torch: parameter ",
-                       index, ": its 8-bit state must be a contiguous uint8 tensor of ", blocks, " records of ",
-                       quantized_record_bytes, " bytes, not of shape ", s.sizes());
-  FUSEDOPT_TORCH_CHECK(reinterpret_cast<std::uintptr_t>(s.data_ptr()) % alignof(float) == 0, "fusedopt_torch: parameter ",
-                       index, ": its 8-bit state must be 4-byte aligned (each record starts with a float scale)");
+  std::int64_t const bytes = quantized_state_bytes(numel);
+  FUSEDOPT_TORCH_CHECK(s.scalar_type() == at::kByte && s.dim() == 1 && s.is_contiguous() && s.numel() == bytes, who...,
+                       ": the 8-bit state of ", numel, " elements must be a contiguous 1-D uint8 tensor of ", bytes,
+                       " bytes, not a ", s.scalar_type(), " tensor of shape ", s.sizes(),
+                       " (a [blocks, 260] state was saved before 2026-11-26: the 8-bit optimizers' load_state_dict converts it)");
+  FUSEDOPT_TORCH_CHECK(reinterpret_cast<std::uintptr_t>(s.data_ptr()) % 16 == 0, who...,
+                       ": the 8-bit state must be 16-byte aligned (a fresh tensor is; a slice at an odd offset is not)");
 }
 
-/// A state of parameter `p`: 8-bit records or a tensor of the parameter's layout.
+/// Checks the 8-bit state of parameter `p`: the memory a plan reads and writes for it.
+void check_quantized_state(at::Tensor const& p, at::Tensor const& s, std::size_t index)
+{
+  FUSEDOPT_TORCH_CHECK(s.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(),
+                       " but its 8-bit state is on ", s.device());
+  check_quantized_bytes(s, p.numel(), "fusedopt_torch: parameter ", index);
+}
+
+/// A state of parameter `p`: 8-bit states or a tensor of the parameter's layout.
 void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index)
 {
-  if (holds_records(s)) {
-    check_records(p, s, index);
+  if (holds_quantized(s)) {
+    check_quantized_state(p, s, index);
   } else {
     check_same_layout(p, s, "state", index);
   }
@@ -449,20 +459,20 @@ class engine {
   }
 
   /// Checks the states of parameter `i` of `d` for its group's layout; returns whether they are
-  /// 8-bit records. Under layout::quantized every state but the Kahan compensation (the last,
-  /// of the parameter's dtype) is records: a plan binds them so.
+  /// 8-bit states. Under layout::quantized every state but the Kahan compensation (the last,
+  /// of the parameter's dtype) is 8-bit: a plan binds them so.
   bool check_states(group_data const& d, std::size_t i) const
   {
     auto const& states = d.states[i];
-    bool const quantized = !states.empty() && holds_records(states.front());
+    bool const quantized = !states.empty() && holds_quantized(states.front());
     FUSEDOPT_TORCH_CHECK(!quantized || supports_quantized_states(family_), "fusedopt_torch: parameter ", i,
                          " has 8-bit states, which this optimizer does not take");
     for (std::size_t k = 0; k < states.size(); ++k) {
       bool const records = quantized && !(d.lay.kahan && k + 1 == states.size());
       if (records) {
-        FUSEDOPT_TORCH_CHECK(holds_records(states[k]), "fusedopt_torch: parameter ", i, ": state ", k,
-                             " must be 8-bit records as its first state is");
-        check_records(d.params[i], states[k], i);
+        FUSEDOPT_TORCH_CHECK(holds_quantized(states[k]), "fusedopt_torch: parameter ", i, ": state ", k,
+                             " must be 8-bit states as its first state is");
+        check_quantized_state(d.params[i], states[k], i);
       } else {
         check_same_layout(d.params[i], states[k], "state", i);
       }
@@ -484,7 +494,7 @@ class engine {
     d.next_grad_ptrs.assign(n, nullptr);
     // Bucket key: device, dtype, step (and NAdam's mu_product: parameters of one step may differ in it
     // when the group's betas or momentum_decay changed while some of them had no gradient), and
-    // whether the states are 8-bit records.
+    // whether the states are 8-bit states.
     std::map<std::tuple<int, int, std::int64_t, double, bool>, std::vector<int>> keys;
     for (std::size_t i = 0; i < n; ++i) {
       at::Tensor const& p = d.params[i];
@@ -890,36 +900,29 @@ inline hyper hyper_of(py::kwargs const& fields)
   return h;
 }
 
-/// `_C.quantize_state(values, records, is_signed)`: stores `values` (any floating dtype, shape
-/// and device) into the 8-bit `records` (of a state of values.numel() elements, on any device)
-/// with the bits a step would store. On the host backend: a CUDA state makes a round trip
-/// through host memory (loading a state_dict, not a step).
-void quantize_state_into(at::Tensor const& values, at::Tensor records, bool is_signed)
+/// `_C.quantize_state(values, state, is_signed)`: stores `values` (any floating dtype, shape
+/// and device) into the 8-bit `state` (of values.numel() elements, on any device) with the bits
+/// a step would store. On the host backend: a CUDA state makes a round trip through host
+/// memory (loading a state_dict, not a step).
+void quantize_state_into(at::Tensor const& values, at::Tensor state, bool is_signed)
 {
   auto const n = values.numel();
-  FUSEDOPT_TORCH_CHECK(records.scalar_type() == at::kByte && records.numel() == quantized_blocks(n) * quantized_record_bytes,
-                       "fusedopt_torch: quantize_state: ", n, " values need ", quantized_blocks(n), " records of ",
-                       quantized_record_bytes, " bytes, not a ", records.scalar_type(), " tensor of shape ",
-                       records.sizes());
+  check_quantized_bytes(state, n, "fusedopt_torch: quantize_state");
   auto const source = values.detach().to(at::kCPU, at::kFloat).contiguous();
-  auto target = records.to(at::kCPU).contiguous();
+  auto target = state.to(at::kCPU).contiguous();
   quantize_state(source.data_ptr<float>(), n, target.data_ptr(), is_signed, at::get_num_threads());
-  if (!target.is_same(records)) { records.copy_(target); }
+  if (!target.is_same(state)) { state.copy_(target); }
 }
 
-/// `_C.dequantize_state(records, numel, is_signed)`: the float32 values of 8-bit records, as a
-/// step reads them, on the records' device.
-at::Tensor dequantize_state_of(at::Tensor const& records, std::int64_t numel, bool is_signed)
+/// `_C.dequantize_state(state, numel, is_signed)`: the float32 values of an 8-bit state, as a
+/// step reads them, on the state's device.
+at::Tensor dequantize_state_of(at::Tensor const& state, std::int64_t numel, bool is_signed)
 {
-  FUSEDOPT_TORCH_CHECK(records.scalar_type() == at::kByte &&
-                         records.numel() == quantized_blocks(numel) * quantized_record_bytes,
-                       "fusedopt_torch: dequantize_state: ", numel, " values are ", quantized_blocks(numel),
-                       " records of ", quantized_record_bytes, " bytes, not a ", records.scalar_type(),
-                       " tensor of shape ", records.sizes());
-  auto const source = records.detach().to(at::kCPU).contiguous();
+  check_quantized_bytes(state, numel, "fusedopt_torch: dequantize_state");
+  auto const source = state.detach().to(at::kCPU).contiguous();
   auto values = at::empty({numel}, at::TensorOptions().dtype(at::kFloat));
   dequantize_state(source.data_ptr(), numel, values.data_ptr<float>(), is_signed, at::get_num_threads());
-  return values.to(records.device());
+  return values.to(state.device());
 }
 
 }  // namespace fusedopt_torch
@@ -962,12 +965,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
   py::class_<fusedopt_torch::grad_norm>(m, "GradNorm")
     .def(py::init<>())
     .def("compute", &fusedopt_torch::grad_norm::compute, py::arg("grads"), py::arg("inf") = false);
-  m.def("quantize_state", &fusedopt_torch::quantize_state_into, py::arg("values"), py::arg("records"),
+  m.def("quantize_state", &fusedopt_torch::quantize_state_into, py::arg("values"), py::arg("state"),
         py::arg("is_signed"));
-  m.def("dequantize_state", &fusedopt_torch::dequantize_state_of, py::arg("records"), py::arg("numel"),
+  m.def("dequantize_state", &fusedopt_torch::dequantize_state_of, py::arg("state"), py::arg("numel"),
         py::arg("is_signed"));
+  m.def("quantized_state_bytes", &fusedopt_torch::quantized_state_bytes, py::arg("numel"));
   m.attr("quantized_block_elements") = fusedopt_torch::quantized_block_elements;
-  m.attr("quantized_record_bytes") = fusedopt_torch::quantized_record_bytes;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
   m.attr("with_cuda") = true;
 #else

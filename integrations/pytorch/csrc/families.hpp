@@ -295,7 +295,7 @@ struct build_nadam : builder<rule_of<rules::nadam>> {
 
 // ---- plans per family (one function per .cu) -----------------------------------------------
 
-/// A state slot stored as 8-bit blockwise records (layout::quantized): the unsigned map where
+/// A state slot stored as 8-bit blockwise states (layout::quantized): the unsigned map where
 /// the slot is never negative, else the signed one.
 template <class Slot>
 struct q8 {};
@@ -321,10 +321,13 @@ struct stored<q8<Slot>> {
 template <bool Quantized, class Slot>
 using moment = std::conditional_t<Quantized, q8<Slot>, Slot>;
 
-// The records' layout is what Python allocates (plans.hpp's quantized_record_bytes).
-static_assert(sizeof(fo::signed_q8) == quantized_record_bytes && sizeof(fo::unsigned_q8) == quantized_record_bytes &&
-                fo::signed_q8::block_elements == quantized_block_elements,
-              "fusedopt_torch: the 8-bit record layout differs from fusedopt's");
+// The states' size is what Python allocates (plans.hpp's quantized_state_bytes).
+static_assert(fo::signed_q8::block_elements == quantized_block_elements &&
+                fo::unsigned_q8::block_elements == quantized_block_elements &&
+                fo::signed_q8::bytes_for(1) == quantized_state_bytes(1) &&
+                fo::signed_q8::bytes_for(70000) == quantized_state_bytes(70000) &&
+                fo::unsigned_q8::bytes_for(std::int64_t{1} << 33) == quantized_state_bytes(std::int64_t{1} << 33),
+              "fusedopt_torch: the 8-bit state size differs from fusedopt's");
 
 /// Param, grad and the states of `x` (in the Python class's `_state_keys` order) bound to the
 /// slots `States...`.

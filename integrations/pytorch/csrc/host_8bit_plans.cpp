@@ -1,6 +1,6 @@
 /// @file host_8bit_plans.cpp
 /// @brief Host plans of 8-bit states (layout::quantized), and the quantizer Python uses to
-/// convert full-precision states (a loaded torch.optim state_dict) into records.
+/// convert full-precision states (a loaded torch.optim state_dict) into 8-bit states.
 #include "host_backend.hpp"
 
 namespace fusedopt_torch {
@@ -46,16 +46,16 @@ struct load_into_param {
   }
 };
 
-/// Runs the conversion `Rule<Slot>` over the floats and the records of one state on the host:
-/// `Slot` a slot the map suits (exp_avg: signed, exp_avg_sq: unsigned), `bind(slot, tag<record
-/// type>)` the lists.
+/// Runs the conversion `Rule<Slot>` over the floats and the 8-bit storage of one state on the
+/// host: `Slot` a slot the map suits (exp_avg: signed, exp_avg_sq: unsigned), `bind(slot,
+/// tag<storage type>)` the lists.
 template <template <class> class Rule, class Bind>
 void convert(bool is_signed, int threads, Bind const& bind)
 {
-  auto const run = [&](auto s, auto record) {
+  auto const run = [&](auto s, auto storage) {
     fo::host::options o;
     o.threads = threads;
-    fo::host::apply(Rule<decltype(s)>{}, bind(s, record), fo::step_info{1}, o);
+    fo::host::apply(Rule<decltype(s)>{}, bind(s, storage), fo::step_info{1}, o);
   };
   if (is_signed) {
     run(slot::exp_avg, tag<fo::signed_q8>{});
@@ -67,21 +67,21 @@ void convert(bool is_signed, int threads, Bind const& bind)
 }  // namespace
 }  // namespace detail
 
-void quantize_state(float const* values, std::int64_t n, void* records, bool is_signed, int threads)
+void quantize_state(float const* values, std::int64_t n, void* state, bool is_signed, int threads)
 {
   using namespace detail;
-  convert<store_grad_into>(is_signed, threads, [&](auto s, auto record) {
-    using Q = typename decltype(record)::type;
-    return fo::bind(slot::grad = readonly<float>({values}, {n}), decltype(s){} = writable<Q>({records}, {n}));
+  convert<store_grad_into>(is_signed, threads, [&](auto s, auto storage) {
+    using Q = typename decltype(storage)::type;
+    return fo::bind(slot::grad = readonly<float>({values}, {n}), decltype(s){} = writable<Q>({state}, {n}));
   });
 }
 
-void dequantize_state(void const* records, std::int64_t n, float* values, bool is_signed, int threads)
+void dequantize_state(void const* state, std::int64_t n, float* values, bool is_signed, int threads)
 {
   using namespace detail;
-  convert<load_into_param>(is_signed, threads, [&](auto s, auto record) {
-    using Q = typename decltype(record)::type;
-    return fo::bind(slot::param = writable<float>({values}, {n}), decltype(s){} = readonly<Q>({records}, {n}));
+  convert<load_into_param>(is_signed, threads, [&](auto s, auto storage) {
+    using Q = typename decltype(storage)::type;
+    return fo::bind(slot::param = writable<float>({values}, {n}), decltype(s){} = readonly<Q>({state}, {n}));
   });
 }
 

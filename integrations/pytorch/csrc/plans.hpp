@@ -104,7 +104,7 @@ struct layout {
   bool centered = false;  ///< RMSprop: grad_avg
   bool clip = false;      ///< LAMB: a clip_by_global_norm pass in front
   bool kahan = false;     ///< a compensation state last (supports_low_precision families)
-  /// The moments (exp_avg, exp_avg_sq, momentum_buffer) as 8-bit blockwise records
+  /// The moments (exp_avg, exp_avg_sq, momentum_buffer) as 8-bit blockwise states
   /// (FUSEDOPT_TORCH_QUANTIZED_FAMILIES): set per bucket, from its parameters' state tensors.
   bool quantized = false;
 
@@ -144,7 +144,7 @@ struct amp_inputs {
   [[nodiscard]] bool any() const { return grad_scale != nullptr || found_inf != nullptr; }
 };
 
-/// @brief The families whose moments may be stored as 8-bit blockwise records (layout::quantized):
+/// @brief The families whose moments may be stored as 8-bit blockwise states (layout::quantized):
 /// X(name, plans) for each, where `plans` names their plan functions as FUSEDOPT_TORCH_FAMILIES
 /// does (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu).
 #define FUSEDOPT_TORCH_QUANTIZED_FAMILIES(X) \
@@ -161,25 +161,28 @@ constexpr bool supports_quantized_states(family f)
 #undef FUSEDOPT_TORCH_IS
 }
 
-/// @brief Elements per block of an 8-bit state, and bytes per block record: fusedopt's
-/// `signed_q8` / `unsigned_q8`, `{float absmax; uint8_t codes[256];}` (a state of n elements
-/// is a uint8 tensor of `quantized_blocks(n) * quantized_record_bytes` bytes).
+/// @brief Elements per block of an 8-bit state, and the bytes of a state of n elements:
+/// fusedopt's `signed_q8` / `unsigned_q8` storage (the blocks' float scales, reversed and
+/// padded to 128 bytes, then 256 codes a block: numeric/quantization.hpp), a 1-D uint8 tensor.
 constexpr std::int64_t quantized_block_elements = 256;
-constexpr std::int64_t quantized_record_bytes = 4 + quantized_block_elements;
 constexpr std::int64_t quantized_blocks(std::int64_t elements)
 {
   return (elements + quantized_block_elements - 1) / quantized_block_elements;
 }
+constexpr std::int64_t quantized_state_bytes(std::int64_t elements)
+{
+  return (4 * quantized_blocks(elements) + 127) / 128 * 128 + quantized_blocks(elements) * quantized_block_elements;
+}
 
-/// @brief Stores `n` floats as the records of an 8-bit state (`is_signed`: the signed map of
+/// @brief Stores `n` floats as an 8-bit state (`is_signed`: the signed map of
 /// first moments, else the unsigned map of second moments) with the bits a step would store:
 /// the library's quantizer, run by the host backend (a block with a non-finite value keeps the
-/// records' previous bits). Defined in host_8bit_plans.cpp.
-void quantize_state(float const* values, std::int64_t n, void* records, bool is_signed, int threads);
+/// state's previous bits). Defined in host_8bit_plans.cpp.
+void quantize_state(float const* values, std::int64_t n, void* state, bool is_signed, int threads);
 
-/// @brief The `n` values of an 8-bit state's records, as a step reads them. Defined in
+/// @brief The `n` values of an 8-bit state, as a step reads them. Defined in
 /// host_8bit_plans.cpp.
-void dequantize_state(void const* records, std::int64_t n, float* values, bool is_signed, int threads);
+void dequantize_state(void const* state, std::int64_t n, float* values, bool is_signed, int threads);
 
 /// @brief The families that take `kahan` and `stochastic_rounding` for low-precision parameters.
 constexpr bool supports_low_precision(family f) { return f == family::adam || f == family::adamw; }

@@ -11,7 +11,7 @@ CPU tensors, as torch's non-capturable optimizers keep them) and ``load_state_di
 back. Read ``state[p]['step']`` after ``state_dict()``: between two calls it is not refreshed.
 
 The 8-bit classes (Adam8bit, AdamW8bit, Lion8bit, SGD8bit) keep the moments of large parameters
-as uint8 tensors of fusedopt's blockwise records instead (_EightBitStates, quantize_state).
+as uint8 tensors of fusedopt's 8-bit blockwise storage instead (_EightBitStates, quantize_state).
 """
 
 import functools
@@ -565,7 +565,7 @@ class FusedOptimizer(Optimizer):
         if state is not None:
             for k in keys:
                 s = state[k]
-                # 8-bit records (uint8) are a flat array of blocks, with no strides to match.
+                # 8-bit states (uint8) are flat storage, with no strides to match.
                 if s.dtype != torch.uint8 and _engine_view(s).stride() != proxy.stride():
                     fresh = torch.empty_like(p) if dense else torch.empty(p.shape, dtype=p.dtype, device=p.device)
                     state[k] = fresh.copy_(s)
@@ -1027,49 +1027,66 @@ class Lion(FusedOptimizer):
 _MOMENT_SIGNED = {"exp_avg": True, "exp_avg_sq": False, "momentum_buffer": True}
 
 
-def _record_bytes():
-    return _ext.load().quantized_record_bytes
-
-
 def _blocks(numel):
     block = _ext.load().quantized_block_elements
     return (numel + block - 1) // block
 
 
-def _zero_records(numel, is_signed, device=None):
-    """The records of a state of `numel` zeros: scale 0 and the code of 0 (127 in the signed map)."""
-    records = torch.zeros(_blocks(numel), _record_bytes(), dtype=torch.uint8, device=device)
+def _codes_start(numel):
+    """Where an 8-bit state's codes start: after its blocks' scales (padded to 128 bytes)."""
+    return _ext.load().quantized_state_bytes(numel) - _blocks(numel) * _ext.load().quantized_block_elements
+
+
+def _zero_state(numel, is_signed, device=None):
+    """An 8-bit state of `numel` zeros: every scale 0 and every code that of 0 (127 in the signed map)."""
+    state = torch.zeros(_ext.load().quantized_state_bytes(numel), dtype=torch.uint8, device=device)
     if is_signed:
-        records[:, 4:] = 127
-    return records
+        state[_codes_start(numel):] = 127
+    return state
+
+
+def _from_records(records, numel):
+    """An 8-bit state saved by fusedopt_torch before 2026-11-26, ``[blocks, 260]`` records (each
+    a float32 scale, then 256 codes in element order), in today's layout: the same scales and
+    codes, so the same values bit for bit."""
+    blocks, start = records.shape[0], _codes_start(numel)
+    state = torch.zeros(_ext.load().quantized_state_bytes(numel), dtype=torch.uint8, device=records.device)
+    # The scale of block b 4 (b + 1) bytes before the codes: the scales reversed.
+    state[start - 4 * blocks:start] = records[:, :4].flip(0).reshape(-1)
+    # Element 128 g + 4 l + k of a block at byte 8 l + 4 g + k of its codes: [g][l][k] -> [l][g][k].
+    state[start:] = records[:, 4:].reshape(blocks, 2, 32, 4).permute(0, 2, 1, 3).reshape(-1)
+    return state
 
 
 def quantize_state(values, is_signed):
-    """The 8-bit records of a state (any floating tensor): a uint8 tensor of shape
-    [blocks, 260] on values' device, record b holding elements [256 b, 256 b + 256) of the
-    flattened values as a float32 scale (bytes 0-3, little-endian) and 256 codes (bytes 4-259).
-    The bits are those a step stores (fusedopt's quantizer on its host backend; a block with a
-    non-finite value stays zero). `is_signed`: the signed map (exp_avg, momentum_buffer), else
-    the unsigned one (exp_avg_sq). docs/pytorch.md, "8-bit states"."""
-    records = _zero_records(values.numel(), is_signed, values.device)
-    _ext.load().quantize_state(values, records, is_signed)
-    return records
+    """The 8-bit state of `values` (any floating tensor) in fusedopt's blockwise8 layout: a 1-D
+    uint8 tensor on values' device; for n = values.numel() and B = ceil(n / 256) blocks of the
+    flattened values, 4 B float32 scales (little-endian; block b's at the 4 (b + 1)-th byte
+    before the codes) after padding to a multiple of 128 bytes, then 256 codes a block, each
+    block's in lane order (element 128 g + 4 l + k at byte 8 l + 4 g + k). The bits are those a
+    step stores (fusedopt's quantizer on its host backend; a block with a non-finite value stays
+    zero). `is_signed`: the signed map (exp_avg, momentum_buffer), else the unsigned one
+    (exp_avg_sq). docs/pytorch.md, "8-bit states"."""
+    state = _zero_state(values.numel(), is_signed, values.device)
+    _ext.load().quantize_state(values, state, is_signed)
+    return state
 
 
-def dequantize_state(records, shape, is_signed, dtype=torch.float32):
-    """The values of 8-bit records (quantize_state's format) as a step reads them, in `shape`."""
+def dequantize_state(state, shape, is_signed, dtype=torch.float32):
+    """The values of an 8-bit state (quantize_state's format) as a step reads them, in `shape`."""
     shape = torch.Size(shape)
-    return _ext.load().dequantize_state(records, shape.numel(), is_signed).view(shape).to(dtype)
+    return _ext.load().dequantize_state(state, shape.numel(), is_signed).view(shape).to(dtype)
 
 
 class _EightBitStates:
     """The moments of parameters with at least ``min_8bit_size`` elements (a group option,
-    default 4096 as bitsandbytes) in 8 bits: ``state[p][key]`` is then a uint8 tensor of
-    records (quantize_state's format) that the engine binds as fusedopt's signed_q8 /
-    unsigned_q8 blocks. Smaller parameters, float64, complex and DTensor ones keep moments of
+    default 4096 as bitsandbytes) in 8 bits: ``state[p][key]`` is then a uint8 tensor
+    (quantize_state's format) that the engine binds as fusedopt's signed_q8 / unsigned_q8
+    storage. Smaller parameters, float64, complex and DTensor ones keep moments of
     the parameter's dtype, as torch does. ``load_state_dict`` converts every moment to the form
     its parameter takes here: full-precision moments (torch.optim's state_dict) are quantized,
-    records kept (or dequantized for a parameter under ``min_8bit_size``)."""
+    8-bit states kept (or dequantized for a parameter under ``min_8bit_size``; those saved as
+    ``[blocks, 260]`` records before 2026-11-26 converted to today's layout first)."""
 
     def _set_min_8bit_size(self, min_8bit_size):
         """Makes min_8bit_size a default of every group (after the base class's constructor, which
@@ -1082,13 +1099,13 @@ class _EightBitStates:
             group.setdefault("min_8bit_size", min_8bit_size)
 
     def _holds_8bit(self, p, group):
-        """Whether p's moments are 8-bit records (fusedopt computes them in float: not for float64)."""
+        """Whether p's moments are 8-bit (fusedopt computes them in float: not for float64)."""
         return (p.dtype in (torch.float32, torch.float16, torch.bfloat16) and not _is_dtensor(p)
                 and p.numel() >= group.get("min_8bit_size", self.defaults["min_8bit_size"]))
 
     def _new_state(self, p, group, key):
         if key in _MOMENT_SIGNED and self._holds_8bit(p, group):
-            return _zero_records(p.numel(), _MOMENT_SIGNED[key], p.device)
+            return _zero_state(p.numel(), _MOMENT_SIGNED[key], p.device)
         return super()._new_state(p, group, key)
 
     def _moment_for(self, p, group, key, value):
@@ -1096,12 +1113,15 @@ class _EightBitStates:
         load_state_dict copies the state_dict; the moments are taken from the caller's)."""
         is_signed = _MOMENT_SIGNED[key]
         if value.dtype == torch.uint8:
-            if value.numel() != _blocks(p.numel()) * _record_bytes():
+            n = p.numel()
+            if value.dim() == 2 and tuple(value.shape) == (_blocks(n), 260):
+                value = _from_records(value, n)  # saved before 2026-11-26
+            elif value.dim() != 1 or value.numel() != _ext.load().quantized_state_bytes(n):
                 raise ValueError(f"fusedopt_torch.{type(self).__name__}.load_state_dict: state '{key}' of a "
-                                 f"parameter of {p.numel()} elements has {value.numel()} bytes, not "
-                                 f"{_blocks(p.numel())} records of {_record_bytes()}")
+                                 f"parameter of {n} elements is a uint8 tensor of shape {tuple(value.shape)}, not "
+                                 f"an 8-bit state of {_ext.load().quantized_state_bytes(n)} bytes")
             if self._holds_8bit(p, group):
-                return value.to(p.device, copy=True).reshape(-1, _record_bytes())
+                return value.to(p.device, copy=True)
             return dequantize_state(value.to(p.device), p.shape, is_signed, p.dtype)
         if self._holds_8bit(p, group):
             return quantize_state(value.to(p.device), is_signed)
@@ -1109,7 +1129,7 @@ class _EightBitStates:
 
     def load_state_dict(self, state_dict):
         # torch casts every loaded state to its parameter's dtype: the moments are set apart
-        # and converted here instead (records would become floats).
+        # and converted here instead (8-bit states would become floats).
         moments, others = {}, {}
         for i, entries in state_dict["state"].items():
             moments[i] = {k: v for k, v in entries.items() if k in _MOMENT_SIGNED and isinstance(v, torch.Tensor)}

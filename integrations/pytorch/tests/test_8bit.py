@@ -1,11 +1,13 @@
 """8-bit optimizer states (issue 16 part 3): Adam8bit, AdamW8bit, Lion8bit and SGD8bit keep their
-moments as fusedopt's blockwise records (uint8 tensors). The maps and the quantizer against a
-reference written from the paper's definition; each optimizer against its fp32 counterpart run
-on the dequantized states (teacher forcing: the same parameters, and records that are the
-quantization of the fp32 states), over two parameter groups, float32 and bfloat16 parameters;
-state_dict round trips, torch.optim state_dicts quantized on loading, min_8bit_size, non-finite
-gradients, GradScaler's fused protocol, and the state memory."""
+moments as fusedopt's blockwise 8-bit storage (uint8 tensors). The maps and the quantizer against
+a reference written from the paper's definition and the documented layout; each optimizer against
+its fp32 counterpart run on the dequantized states (teacher forcing: the same parameters, and
+8-bit states that are the quantization of the fp32 states), over two parameter groups, float32
+and bfloat16 parameters; state_dict round trips, torch.optim state_dicts quantized on loading,
+states saved in the earlier [blocks, 260] records converted, min_8bit_size, non-finite gradients,
+GradScaler's fused protocol, and the state memory."""
 
+import copy
 import io
 import os
 import sys
@@ -19,7 +21,37 @@ import fusedopt_torch as ft  # noqa: E402
 import test_amp  # noqa: E402  (its checks, run on 8-bit classes below; a module import is not collected)
 from test_parity import DEVICES, need_device  # noqa: E402
 
-BLOCK, RECORD = 256, 260
+BLOCK = 256
+
+
+# ---- the layout of an 8-bit state, from its description (quantize_state's docstring) -------------
+
+
+def layout(blocks):
+    """(where the codes start, the state's bytes) for `blocks` blocks: the float32 scales
+    reversed, padded to a multiple of 128 bytes, then 256 codes a block."""
+    start = (4 * blocks + 127) // 128 * 128
+    return start, start + BLOCK * blocks
+
+
+def split_state(state):
+    """(scales [blocks] float32, codes [blocks, 256] uint8 in element order) of a 1-D state."""
+    blocks = next(b for b in range(state.numel() // 260, state.numel() // BLOCK + 1) if layout(b)[1] == state.numel())
+    start = layout(blocks)[0]
+    scales = state[start - 4 * blocks:start].reshape(blocks, 4).flip(0).contiguous().view(torch.float32).reshape(blocks)
+    # byte 8 l + 4 g + k of a block holds element 128 g + 4 l + k
+    codes = state[start:].reshape(blocks, 32, 2, 4).permute(0, 2, 1, 3).reshape(blocks, BLOCK)
+    return scales, codes
+
+
+def join_state(scales, codes):
+    """The 1-D state of `scales` [blocks] (float32) and `codes` [blocks, 256] (element order)."""
+    blocks = codes.shape[0]
+    start, total = layout(blocks)
+    state = torch.zeros(total, dtype=torch.uint8)
+    state[start - 4 * blocks:start] = scales.float().contiguous().view(torch.uint8).reshape(blocks, 4).flip(0).reshape(-1)
+    state[start:] = codes.reshape(blocks, 2, 32, 4).permute(0, 2, 1, 3).reshape(-1)
+    return state
 
 
 # ---- a reference of the maps and the quantizer, from the paper's definition --------------------
@@ -38,15 +70,16 @@ def reference_map(is_signed):
 
 
 def reference_quantize(values, is_signed):
-    """Records of `values` (float32): per block the largest magnitude, then the code of the map
-    value nearest to x * (1 / absmax) (float reciprocal, then a float product, as the library
-    normalises), the lower code at an exact tie."""
+    """The 8-bit state of `values` (float32): per block the largest magnitude, then the code of
+    the map value nearest to x * (1 / absmax) (float reciprocal, then a float product, as the
+    library normalises), the lower code at an exact tie."""
     table = reference_map(is_signed).double()
     midpoints = (table[:-1] + table[1:]) / 2
     flat = values.detach().float().cpu().reshape(-1)
     n = flat.numel()
     blocks = (n + BLOCK - 1) // BLOCK
-    records = torch.zeros(blocks, RECORD, dtype=torch.uint8)
+    scales = torch.zeros(blocks, dtype=torch.float32)
+    all_codes = torch.full((blocks, BLOCK), 127 if is_signed else 0, dtype=torch.uint8)  # a step leaves the tail at zero
     for b in range(blocks):
         x = flat[b * BLOCK:(b + 1) * BLOCK]
         absmax = x.abs().max()
@@ -54,10 +87,9 @@ def reference_quantize(values, is_signed):
         inverse = (1.0 / absmax) if absmax >= torch.finfo(torch.float32).tiny else torch.zeros_like(absmax)
         q = (x * inverse).double()
         codes = torch.searchsorted(midpoints, q, right=False)  # midpoints strictly below q
-        records[b, :4] = absmax.reshape(1).view(torch.uint8)
-        records[b, 4:4 + x.numel()] = codes.to(torch.uint8)
-        records[b, 4 + x.numel():] = 127 if is_signed else 0  # a step leaves the tail at zero
-    return records
+        scales[b] = absmax
+        all_codes[b, :x.numel()] = codes.to(torch.uint8)
+    return join_state(scales, all_codes)
 
 
 def values_of_every_magnitude(n, seed):
@@ -69,10 +101,8 @@ def values_of_every_magnitude(n, seed):
 
 @pytest.mark.parametrize("is_signed", [True, False], ids=["signed", "unsigned"])
 def test_the_maps_are_the_papers(is_signed):
-    records = torch.zeros(1, RECORD, dtype=torch.uint8)
-    records[0, :4] = torch.tensor([1.0]).view(torch.uint8)
-    records[0, 4:] = torch.arange(256, dtype=torch.uint8)
-    table = ft.dequantize_state(records, [256], is_signed)
+    state = join_state(torch.tensor([1.0]), torch.arange(256, dtype=torch.uint8).reshape(1, 256))
+    table = ft.dequantize_state(state, [256], is_signed)
     assert torch.equal(table, reference_map(is_signed))
     assert table[127 if is_signed else 0] == 0 and table[255] == 1
 
@@ -131,10 +161,10 @@ def same(a, b, device):
     with FMA contraction, so two instantiations of a rule may round differently)."""
     if device == "cpu" or a.dtype == torch.uint8 and torch.equal(a, b):
         return torch.equal(a, b)
-    if a.dtype == torch.uint8:  # records: codes one apart, scales within a rounding, rarely
-        ca, cb = a[:, 4:].int(), b[:, 4:].int()
-        scales = torch.allclose(a[:, :4].contiguous().view(torch.float32), b[:, :4].contiguous().view(torch.float32),
-                                rtol=1e-5, atol=0)
+    if a.dtype == torch.uint8:  # 8-bit states: codes one apart, scales within a rounding, rarely
+        (sa, ca), (sb, cb) = split_state(a.cpu()), split_state(b.cpu())
+        ca, cb = ca.int(), cb.int()
+        scales = torch.allclose(sa, sb, rtol=1e-5, atol=0)
         return scales and (ca - cb).abs().max() <= 1 and (ca != cb).float().mean() < 1e-2
     rtol = 1e-5 if a.dtype == torch.float32 else 2.0**-7  # a rounding of the dtype
     return torch.allclose(a.float(), b.float(), rtol=rtol, atol=1e-7)
@@ -146,7 +176,7 @@ def same(a, b, device):
 def test_is_the_fp32_step_on_its_dequantized_states(case, dtype, device):
     """Every step, the fp32 optimizer starts from the 8-bit one's dequantized states and fp32
     copies of its parameters: the new parameters are the fp32 ones rounded to the dtype, and the
-    records are the quantization of the fp32 states."""
+    8-bit states are the quantization of the fp32 states."""
     need_device(device)
     eight_cls, fp32_cls, options = CASES[case]
     g = torch.Generator().manual_seed(2)
@@ -253,7 +283,7 @@ def test_a_full_precision_state_dict_is_quantized_on_loading(torch_cls, eight_cl
         assert (p - q).abs().max() < 1e-2 * (1 + p.abs().max()), p.numel()
 
 
-def test_loading_records_for_a_parameter_under_min_8bit_size_dequantizes_them():
+def test_loading_8_bit_states_for_a_parameter_under_min_8bit_size_dequantizes_them():
     params = make_params("cpu")
     opt = ft.AdamW8bit(params, min_8bit_size=0)
     train(opt, params, 2, seed=5)
@@ -267,6 +297,36 @@ def test_loading_records_for_a_parameter_under_min_8bit_size_dequantizes_them():
         assert torch.equal(bigger.dequantized_state(q)["exp_avg"], opt.dequantized_state(p)["exp_avg"])
 
 
+def test_a_state_dict_of_records_saved_before_the_layout_changed_loads_as_the_same_values():
+    """Until 2026-11-26 an 8-bit moment was a [blocks, 260] uint8 tensor, each row a float32
+    scale then 256 codes in element order: load_state_dict converts it to today's layout, the
+    same scales and codes, so the step reads the same values and continues as from today's."""
+    params = make_params("cpu", sizes=(5000, 70000))
+    opt = ft.AdamW8bit(params, lr=1e-2)
+    train(opt, params, 2, seed=8)
+    saved = copy.deepcopy(opt.state_dict())  # torch's state_dict shares the state's dicts
+    for entries in saved["state"].values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            scales, codes = split_state(entries[key])
+            records = torch.empty(codes.shape[0], 260, dtype=torch.uint8)
+            records[:, :4] = scales.contiguous().view(torch.uint8).reshape(-1, 4)
+            records[:, 4:] = codes
+            entries[key] = records
+    old = ft.AdamW8bit([torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-2)
+    old.load_state_dict(saved)
+    for p, q in zip(params, old.param_groups[0]["params"]):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(old.state[q][key], opt.state[p][key]), key
+    train(opt, params, 2, seed=9)
+    train(old, old.param_groups[0]["params"], 2, seed=9)
+    for p, q in zip(params, old.param_groups[0]["params"]):
+        assert torch.equal(p, q)
+    bad = copy.deepcopy(opt.state_dict())
+    bad["state"][0]["exp_avg"] = bad["state"][0]["exp_avg"][1:]
+    with pytest.raises(ValueError, match="8-bit state of"):
+        ft.AdamW8bit([torch.nn.Parameter(p.detach().clone()) for p in params]).load_state_dict(bad)
+
+
 # ---- options ---------------------------------------------------------------------------------------
 
 
@@ -277,8 +337,9 @@ def test_min_8bit_size_and_dtypes_decide_which_moments_are_8_bit():
     train(opt, params, 1, seed=6)
     kinds = [opt.state[p]["exp_avg_sq"].dtype for p in params]
     assert kinds == [torch.float32, torch.float32, torch.uint8, torch.uint8, torch.float64]
-    records = opt.state[params[3]]["exp_avg"]
-    assert records.shape == (70000 // 256 + 1, 260)  # 1.016 bytes per element against 4
+    state = opt.state[params[3]]["exp_avg"]
+    blocks = 70000 // 256 + 1
+    assert state.shape == (1152 + 256 * blocks,)  # 274 scales padded to 1152 bytes: 1.016 bytes per element against 4
     every = ft.Lion8bit(params[:2], min_8bit_size=0)
     train(every, params[:2], 1, seed=6)
     assert all(every.state[p]["exp_avg"].dtype == torch.uint8 for p in params[:2])
@@ -309,21 +370,21 @@ def test_kahan_with_8_bit_moments():
                                     (ft.SGD8bit, "SGD", dict(lr=1e-2, momentum=0.9, min_8bit_size=0))],
                          ids=["AdamW8bit", "SGD8bit"])
 def test_gradscaler_protocol_equals_unscaled_gradients_and_skips(family, device):
-    """test_amp's check on 8-bit moments: a step skipped by found_inf leaves every record's bits.
+    """test_amp's check on 8-bit moments: a step skipped by found_inf leaves every 8-bit state's bits.
     On CUDA the kernels with and without the AMP blocks may contract differently into FMAs (see
     test_amp); with 8-bit moments one ulp can move a value across a code's midpoint, so there a
-    moment may differ by one code: parameters within 1e-4, records at most one code apart."""
+    moment may differ by one code: parameters within 1e-4, 8-bit states at most one code apart."""
 
     def params_close(x, y, t):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=lambda m: f"step {t}: {m}")
 
-    def records_close(x, y):
+    def states_close(x, y):
         if x.dtype != torch.uint8:
             torch.testing.assert_close(x, y)
             return
-        scales_x, scales_y = x[:, :4].contiguous().view(torch.float32), y[:, :4].contiguous().view(torch.float32)
+        (scales_x, codes_x), (scales_y, codes_y) = split_state(x.cpu()), split_state(y.cpu())
         torch.testing.assert_close(scales_x, scales_y, rtol=1e-4, atol=0)
-        codes = (x[:, 4:].int() - y[:, 4:].int()).abs()
+        codes = (codes_x.int() - codes_y.int()).abs()
         assert codes.max() <= 1 and (codes > 0).float().mean() < 0.01
 
-    test_amp.check_fused_protocol(family, device, params_close, records_close)
+    test_amp.check_fused_protocol(family, device, params_close, states_close)

@@ -156,7 +156,7 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
 
   if (Access::any_quantized || te.head < 0) {
     // The slots are misaligned differently: no element is aligned in all of them at once; or
-    // quantized states are bound, whose records are not vectors of elements (a pass over them
+    // quantized states are bound, whose codes are not vectors of elements (a pass over them
     // reads element by element; process_quantized updates them).
     for (std::int64_t i = begin + tid; i < end; i += threads) { scalar_element<Access>(body, te.bases, index, i, acc...); }
     return;
@@ -258,10 +258,18 @@ struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) quad {
   T v[4];
 };
 
+/// A lane's codes of one whole block of a quantized slot: G words, group g's four codes in word g
+/// (elements 128 g + 4 l .. + 3 for lane l), side by side in the block's codes (lane order,
+/// blockwise8::code_position), so one access of up to 16 bytes moves them.
+template <int G>
+struct alignas(G >= 4 ? 16 : 4 * G) lane_codes {
+  std::uint32_t w[G];
+};
+
 /// What a lane reads of slot K of a whole block before it computes (quantized worker): G
 /// groups of four consecutive elements, lane l's group g being elements 128 g + 4 l .. + 3 of
-/// the block: a quad of a plain slot, or a 4-byte word of codes (and the block's scale) of a
-/// quantized one; nothing for a slot the rule does not read. `fetch` issues the loads,
+/// the block: a quad of a plain slot, or the lane's codes (lane_codes) and the block's scale of
+/// a quantized one; nothing for a slot the rule does not read. `fetch` issues the loads,
 /// `decode` turns them into the elements' values (dequantized through the CTA's maps), so
 /// that the loads of the next block can be in flight while this one computes.
 template <class Access, std::size_t K, int G, bool Load = Access::loads[K], bool Quantized = Access::quantized[K]>
@@ -299,24 +307,23 @@ struct raw_slot<Access, K, G, true, false> {
 template <class Access, std::size_t K, int G>
 struct raw_slot<Access, K, G, true, true> {
   using T = typename Access::template element_t<K>;
-  std::uint32_t codes[G];
+  lane_codes<G> codes;
   float absmax;
-  /// The record of the block at element `first` (staged_slot copies from it too).
-  static __device__ __forceinline__ T const& record_of(void* const* bases, std::int64_t first)
+  /// Lane `lane`'s codes of the block at element `first` (a multiple of the block): the block's
+  /// codes start `first` bytes after the tensor's (staged_slot copies from here too).
+  static __device__ __forceinline__ lane_codes<G> const* codes_of(void* const* bases, std::int64_t first, int lane)
   {
-    return static_cast<T const*>(bases[K])[block_of<T::block_elements>(first)];
+    return reinterpret_cast<lane_codes<G> const*>(static_cast<std::uint8_t const*>(bases[K]) + first) + lane;
   }
-  /// Lane `lane`'s word of group g's codes in `record`.
-  static __device__ __forceinline__ std::uint32_t const* code_word(T const& record, int lane, int g)
+  /// The scale of the block at element `first`: 4 (b + 1) bytes before the tensor's codes.
+  static __device__ __forceinline__ float const* scale_of(void* const* bases, std::int64_t first)
   {
-    return reinterpret_cast<std::uint32_t const*>(record.codes + g * 128 + 4 * lane);
+    return static_cast<float const*>(bases[K]) - 1 - block_of<T::block_elements>(first);
   }
   __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
   {
-    T const& record = record_of(bases, first);
-#pragma unroll
-    for (int g = 0; g < G; ++g) { codes[g] = *code_word(record, lane, g); }
-    absmax = record.absmax;
+    codes = *codes_of(bases, first, lane);
+    absmax = *scale_of(bases, first);
   }
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const& maps) const
   {
@@ -325,7 +332,8 @@ struct raw_slot<Access, K, G, true, true> {
     for (int g = 0; g < G; ++g) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        e[4 * g + j].at(K) = ::fusedopt::detail::dequantize(map, static_cast<std::uint8_t>(codes[g] >> (8 * j)), absmax);
+        e[4 * g + j].at(K) =
+          ::fusedopt::detail::dequantize(map, static_cast<std::uint8_t>(codes.w[g] >> (8 * j)), absmax);
       }
     }
   }
@@ -411,20 +419,22 @@ struct staged_slot<Access, K, G, true, false> {
 template <class Access, std::size_t K, int G>
 struct staged_slot<Access, K, G, true, true> {
   using T = typename Access::template element_t<K>;
-  std::uint32_t codes[G][32];
+  lane_codes<G> codes[32];
   float absmax[32];
   __device__ __forceinline__ void fetch_async(void* const* bases, std::int64_t first, int lane)
   {
     using raw = raw_slot<Access, K, G>;
-    T const& record = raw::record_of(bases, first);
+    constexpr int piece = sizeof(lane_codes<G>) < 16 ? static_cast<int>(sizeof(lane_codes<G>)) : 16;
+    auto const* from = reinterpret_cast<unsigned char const*>(raw::codes_of(bases, first, lane));
 #pragma unroll
-    for (int g = 0; g < G; ++g) { copy_async<4>(&codes[g][lane], raw::code_word(record, lane, g)); }
-    copy_async<4>(&absmax[lane], &record.absmax);
+    for (int b = 0; b < static_cast<int>(sizeof(lane_codes<G>)); b += piece) {
+      copy_async<piece>(reinterpret_cast<unsigned char*>(&codes[lane]) + b, from + b);
+    }
+    copy_async<4>(&absmax[lane], raw::scale_of(bases, first));
   }
   __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane) const
   {
-#pragma unroll
-    for (int g = 0; g < G; ++g) { r.codes[g] = codes[g][lane]; }
+    r.codes = codes[lane];
     r.absmax = absmax[lane];
   }
 };
@@ -468,9 +478,8 @@ __device__ __forceinline__ void store_plain_quad(typename Access::element_type c
 }
 
 /// Stores the codes of a lane's elements e[0 .. 4 Groups) of a whole block into block `block`
-/// of slot K, a written quantized slot, when the block is rewritten: group g's four codes as one
-/// 4-byte store at codes 128 g + 4 lane. The record's address is computed once per block: from
-/// each element's index the division and the address took about ten instructions a store.
+/// of slot K, a written quantized slot, when the block is rewritten: the lane's 4 Groups codes
+/// side by side (lane order), one store of up to 16 bytes.
 template <class Access, int Groups, std::size_t K>
 __device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
                                                   std::uint64_t block, unsigned lane,
@@ -480,18 +489,20 @@ __device__ __forceinline__ void store_block_codes(typename Access::element_type 
   using T = typename Access::template element_t<K>;
   if constexpr (Access::stores[K] && Access::quantized[K]) {
     if (Access::template rewrites<K>(summary)) {
-      std::uint8_t* const codes = static_cast<T*>(bases[K])[block].codes + 4 * lane;
+      auto* const codes =
+        reinterpret_cast<lane_codes<Groups>*>(static_cast<std::uint8_t*>(bases[K]) + block * T::block_elements) + lane;
       float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
       auto const& map = maps.template get<typename T::map_type>();
+      lane_codes<Groups> words;
 #pragma unroll
       for (int g = 0; g < Groups; ++g) {
-        std::uint32_t word = 0;
+        words.w[g] = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          word |= std::uint32_t{::fusedopt::detail::quantize(map, e[4 * g + j].at(K), inverse)} << (8 * j);
+          words.w[g] |= std::uint32_t{::fusedopt::detail::quantize(map, e[4 * g + j].at(K), inverse)} << (8 * j);
         }
-        *reinterpret_cast<std::uint32_t*>(codes + 128 * g) = word;
       }
+      *codes = words;
     }
   }
 }
@@ -530,8 +541,8 @@ template <class Access>
 inline constexpr std::size_t widest_plain_bytes_v =
   widest_plain_bytes<Access>(std::make_index_sequence<Access::num_slots>{});
 
-/// The bytes of one element of every slot `Access` loads (quantized records excepted), at
-/// least 1 (a pass that reads only quantized records goes element by element, unrolled or not).
+/// The bytes of one element of every slot `Access` loads (quantized states excepted), at
+/// least 1 (a pass that reads only quantized states goes element by element, unrolled or not).
 template <class Access, std::size_t... K>
 constexpr std::size_t loaded_bytes(std::index_sequence<K...>)
 {

@@ -31,7 +31,7 @@ template <class Bound>
 struct vector_width;
 template <class... B>
 struct vector_width<bound_lists<B...>> {
-  // Quantized states (blockwise8 records) are read element by element, never in vectors: they
+  // Quantized states (blockwise8 storage) are read element by element, never in vectors: they
   // count as neither the smallest nor the widest slot.
   static constexpr std::size_t smallest =
     std::min({is_blockwise_v<typename B::element_type> ? std::size_t{16} : sizeof(std::remove_const_t<typename B::element_type>)...});
