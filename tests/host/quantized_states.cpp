@@ -464,25 +464,25 @@ TEST_CASE("8-bit AdamW moves at most 16.1 bytes per element with fp32 params, 10
 
 TEST_CASE("binding checks quantized tensors' memory by their whole storage, and its alignment", "[quantized][bind]")
 {
-  // 257 elements: 2 blocks, 128 bytes of scales, 512 of codes: 40 units of 16 bytes.
-  REQUIRE(fo::signed_q8::units_for(257) == 40);
-  std::vector<fo::signed_q8> units(80);
-  fo::tensor_list<fo::signed_q8> adjacent{{units.data(), 257}, {units.data() + 40, 257}};
+  // 257 elements: 2 blocks, 256 bytes of scales, 512 of codes: 48 units of 16 bytes.
+  REQUIRE(fo::signed_q8::units_for(257) == 48);
+  std::vector<fo::signed_q8> units(96);
+  fo::tensor_list<fo::signed_q8> adjacent{{units.data(), 257}, {units.data() + 48, 257}};
   CHECK_NOTHROW(fo::bind(fo::slot::momentum_buffer = adjacent));
-  fo::tensor_list<fo::signed_q8> overlapping{{units.data(), 257}, {units.data() + 39, 256}};
+  fo::tensor_list<fo::signed_q8> overlapping{{units.data(), 257}, {units.data() + 47, 256}};
   expect_error([&] { (void)fo::bind(fo::slot::momentum_buffer = overlapping); }, {"overlaps", "momentum_buffer"});
   auto* const misaligned = reinterpret_cast<fo::signed_q8*>(reinterpret_cast<unsigned char*>(units.data()) + 4);
   fo::tensor_list<fo::signed_q8> shifted{{misaligned, 256}};
   expect_error([&] { (void)fo::bind(fo::slot::momentum_buffer = shifted); }, {"16-byte aligned", "momentum_buffer"});
 }
 
-TEST_CASE("the storage layout: scales reversed before 128-byte aligned codes, a lane's codes side by side",
+TEST_CASE("the storage layout: scales reversed before 256-byte aligned codes, a lane's codes side by side",
           "[quantized][layout]")
 {
   // Written from the layout's description, byte by byte, for blocks of 256 and of 64.
-  std::int64_t const n = 300;  // two blocks of 256: 8 bytes of scales padded to 128
+  std::int64_t const n = 300;  // two blocks of 256: 8 bytes of scales padded to 256
   std::vector<fo::signed_q8> units(static_cast<std::size_t>(fo::signed_q8::units_for(n)));
-  CHECK(fo::signed_q8::bytes_for(n) == 128 + 512);
+  CHECK(fo::signed_q8::bytes_for(n) == 256 + 512);
   fo::quantized_state<fo::signed_q8> state(units.data(), n);
   state.set_scale(0, 2.f);
   state.set_scale(1, -3.f);
@@ -492,19 +492,19 @@ TEST_CASE("the storage layout: scales reversed before 128-byte aligned codes, a 
   state.set_code(256 + 127, 14);  // block 1, lane 31, group 0, element 3: byte 256 + 248 + 3
   auto const* bytes = reinterpret_cast<unsigned char const*>(units.data());
   float first = 0.f, second = 0.f;
-  std::memcpy(&first, bytes + 124, 4);
-  std::memcpy(&second, bytes + 120, 4);
+  std::memcpy(&first, bytes + 252, 4);
+  std::memcpy(&second, bytes + 248, 4);
   CHECK(first == 2.f);
   CHECK(second == -3.f);
-  CHECK(bytes[128 + 0] == 11);
-  CHECK(bytes[128 + 9] == 12);
-  CHECK(bytes[128 + 6] == 13);
-  CHECK(bytes[128 + 256 + 251] == 14);
+  CHECK(bytes[256 + 0] == 11);
+  CHECK(bytes[256 + 9] == 12);
+  CHECK(bytes[256 + 6] == 13);
+  CHECK(bytes[256 + 256 + 251] == 14);
   CHECK(state.value(0) == fo::detail::host_map<fo::signed_dynamic_map>.values[11] * 2.f);
   // Blocks under 128 elements keep element order.
   using small = fo::blockwise8<fo::signed_dynamic_map, 64>;
   CHECK(small::code_offset(64 + 37) == 64 + 37);
-  CHECK(small::bytes_for(65) == 128 + 128);
+  CHECK(small::bytes_for(65) == 256 + 128);
   // And the test's own reader (tests/reference) agrees with the library's.
   q8_storage<fo::signed_q8> mine(n);
   fo::quantized_state<fo::signed_q8> theirs(mine.data(), n);

@@ -68,7 +68,7 @@ inline int reference_code(std::vector<float> const& map, float x, float absmax)
 /// One quantized tensor of `n` elements in the storage layout numeric/quantization.hpp
 /// documents for blockwise8, read and written here from that description (not through the
 /// library's accessors): the scale of block b 4 (b + 1) bytes before the codes, which start
-/// after the scales padded to a multiple of 128 bytes; in blocks of a multiple of 128 elements
+/// after the scales padded to a multiple of 256 bytes; in blocks of a multiple of 128 elements
 /// lane l's codes of elements 128 g + 4 l + k (g < Block / 128, k < 4) side by side at codes
 /// byte 4 (Block / 128) l + 4 g + k of its block.
 template <class Q>
@@ -88,7 +88,7 @@ struct q8_storage {
   }
   // The layout of a tensor of `elements` elements.
   static std::int64_t blocks_of(std::int64_t elements) { return (elements + block - 1) / block; }
-  static std::int64_t scale_bytes_of(std::int64_t elements) { return (4 * blocks_of(elements) + 127) / 128 * 128; }
+  static std::int64_t scale_bytes_of(std::int64_t elements) { return (4 * blocks_of(elements) + 255) / 256 * 256; }
   static std::int64_t scale_byte_of(std::int64_t elements, std::int64_t b) { return scale_bytes_of(elements) - 4 * (b + 1); }
   static std::int64_t code_byte_of(std::int64_t elements, std::int64_t i)
   {

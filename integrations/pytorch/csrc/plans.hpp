@@ -163,7 +163,8 @@ constexpr bool supports_quantized_states(family f)
 
 /// @brief Elements per block of an 8-bit state, and the bytes of a state of n elements:
 /// fusedopt's `signed_q8` / `unsigned_q8` storage (the blocks' float scales, reversed and
-/// padded to 128 bytes, then 256 codes a block: numeric/quantization.hpp), a 1-D uint8 tensor.
+/// padded to a multiple of 256 bytes, then 256 codes a block: numeric/quantization.hpp), a 1-D
+/// uint8 tensor.
 constexpr std::int64_t quantized_block_elements = 256;
 constexpr std::int64_t quantized_blocks(std::int64_t elements)
 {
@@ -171,7 +172,7 @@ constexpr std::int64_t quantized_blocks(std::int64_t elements)
 }
 constexpr std::int64_t quantized_state_bytes(std::int64_t elements)
 {
-  return (4 * quantized_blocks(elements) + 127) / 128 * 128 + quantized_blocks(elements) * quantized_block_elements;
+  return (4 * quantized_blocks(elements) + 255) / 256 * 256 + quantized_blocks(elements) * quantized_block_elements;
 }
 
 /// @brief Stores `n` floats as an 8-bit state (`is_signed`: the signed map of

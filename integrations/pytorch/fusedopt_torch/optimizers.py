@@ -1033,7 +1033,7 @@ def _blocks(numel):
 
 
 def _codes_start(numel):
-    """Where an 8-bit state's codes start: after its blocks' scales (padded to 128 bytes)."""
+    """Where an 8-bit state's codes start: after its blocks' scales (padded to a multiple of 256 bytes)."""
     return _ext.load().quantized_state_bytes(numel) - _blocks(numel) * _ext.load().quantized_block_elements
 
 
@@ -1062,7 +1062,7 @@ def quantize_state(values, is_signed):
     """The 8-bit state of `values` (any floating tensor) in fusedopt's blockwise8 layout: a 1-D
     uint8 tensor on values' device; for n = values.numel() and B = ceil(n / 256) blocks of the
     flattened values, 4 B float32 scales (little-endian; block b's at the 4 (b + 1)-th byte
-    before the codes) after padding to a multiple of 128 bytes, then 256 codes a block, each
+    before the codes) after padding to a multiple of 256 bytes, then 256 codes a block, each
     block's in lane order (element 128 g + 4 l + k at byte 8 l + 4 g + k). The bits are those a
     step stores (fusedopt's quantizer on its host backend; a block with a non-finite value stays
     zero). `is_signed`: the signed map (exp_avg, momentum_buffer), else the unsigned one
