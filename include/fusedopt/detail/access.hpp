@@ -277,7 +277,9 @@ struct access<Rule, bound_lists<B...>> {
   FUSEDOPT_HOST_DEVICE static void store_scale(void* const* bases, std::int64_t block, block_summary const& s)
   {
     if constexpr (stores[K] && quantized[K]) {
-      if (rewrites<K>(s)) { ::fusedopt::detail::store_scale(bases[K], static_cast<std::uint64_t>(block), bits_float(s.max_bits[K])); }
+      if (rewrites<K>(s)) {
+        ::fusedopt::detail::store_scale(bases[K], static_cast<std::uint64_t>(block), bits_float(s.max_bits[K]));
+      }
     }
   }
 

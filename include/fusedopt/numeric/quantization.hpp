@@ -57,14 +57,14 @@ struct unsigned_dynamic_map {
 /// so one address (the codes') finds both. In a block of a multiple of 128 elements the codes
 /// are in lane order (`code_position`): the 4 Block / 128 codes that one lane of a warp
 /// updates (elements 128 g + 4 l .. + 3 for each g) lie side by side, one access each
-/// (docs/decisions.md, "8-bit states: codes aligned, scales apart, lanes' codes together").
+/// (docs/decisions.md, "8-bit states: codes aligned, scales apart, a lane's codes together").
 ///
 /// A `tensor_list<blockwise8<Map, Block>>` entry points at the storage's first unit (16-byte
 /// aligned, fusedopt::bind checks it; 256-byte aligned for full speed, as cudaMalloc's and
 /// torch's allocations are, and as tensors laid end to end stay: `bytes_for` is a multiple of
-/// 256) and counts the tensor's n elements. Storage of zero bytes
-/// holds zeros (scale 0 reads every code as 0). `quantized_state` reads and writes one
-/// tensor's scales and codes on the host.
+/// 256) and counts the tensor's n elements. All-zero storage holds zeros (a scale of 0 reads
+/// every code as 0). `quantized_state` reads and writes one tensor's scales and codes on the
+/// host.
 template <class Map, int Block = 256>
 struct alignas(16) blockwise8 {
   static_assert(std::is_same_v<Map, signed_dynamic_map> || std::is_same_v<Map, unsigned_dynamic_map>,
@@ -81,9 +81,15 @@ struct alignas(16) blockwise8 {
   /// @brief Blocks of a tensor of `elements` elements.
   static constexpr std::int64_t blocks_in(std::int64_t elements) { return (elements + Block - 1) / Block; }
   /// @brief Bytes before the codes (the scales, reversed, and padding to a multiple of 256).
-  static constexpr std::int64_t scale_bytes(std::int64_t elements) { return (4 * blocks_in(elements) + 255) / 256 * 256; }
+  static constexpr std::int64_t scale_bytes(std::int64_t elements)
+  {
+    return (4 * blocks_in(elements) + 255) / 256 * 256;
+  }
   /// @brief Bytes of storage a tensor of `elements` elements takes (a multiple of 16).
-  static constexpr std::int64_t bytes_for(std::int64_t elements) { return scale_bytes(elements) + blocks_in(elements) * Block; }
+  static constexpr std::int64_t bytes_for(std::int64_t elements)
+  {
+    return scale_bytes(elements) + blocks_in(elements) * Block;
+  }
   /// @brief Units (of 16 bytes) to allocate for a tensor of `elements` elements.
   static constexpr std::int64_t units_for(std::int64_t elements) { return bytes_for(elements) / 16; }
 
@@ -362,13 +368,19 @@ class quantized_state {
   using byte = std::conditional_t<std::is_const_v<Q>, unsigned char const, unsigned char>;
 
  public:
-  quantized_state(Q* storage, std::int64_t size) : codes_(reinterpret_cast<byte*>(detail::quantized_codes(storage, size))), size_(size) {}
+  quantized_state(Q* storage, std::int64_t size)
+    : codes_(reinterpret_cast<byte*>(detail::quantized_codes(storage, size))), size_(size)
+  {
+  }
 
   [[nodiscard]] std::int64_t size() const noexcept { return size_; }
   [[nodiscard]] std::int64_t blocks() const noexcept { return unit::blocks_in(size_); }
 
   /// @brief The scale (absolute maximum when stored) of block b.
-  [[nodiscard]] float scale(std::int64_t b) const { return detail::load_scale(codes_, static_cast<std::uint64_t>(b)); }
+  [[nodiscard]] float scale(std::int64_t b) const
+  {
+    return detail::load_scale(codes_, static_cast<std::uint64_t>(b));
+  }
   void set_scale(std::int64_t b, float scale) const
   {
     static_assert(!std::is_const_v<Q>, "fusedopt::quantized_state: a view of const storage is read-only");
