@@ -408,6 +408,59 @@ double time_raw_copy(float* a, float* b, std::int64_t n)
                   10);
 }
 
+/// A data mover of the 8-bit AdamW's byte mix (fp32 params read and written, fp32 grads read,
+/// two code arrays read and written, one scale of each per 256 elements read and written), in
+/// the library's access pattern: a warp takes Blocks consecutive blocks of 256 elements, lane l
+/// elements 4 l .. + 3 and 128 + 4 l .. + 3 of each (two 16-byte accesses per fp32 slot) and
+/// its 8 codes of each state (one 8-byte access), lane 0 the scales; every load of the warp's
+/// blocks is issued before the first store. No table, next to no arithmetic: what a kernel of
+/// this mix reaches without the update's work.
+template <int Threads, int Blocks>
+__global__ void __launch_bounds__(Threads)
+  raw_q8_mover(float4* p, float4 const* g, uint2* m, uint2* v, float* m_scales, float* v_scales)
+{
+  std::int64_t const first = (blockIdx.x * std::int64_t{Threads} + threadIdx.x) / 32 * Blocks;
+  int const lane = static_cast<int>(threadIdx.x % 32);
+  float4 p0[Blocks], p1[Blocks], g0[Blocks], g1[Blocks];
+  uint2 cm[Blocks], cv[Blocks];
+  float sm[Blocks] = {}, sv[Blocks] = {};
+#pragma unroll
+  for (int b = 0; b < Blocks; ++b) {
+    std::int64_t const w = first + b;
+    p0[b] = p[w * 64 + lane], p1[b] = p[w * 64 + 32 + lane];
+    g0[b] = g[w * 64 + lane], g1[b] = g[w * 64 + 32 + lane];
+    cm[b] = m[w * 32 + lane], cv[b] = v[w * 32 + lane];
+    if (lane == 0) { sm[b] = m_scales[w], sv[b] = v_scales[w]; }
+  }
+#pragma unroll
+  for (int b = 0; b < Blocks; ++b) {
+    std::int64_t const w = first + b;
+    p[w * 64 + lane] = float4{p0[b].x + g0[b].x, p0[b].y + g0[b].y, p0[b].z + g0[b].z, p0[b].w + g0[b].w};
+    p[w * 64 + 32 + lane] = float4{p1[b].x + g1[b].x, p1[b].y + g1[b].y, p1[b].z + g1[b].z, p1[b].w + g1[b].w};
+    m[w * 32 + lane] = uint2{cv[b].x ^ 1u, cv[b].y};
+    v[w * 32 + lane] = cm[b];
+    if (lane == 0) { m_scales[w] = sv[b] + 1.f, v_scales[w] = sm[b]; }
+  }
+}
+
+/// The mover over n elements (a multiple of Threads * 8 * Blocks): codes at the start of each
+/// state's arena, scales after them (every array 256-byte aligned).
+template <int Threads, int Blocks>
+double time_raw_q8_mover(adam_memory<float, float> const& mem, std::int64_t n)
+{
+  auto* const m = reinterpret_cast<unsigned char*>(mem.states[0]);
+  auto* const v = reinterpret_cast<unsigned char*>(mem.states[1]);
+  auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * 8 * Blocks));
+  return time_gpu(
+    [&] {
+      raw_q8_mover<Threads, Blocks><<<blocks, Threads>>>(
+        reinterpret_cast<float4*>(mem.params[0]), reinterpret_cast<float4 const*>(mem.params[1]),
+        reinterpret_cast<uint2*>(m), reinterpret_cast<uint2*>(v), reinterpret_cast<float*>(m + n),
+        reinterpret_cast<float*>(v + n));
+    },
+    10);
+}
+
 /// W4 (one tensor of 2^28 floats): the library's kernel beside table-free kernels of the same
 /// shape, a data mover of Adam's byte mix and copy kernels, every figure against the D2D copy.
 int probe(double copy)
@@ -444,6 +497,11 @@ int probe(double copy)
   row("raw 4r3w mover t128 v4 plain", time_raw_adam<128, 4, false, false>(memory, n), adam_bytes);
   row("raw 4r3w mover t256 v1 plain", time_raw_adam<256, 1, false, false>(memory, n), adam_bytes);
   library("library default again", fo::cuda::detail::default_policy{}, 2048);
+  double const q8_bytes = (16.0 + 16.0 / 256) * static_cast<double>(n);
+  row("raw 8-bit mover t128, 1 block a warp (16.06 B/element)", time_raw_q8_mover<128, 1>(memory, n), q8_bytes);
+  row("raw 8-bit mover t128, 2 blocks a warp", time_raw_q8_mover<128, 2>(memory, n), q8_bytes);
+  row("raw 8-bit mover t128, 4 blocks a warp", time_raw_q8_mover<128, 4>(memory, n), q8_bytes);
+  row("raw 8-bit mover t256, 2 blocks a warp", time_raw_q8_mover<256, 2>(memory, n), q8_bytes);
   double const copy_bytes = 8.0 * static_cast<double>(n);
   row("raw copy t128 v4 plain", time_raw_copy<128, 4, false>(memory.params[0], memory.states[0], n), copy_bytes);
   row("raw copy t256 v1 plain", time_raw_copy<256, 1, false>(memory.params[0], memory.states[0], n), copy_bytes);
