@@ -480,7 +480,7 @@ TEST_CASE("the storage layout: scales reversed before 256-byte aligned codes, a 
           "[quantized][layout]")
 {
   // Written from the layout's description, byte by byte, for blocks of 256 and of 64.
-  std::int64_t const n = 300;  // two blocks of 256: 8 bytes of scales padded to 256
+  std::int64_t const n = 400;  // two blocks of 256: 8 bytes of scales padded to 256
   std::vector<fo::signed_q8> units(static_cast<std::size_t>(fo::signed_q8::units_for(n)));
   CHECK(fo::signed_q8::bytes_for(n) == 256 + 512);
   fo::quantized_state<fo::signed_q8> state(units.data(), n);
@@ -501,6 +501,9 @@ TEST_CASE("the storage layout: scales reversed before 256-byte aligned codes, a 
   CHECK(bytes[256 + 6] == 13);
   CHECK(bytes[256 + 256 + 251] == 14);
   CHECK(state.value(0) == fo::detail::host_map<fo::signed_dynamic_map>.values[11] * 2.f);
+  expect_error([&] { (void)state.code(n); }, {"element 400", "400 elements"});
+  expect_error([&] { state.set_scale(2, 1.f); }, {"block 2", "2 blocks"});
+  expect_error([&] { (void)state.scale(-1); }, {"block -1"});
   // Blocks under 128 elements keep element order.
   using small = fo::blockwise8<fo::signed_dynamic_map, 64>;
   CHECK(small::code_offset(64 + 37) == 64 + 37);

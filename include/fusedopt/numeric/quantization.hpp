@@ -26,9 +26,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include "../config.hpp"
+#include "../error.hpp"
 #include "dtypes.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -360,7 +362,8 @@ FUSEDOPT_HOST_DEVICE std::uint8_t quantize(quantization_map<Signed> const& map, 
 
 /// @brief One 8-bit quantized tensor's scales and codes, read and written on the host: a view
 /// of the `Q::units_for(size)` units at `storage` (Q a blockwise8, const for a read-only view),
-/// for tests, checkpoint converters and tools that inspect states. Owns nothing.
+/// for tests, checkpoint converters and tools that inspect states. Owns nothing. A block or
+/// element out of range throws fusedopt::error.
 template <class Q>
 class quantized_state {
   static_assert(is_blockwise_v<Q>, "fusedopt::quantized_state: Q is a blockwise8 type");
@@ -379,19 +382,19 @@ class quantized_state {
   /// @brief The scale (absolute maximum when stored) of block b.
   [[nodiscard]] float scale(std::int64_t b) const
   {
-    return detail::load_scale(codes_, static_cast<std::uint64_t>(b));
+    return detail::load_scale(codes_, static_cast<std::uint64_t>(checked_block(b)));
   }
   void set_scale(std::int64_t b, float scale) const
   {
     static_assert(!std::is_const_v<Q>, "fusedopt::quantized_state: a view of const storage is read-only");
-    detail::store_scale(codes_, static_cast<std::uint64_t>(b), scale);
+    detail::store_scale(codes_, static_cast<std::uint64_t>(checked_block(b)), scale);
   }
   /// @brief The code of element i (0 <= i < size()).
-  [[nodiscard]] std::uint8_t code(std::int64_t i) const { return codes_[unit::code_offset(i)]; }
+  [[nodiscard]] std::uint8_t code(std::int64_t i) const { return codes_[unit::code_offset(checked_element(i))]; }
   void set_code(std::int64_t i, std::uint8_t code) const
   {
     static_assert(!std::is_const_v<Q>, "fusedopt::quantized_state: a view of const storage is read-only");
-    codes_[unit::code_offset(i)] = code;
+    codes_[unit::code_offset(checked_element(i))] = code;
   }
   /// @brief Element i as a step reads it: map[code] * scale.
   [[nodiscard]] float value(std::int64_t i) const
@@ -400,6 +403,19 @@ class quantized_state {
   }
 
  private:
+  std::int64_t checked_block(std::int64_t b) const
+  {
+    FUSEDOPT_EXPECTS(b >= 0 && b < blocks(), "fusedopt::quantized_state: block " + std::to_string(b) + " of a tensor of " +
+                                               std::to_string(blocks()) + " blocks");
+    return b;
+  }
+  std::int64_t checked_element(std::int64_t i) const
+  {
+    FUSEDOPT_EXPECTS(i >= 0 && i < size_, "fusedopt::quantized_state: element " + std::to_string(i) + " of a tensor of " +
+                                            std::to_string(size_) + " elements");
+    return i;
+  }
+
   byte* codes_;
   std::int64_t size_;
 };
