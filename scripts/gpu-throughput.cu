@@ -11,6 +11,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -201,7 +202,7 @@ double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
           bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane,
-          int LookaheadBlocks = 1, bool StagedNext = false>
+          int LookaheadBlocks = 1, bool StagedNext = false, int BulkStages = 0>
 struct policy : fo::cuda::detail::default_policy {
   static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
@@ -211,7 +212,7 @@ struct policy : fo::cuda::detail::default_policy {
   static constexpr int min_blocks_per_sm = MinBlocks;
   static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t, bool)
   {
-    return {QuantizedBlocks, Lookahead, LookaheadBlocks, StagedNext};
+    return {QuantizedBlocks, Lookahead, LookaheadBlocks, StagedNext, BulkStages};
   }
 };
 
@@ -692,8 +693,10 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
     plan.run(rule, fo::step_info{3});
     expected = memory.snapshot();
   }
+  char const* const only_variants = std::getenv("FUSEDOPT_Q8_VARIANTS");
   auto variant = [&](std::string const& label, auto policy_tag, std::int64_t max_blocks, std::int64_t chunk = 0) {
     using variant_policy = typename decltype(policy_tag)::type;
+    if (only_variants != nullptr && label.find(only_variants) == std::string::npos) { return; }
     char const* verdict = "";
     if (check) {
       memory.restore(start);
@@ -714,6 +717,11 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   variant("no lookahead 5/SM, next block staged (16-bit, slow memory)",
           tag<policy<128, 64, true, true, 1, 5, false, fo::cuda::detail::default_policy::pass_bytes_per_lane, 1, true>>{}, 0);
   variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
+  variant("bulk 1 stage 4/SM", tag<policy<128, 64, true, true, 1, 4, false, pass, 1, false, 1>>{}, 0);
+  variant("bulk 2 stages 3/SM", tag<policy<128, 64, true, true, 1, 3, false, pass, 1, false, 2>>{}, 0);
+  variant("bulk 2 stages 4/SM", tag<policy<128, 64, true, true, 1, 4, false, pass, 1, false, 2>>{}, 0);
+  variant("bulk 3 stages 3/SM", tag<policy<128, 64, true, true, 1, 3, false, pass, 1, false, 3>>{}, 0);
+  variant("bulk 4 stages 2/SM", tag<policy<128, 64, true, true, 1, 2, false, pass, 1, false, 4>>{}, 0);
   variant("8/SM grid", tag<fo::cuda::detail::default_policy>{}, 8 * sms_of_device);
   variant("chunk 4096", tag<fo::cuda::detail::default_policy>{}, 0, 4096);
   variant("chunk 8192", tag<fo::cuda::detail::default_policy>{}, 0, 8192);
@@ -761,7 +769,8 @@ int main(int argc, char** argv)
     // profiler, or builds compared in turn).
     char const* only = argc > 2 ? argv[2] : nullptr;
     bool const bf16_only = argc > 3 && std::strcmp(argv[3], "bf16") == 0;
-    sweep_q8 = only == nullptr;
+    // FUSEDOPT_Q8_VARIANTS=text: the sweep's variants whose label holds it, on the workload given too.
+    sweep_q8 = only == nullptr || std::getenv("FUSEDOPT_Q8_VARIANTS") != nullptr;
     for (auto const& w : fb::all_workloads()) {
       if (only != nullptr && w.name != only) { continue; }
       int const pb = w.name == "W4" ? 10 : 50;
