@@ -202,7 +202,7 @@ double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
           bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane,
-          int LookaheadBlocks = 1, bool StagedNext = false, int BulkStages = 0>
+          int LookaheadBlocks = 1, bool StagedNext = false>
 struct policy : fo::cuda::detail::default_policy {
   static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
@@ -212,7 +212,7 @@ struct policy : fo::cuda::detail::default_policy {
   static constexpr int min_blocks_per_sm = MinBlocks;
   static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t, bool)
   {
-    return {QuantizedBlocks, Lookahead, LookaheadBlocks, StagedNext, BulkStages};
+    return {QuantizedBlocks, Lookahead, LookaheadBlocks, StagedNext};
   }
 };
 
@@ -717,11 +717,6 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   variant("no lookahead 5/SM, next block staged (16-bit, slow memory)",
           tag<policy<128, 64, true, true, 1, 5, false, fo::cuda::detail::default_policy::pass_bytes_per_lane, 1, true>>{}, 0);
   variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
-  variant("bulk 1 stage 4/SM", tag<policy<128, 64, true, true, 1, 4, false, pass, 1, false, 1>>{}, 0);
-  variant("bulk 2 stages 3/SM", tag<policy<128, 64, true, true, 1, 3, false, pass, 1, false, 2>>{}, 0);
-  variant("bulk 2 stages 4/SM", tag<policy<128, 64, true, true, 1, 4, false, pass, 1, false, 2>>{}, 0);
-  variant("bulk 3 stages 3/SM", tag<policy<128, 64, true, true, 1, 3, false, pass, 1, false, 3>>{}, 0);
-  variant("bulk 4 stages 2/SM", tag<policy<128, 64, true, true, 1, 2, false, pass, 1, false, 4>>{}, 0);
   variant("8/SM grid", tag<fo::cuda::detail::default_policy>{}, 8 * sms_of_device);
   variant("chunk 4096", tag<fo::cuda::detail::default_policy>{}, 0, 4096);
   variant("chunk 8192", tag<fo::cuda::detail::default_policy>{}, 0, 8192);

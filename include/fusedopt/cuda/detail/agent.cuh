@@ -391,160 +391,6 @@ __device__ __forceinline__ void copies_wait_all()
 #endif
 }
 
-/// Bulk copies (the Hopper copy engine's `cp.async.bulk`, sm_90 and newer): one thread moves a
-/// whole 16-byte-aligned range of global memory into shared memory, and the copy counts its
-/// bytes on a shared-memory barrier (`mbarrier`) that the waiting threads test by phase. A
-/// warp's wait then covers the copies of one stage, not every load it has in flight (ordinary
-/// loads share a scoreboard: docs/quantized_states.md, "What the loads wait on").
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-inline constexpr bool bulk_copies_available = true;
-#else
-inline constexpr bool bulk_copies_available = false;
-#endif
-
-__device__ __forceinline__ unsigned shared_address(void const* p)
-{
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-/// Makes `barrier` expect one arrival per phase; the initialisation is visible to the copy
-/// engine after bulk_barriers_initialized().
-__device__ __forceinline__ void bulk_barrier_init(std::uint64_t* barrier)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
-#else
-  (void)barrier;
-#endif
-}
-__device__ __forceinline__ void bulk_barriers_initialized()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-/// The arrival of a phase whose copies will bring `bytes`: the phase completes when they have.
-__device__ __forceinline__ void bulk_barrier_expect(std::uint64_t* barrier, unsigned bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
-               : "memory");
-#else
-  (void)barrier, (void)bytes;
-#endif
-}
-/// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared
-/// memory, counted on `barrier`.
-__device__ __forceinline__ void bulk_copy(void* shared, void const* global, unsigned bytes, std::uint64_t* barrier)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                 shared_address(shared)),
-               "l"(global), "r"(bytes), "r"(shared_address(barrier))
-               : "memory");
-#else
-  (void)shared, (void)global, (void)bytes, (void)barrier;
-#endif
-}
-/// Waits until the phase of `barrier` with parity `parity` has completed.
-__device__ __forceinline__ void bulk_wait(std::uint64_t* barrier, unsigned parity)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-    "{\n"
-    ".reg .pred done;\n"
-    "wait:\n"
-    "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-    "@!done bra wait;\n"
-    "}\n" ::"r"(shared_address(barrier)),
-    "r"(parity)
-    : "memory");
-#else
-  (void)barrier, (void)parity;
-#endif
-}
-
-/// What a stage of the bulk-copy shape holds of slot K of one whole block: the block's elements
-/// of a plain slot, its codes and the 16-byte group of four scales that holds its scale of a
-/// quantized one (scale b lies at codes - 4 (b + 1), so blocks 4 j .. 4 j + 3 share the 16
-/// aligned bytes before codes - 16 j); nothing for a slot the rule does not read.
-template <class Access, std::size_t K, int G, bool Load = Access::loads[K], bool Quantized = Access::quantized[K]>
-struct bulk_slot {
-  static constexpr unsigned bytes = 0;
-  __device__ __forceinline__ void issue(void* const*, std::int64_t, std::uint64_t*) {}
-  __device__ __forceinline__ void load(raw_slot<Access, K, G>&, int, std::uint64_t) const {}
-};
-template <class Access, std::size_t K, int G>
-struct bulk_slot<Access, K, G, true, false> {
-  using T = typename Access::template element_t<K>;
-  static constexpr unsigned bytes = static_cast<unsigned>(Access::block_elements * sizeof(T));
-  static_assert(bytes % 16 == 0, "a bulk copy moves multiples of 16 bytes");
-  alignas(16) quad<T> q[G][32];
-  __device__ __forceinline__ void issue(void* const* bases, std::int64_t first, std::uint64_t* barrier)
-  {
-    bulk_copy(q, static_cast<T const*>(bases[K]) + first, bytes, barrier);
-  }
-  __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane, std::uint64_t) const
-  {
-#pragma unroll
-    for (int g = 0; g < G; ++g) { r.q[g] = q[g][lane]; }
-  }
-};
-template <class Access, std::size_t K, int G>
-struct bulk_slot<Access, K, G, true, true> {
-  using T = typename Access::template element_t<K>;
-  static constexpr unsigned bytes = static_cast<unsigned>(Access::block_elements) + 16;
-  alignas(16) lane_codes<G> codes[32];
-  alignas(16) float scales[4];
-  __device__ __forceinline__ void issue(void* const* bases, std::int64_t first, std::uint64_t* barrier)
-  {
-    auto const* tensor_codes = static_cast<std::uint8_t const*>(bases[K]);
-    std::uint64_t const block = block_of<T::block_elements>(first);
-    bulk_copy(codes, tensor_codes + first, static_cast<unsigned>(T::block_elements), barrier);
-    bulk_copy(scales, tensor_codes - 16 * (block / 4 + 1), 16, barrier);
-  }
-  __device__ __forceinline__ void load(raw_slot<Access, K, G>& r, int lane, std::uint64_t block) const
-  {
-    r.codes = codes[lane];
-    r.absmax = scales[3 - (block & 3)];
-  }
-};
-
-/// One stage of a warp's bulk-copy ring: the block's data (bulk_slot of every slot), the
-/// barrier its copies count on, and where the block is (the cursor the warp had when it issued
-/// them, written by lane 0 and read by all lanes when the block is computed, so that the warp
-/// keeps one cursor in registers however many blocks are in flight).
-template <class Access, int G, std::size_t S, class Slots = std::make_index_sequence<S>>
-struct bulk_stage;
-template <class Access, int G, std::size_t S, std::size_t... K>
-struct bulk_stage<Access, G, S, std::index_sequence<K...>> {
-  enum kind_t : std::int32_t { none = 0, staged = 1, direct = 2 };
-  static constexpr unsigned bytes = (bulk_slot<Access, K, G>::bytes + ... + 0u);
-  ::fusedopt::detail::pack<bulk_slot<Access, K, G>...> slots;
-  std::uint64_t barrier;
-  std::int64_t first;
-  std::int64_t end;
-  tensor_entry<S> tensor;
-  std::int32_t kind;
-
-  /// Lane 0: the copies of the block at element `first`.
-  __device__ __forceinline__ void issue(void* const* bases, std::int64_t block_first)
-  {
-    bulk_barrier_expect(&barrier, bytes);
-    (::fusedopt::detail::pack_get<K>(slots).issue(bases, block_first, &barrier), ...);
-  }
-  __device__ __forceinline__ void load(raw_block<Access, G>& r, int lane, std::uint64_t block) const
-  {
-    (::fusedopt::detail::pack_get<K>(slots).load(::fusedopt::detail::pack_get<K>(r.slots), lane, block), ...);
-  }
-  /// Whether a whole block of `tensor` can be bulk-copied: every plain slot it reads starts
-  /// 16-byte aligned (a block of 128 or more elements is then too; codes always are).
-  static __device__ __forceinline__ bool aligned(tensor_entry<S> const& tensor)
-  {
-    return ((!Access::loads[K] || Access::quantized[K] || reinterpret_cast<std::uintptr_t>(tensor.bases[K]) % 16 == 0) &&
-            ...);
-  }
-};
-
 /// A warp's copy in shared memory of what raw_slot holds, each lane's bytes in its own column
 /// (lane l's group g of a plain slot at q[g][l]: a warp's reads and copies touch consecutive
 /// words, no bank conflicts): the next block's loads land here while the warp computes.
@@ -727,20 +573,12 @@ inline constexpr int quantized_blocks_per_sm_v = quantized_shape_v<Policy, Acces
 /// A block's staged copies, one staged_block per warp (the shape with quantized_shape::staged_next).
 template <class Policy, class Access>
 using warp_stages = staged_block<Access, quantized_groups_v<Access>>[Policy::block_threads / 32];
-/// Bytes of dynamic shared memory a block of the quantized update takes: the warps' rings of
-/// bulk_stage where the shape has bulk stages, none in the others.
-template <class Policy, class Access, bool FastMemory>
-inline constexpr std::size_t quantized_dynamic_bytes_v =
-  static_cast<std::size_t>(Policy::block_threads / 32) *
-  static_cast<std::size_t>(quantized_shape_v<Policy, Access, FastMemory>.bulk_stages) *
-  sizeof(bulk_stage<Access, quantized_groups_v<Access>, Access::num_slots>);
 /// Bytes of shared memory a block of the quantized update takes beside its maps: warp_stages
-/// where the shape stages its next block, the bulk stages where it has them, none in the
-/// others. The persistent grid counts them (launch_update).
+/// where the shape stages its next block, none in the others. The persistent grid counts them
+/// (launch_update).
 template <class Policy, class Access, bool FastMemory>
 inline constexpr std::size_t quantized_stage_bytes_v =
-  (quantized_shape_v<Policy, Access, FastMemory>.staged_next ? sizeof(warp_stages<Policy, Access>) : 0) +
-  quantized_dynamic_bytes_v<Policy, Access, FastMemory>;
+  quantized_shape_v<Policy, Access, FastMemory>.staged_next ? sizeof(warp_stages<Policy, Access>) : 0;
 
 /// Where a warp of the quantized worker stands: one of its blocks, elements [first, first +
 /// block) of the tensor (the block may end early at `end`, the chunk's end).
@@ -783,8 +621,6 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   static_assert(!lookahead || shape.lookahead_blocks == 1 || shape.lookahead_blocks == 2,
                 "fusedopt: quantized_shape::lookahead_blocks is 1 or 2");
   static_assert(!(lookahead && shape.staged_next), "fusedopt: quantized_shape::staged_next is for shapes without lookahead");
-  static_assert(shape.bulk_stages == 0 || (!lookahead && !shape.staged_next),
-                "fusedopt: quantized_shape::bulk_stages is for shapes without lookahead or staged_next");
   using cursor = block_cursor<S>;
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
@@ -800,16 +636,13 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // next crossing (loaded into others, its move into these made the warp wait for the load at
   // once: a tenth of the stall samples).
   constexpr bool two_ahead = lookahead && shape.lookahead_blocks == 2;
-  // The chunk entry a crossing ahead where the loads run ahead of the computation by more than
-  // a block (two blocks in registers, or a ring of bulk copies).
-  constexpr bool entry_ahead = two_ahead || shape.bulk_stages > 0;
   std::int64_t const grid = gridDim.x;
   std::int64_t const num_chunks = table.num_chunks;
   uint4 upcoming{};  // two blocks ahead: the entry of the advancing cursor's next chunk
-  if (entry_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(table, blockIdx.x); }
+  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(table, blockIdx.x); }
   std::int32_t tensor_in_cursor = -1;  // two blocks ahead: the table's entry the advancing cursor holds
   auto enter = [&](cursor& c, chunk_entry const& entry) {
-    if (!entry_ahead || entry.tensor != tensor_in_cursor) {
+    if (!two_ahead || entry.tensor != tensor_in_cursor) {
       c.tensor = table.tensor(entry.tensor);
       tensor_in_cursor = entry.tensor;
     }
@@ -821,7 +654,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     if (c.first < c.end) { return true; }
     c.chunk += grid;
     if (c.chunk >= num_chunks) { return false; }
-    if constexpr (entry_ahead) {
+    if constexpr (two_ahead) {
       enter(c, chunk_of_bits(upcoming));
     } else {
       enter(c, table.chunk(c.chunk));
@@ -834,7 +667,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       enter(c, table.chunk(c.chunk));
     }
     // Past the last chunk the load reads this one's entry again (a valid address, never used).
-    if constexpr (entry_ahead) { upcoming = chunk_bits(table, c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
+    if constexpr (two_ahead) { upcoming = chunk_bits(table, c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
@@ -933,69 +766,6 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       more = advance(at);
       if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
       update_block(c, &data, nullptr);
-    }
-  } else if constexpr (shape.bulk_stages > 0) {
-    // A ring of `bulk_stages` stages a warp, each a whole block's bytes in shared memory
-    // (bulk_stage): the warp issues the copies of the block `bulk_stages` ahead (lane 0, a few
-    // instructions), and its wait for a block covers that block's copies alone. A block that
-    // cannot be bulk-copied (not whole, or a plain slot not 16-byte aligned) is loaded when it
-    // is computed. The stages live in the block's dynamic shared memory (launch_update).
-    constexpr int depth = shape.bulk_stages;
-    using stage_type = bulk_stage<Access, groups, S>;
-    extern __shared__ __align__(128) unsigned char fusedopt_dynamic_shared[];
-    stage_type* const ring = reinterpret_cast<stage_type*>(fusedopt_dynamic_shared) + warp * depth;
-    if (lane == 0) {
-#pragma unroll
-      for (int s = 0; s < depth; ++s) { bulk_barrier_init(&ring[s].barrier); }
-      bulk_barriers_initialized();
-    }
-    __syncwarp();
-    // Records the block at `at` (or none) in `stage` and issues its copies; every lane advances.
-    auto issue = [&](stage_type& stage) {
-      if (!more) {
-        if (lane == 0) { stage.kind = stage_type::none; }
-        return;
-      }
-      bool const staged = bulk_copies_available && whole(at) && stage_type::aligned(at.tensor);
-      if (lane == 0) {
-        stage.first = at.first;
-        stage.end = at.end;
-        stage.tensor = at.tensor;
-        stage.kind = staged ? stage_type::staged : stage_type::direct;
-        if (staged) { stage.issue(at.tensor.bases, at.first); }
-      }
-      more = advance(at);
-    };
-#pragma unroll
-    for (int s = 0; s < depth; ++s) { issue(ring[s]); }
-    __syncwarp();
-    unsigned phases = 0;  // bit s: the parity of stage s's next phase
-    for (int s = 0;; s = s + 1 == depth ? 0 : s + 1) {
-      stage_type& stage = ring[s];
-      std::int32_t const kind = stage.kind;
-      if (kind == stage_type::none) { break; }
-      cursor c;
-      c.chunk = 0;  // not used past the issue
-      c.first = stage.first;
-      c.end = stage.end;
-      c.tensor = stage.tensor;
-      element e[per_lane];
-      if (kind == stage_type::staged) {
-        bulk_wait(&stage.barrier, (phases >> s) & 1u);
-        phases ^= 1u << s;
-        raw data;
-        stage.load(data, lane, block_of<block>(c.first));
-        data.decode(e, maps);
-      } else if (whole(c)) {
-        raw data;
-        data.fetch(c.tensor.bases, c.first, lane);
-        data.decode(e, maps);
-      }
-      // Every lane has read the stage before lane 0 reuses it.
-      __syncwarp();
-      issue(stage);
-      __syncwarp();
-      update_block(c, nullptr, e);
     }
   } else if constexpr (shape.staged_next) {
     // One cursor live, no registers for a lookahead: the warp's next block in the same chunk is

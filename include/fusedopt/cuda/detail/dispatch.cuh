@@ -267,8 +267,8 @@ pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* bas
 /// Enqueues `kernel` with arguments of exactly the kernel's parameter types; `programmatic`:
 /// with programmatic stream serialization (the kernel awaits its predecessor on the device).
 template <class... Params, class... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_shared, cudaStream_t stream,
-                   bool programmatic, Args... args)
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool programmatic,
+                   Args... args)
 {
   static_assert(sizeof...(Params) == sizeof...(Args), "fusedopt: wrong number of kernel arguments");
   static_assert((std::is_same_v<std::remove_const_t<Params>, Args> && ...), "fusedopt: kernel argument types");
@@ -281,7 +281,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = block;
-    config.dynamicSmemBytes = dynamic_shared;
+    config.dynamicSmemBytes = 0;
     config.stream = stream;
     config.attrs = &attribute;
     config.numAttrs = 1;
@@ -290,8 +290,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t
   }
 #endif
   (void)programmatic;
-  FUSEDOPT_CUDA_TRY(
-    cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, dynamic_shared, stream));
+  FUSEDOPT_CUDA_TRY(cudaLaunchKernel(reinterpret_cast<void const*>(kernel), grid, block, pointers, 0, stream));
 }
 
 /// Blocks of a launch over `table`: one per `chunks_per_block` chunks, at most `max_blocks` when set.
@@ -311,7 +310,6 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   auto kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, false>;
-  std::size_t dynamic_shared = 0;
   if constexpr (access::stores_quantized) {
     // The policy's shape for the device's memory speed: a second kernel only where it differs.
     bool fast = false;
@@ -325,15 +323,6 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
     max_blocks = persistent.blocks(static_cast<std::int64_t>(shared_bytes),
                                    fast ? quantized_blocks_per_sm_v<Policy, access, true>
                                         : quantized_blocks_per_sm_v<Policy, access, false>);
-    dynamic_shared =
-      fast ? quantized_dynamic_bytes_v<Policy, access, true> : quantized_dynamic_bytes_v<Policy, access, false>;
-    // More than the 48 KB a block gets without asking (with the maps' static bytes): the
-    // kernel's attribute, set where it is launched (a host call, no work on the stream).
-    if (dynamic_shared > 0) {
-      FUSEDOPT_CUDA_TRY(cudaFuncSetAttribute(reinterpret_cast<void const*>(kernel),
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(dynamic_shared)));
-    }
   }
   (void)persistent;
   static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
@@ -341,8 +330,8 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
                 "memory and give the rule a pointer to it");
   if (table.num_chunks == 0) { return; }
   if constexpr (fits_params<Rule, Table, results_bytes<P>>) {
-    launch_kernel(kernel, dim3(grid_of(table, max_blocks)), dim3(Policy::block_threads), dynamic_shared, stream,
-                  programmatic, rule, step, table, results);
+    launch_kernel(kernel, dim3(grid_of(table, max_blocks)), dim3(Policy::block_threads), stream, programmatic, rule,
+                  step, table, results);
   } else {
     (void)kernel;
     (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream, (void)programmatic;
@@ -361,8 +350,7 @@ void launch_pass(Rule const& rule, step_info const& step, Table const& table, pa
     // A warp per chunk (reduce_kernel).
     launch_kernel(&reduce_kernel<Policy, Rule, Bound, Table, J, P>,
                   dim3(grid_of(table, max_blocks, Policy::block_threads / 32)),
-                  dim3(Policy::block_threads), 0, stream, programmatic, rule, step, table, results, partials,
-                  chunk_base);
+                  dim3(Policy::block_threads), stream, programmatic, rule, step, table, results, partials, chunk_base);
   } else {
     (void)rule, (void)step, (void)results, (void)partials, (void)chunk_base, (void)max_blocks, (void)stream,
       (void)programmatic;
@@ -381,7 +369,7 @@ void launch_finalize(double const* partials, chunk_range const* ranges, std::int
   launch_kernel(wide ? &finalize_kernel<Policy::finalize_threads_wide, Reduction>
                      : &finalize_kernel<Policy::finalize_threads, Reduction>,
                 dim3(static_cast<unsigned>(std::max<std::int64_t>(rows, 1))),
-                dim3(wide ? Policy::finalize_threads_wide : Policy::finalize_threads), 0, stream, programmatic, partials,
+                dim3(wide ? Policy::finalize_threads_wide : Policy::finalize_threads), stream, programmatic, partials,
                 ranges, rows,
                 const_cast<double*>(into.per_tensor), const_cast<double*>(into.all), counter);
 }
@@ -392,7 +380,7 @@ void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> 
                        bool programmatic)
 {
   if constexpr (::fusedopt::detail::needs_after_step<Rule>::value) {
-    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), 0, stream, programmatic, rule, step, results);
+    launch_kernel(&after_step_kernel<Rule, P>, dim3(1), dim3(1), stream, programmatic, rule, step, results);
   } else {
     (void)rule, (void)step, (void)results, (void)stream, (void)programmatic;
   }
@@ -402,7 +390,7 @@ void launch_after_step(Rule const& rule, step_info const& step, pass_results<P> 
 inline void advance_step(step_info const& step, cudaStream_t stream, bool programmatic)
 {
   if (step.advance == nullptr) { return; }
-  launch_kernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), 0, stream, programmatic, step.advance);
+  launch_kernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), stream, programmatic, step.advance);
 }
 
 /// Enqueues the writes of `entries` into `table` on `stream`, one launch per table_piece.

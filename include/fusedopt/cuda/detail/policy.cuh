@@ -30,15 +30,11 @@ struct quantized_shape {
   /// Without the lookahead: the warp's next block of the same chunk is copied into shared
   /// memory (`cp.async`) while it computes the current one.
   bool staged_next = false;
-  /// Without either: stages a warp of bulk copies (`cp.async.bulk` into shared memory, sm_90
-  /// and newer; before, every block is loaded when it is computed), each a whole block's bytes:
-  /// the warp's blocks this far ahead are in flight while it computes one.
-  int bulk_stages = 0;
 };
 constexpr bool operator==(quantized_shape const& a, quantized_shape const& b)
 {
   return a.blocks_per_sm == b.blocks_per_sm && a.lookahead == b.lookahead && a.lookahead_blocks == b.lookahead_blocks &&
-         a.staged_next == b.staged_next && a.bulk_stages == b.bulk_stages;
+         a.staged_next == b.staged_next;
 }
 
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
