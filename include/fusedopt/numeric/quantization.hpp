@@ -142,10 +142,19 @@ T* quantized_codes(T* storage, std::int64_t elements)
   return reinterpret_cast<T*>(reinterpret_cast<byte*>(storage) + std::remove_const_t<T>::scale_bytes(elements));
 }
 
+/// Where the scale of block `block` lies in a quantized tensor whose codes start at `codes`:
+/// the scales are stored reversed before the codes (blockwise8).
+template <class Byte>
+FUSEDOPT_HOST_DEVICE Byte* scale_address(Byte* codes, std::uint64_t block)
+{
+  static_assert(sizeof(Byte) == 1, "scale_address takes a byte pointer");
+  return codes - 4 * (block + 1);
+}
+
 /// The scale of block `block` of the quantized tensor whose codes start at `codes`.
 FUSEDOPT_HOST_DEVICE float load_scale(void const* codes, std::uint64_t block)
 {
-  auto const* at = static_cast<unsigned char const*>(codes) - 4 * (block + 1);
+  auto const* at = scale_address(static_cast<unsigned char const*>(codes), block);
 #if FUSEDOPT_DEVICE_PASS
   return *reinterpret_cast<float const*>(at);  // a device memcpy of unknown alignment is four byte loads
 #else
@@ -156,7 +165,7 @@ FUSEDOPT_HOST_DEVICE float load_scale(void const* codes, std::uint64_t block)
 }
 FUSEDOPT_HOST_DEVICE void store_scale(void* codes, std::uint64_t block, float scale)
 {
-  auto* at = static_cast<unsigned char*>(codes) - 4 * (block + 1);
+  auto* at = scale_address(static_cast<unsigned char*>(codes), block);
 #if FUSEDOPT_DEVICE_PASS
   *reinterpret_cast<float*>(at) = scale;
 #else

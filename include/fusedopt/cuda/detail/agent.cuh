@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "../../config.hpp"
@@ -265,6 +266,14 @@ template <int G>
 struct alignas(G >= 4 ? 16 : 4 * G) lane_codes {
   std::uint32_t w[G];
 };
+/// Lane `lane`'s codes of the whole block at element `first` (a multiple of the block) of a
+/// tensor whose codes start at `codes`: the block's codes start `first` bytes after them.
+template <int G, class Byte>
+__device__ __forceinline__ auto lane_codes_at(Byte* codes, std::int64_t first, int lane)
+{
+  using word = std::conditional_t<std::is_const_v<Byte>, lane_codes<G> const, lane_codes<G>>;
+  return reinterpret_cast<word*>(codes + first) + lane;
+}
 
 /// What a lane reads of slot K of a whole block before it computes (quantized worker): G
 /// groups of four consecutive elements, lane l's group g being elements 128 g + 4 l .. + 3 of
@@ -309,16 +318,16 @@ struct raw_slot<Access, K, G, true, true> {
   using T = typename Access::template element_t<K>;
   lane_codes<G> codes;
   float absmax;
-  /// Lane `lane`'s codes of the block at element `first` (a multiple of the block): the block's
-  /// codes start `first` bytes after the tensor's (staged_slot copies from here too).
+  /// Lane `lane`'s codes and the scale of the block at element `first` (staged_slot copies
+  /// from here too).
   static __device__ __forceinline__ lane_codes<G> const* codes_of(void* const* bases, std::int64_t first, int lane)
   {
-    return reinterpret_cast<lane_codes<G> const*>(static_cast<std::uint8_t const*>(bases[K]) + first) + lane;
+    return lane_codes_at<G>(static_cast<std::uint8_t const*>(bases[K]), first, lane);
   }
-  /// The scale of the block at element `first`: 4 (b + 1) bytes before the tensor's codes.
   static __device__ __forceinline__ float const* scale_of(void* const* bases, std::int64_t first)
   {
-    return static_cast<float const*>(bases[K]) - 1 - block_of<T::block_elements>(first);
+    return reinterpret_cast<float const*>(::fusedopt::detail::scale_address(
+      static_cast<std::uint8_t const*>(bases[K]), block_of<T::block_elements>(first)));
   }
   __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
   {
@@ -482,15 +491,15 @@ __device__ __forceinline__ void store_plain_quad(typename Access::element_type c
 /// side by side (lane order), one store of up to 16 bytes.
 template <class Access, int Groups, std::size_t K>
 __device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
-                                                  std::uint64_t block, unsigned lane,
+                                                  std::uint64_t block, int lane,
                                                   typename Access::block_summary const& summary,
                                                   block_maps<Access> const& maps)
 {
   using T = typename Access::template element_t<K>;
   if constexpr (Access::stores[K] && Access::quantized[K]) {
     if (Access::template rewrites<K>(summary)) {
-      auto* const codes =
-        reinterpret_cast<lane_codes<Groups>*>(static_cast<std::uint8_t*>(bases[K]) + block * T::block_elements) + lane;
+      auto* const codes = lane_codes_at<Groups>(static_cast<std::uint8_t*>(bases[K]),
+                                                static_cast<std::int64_t>(block * T::block_elements), lane);
       float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
       auto const& map = maps.template get<typename T::map_type>();
       lane_codes<Groups> words;
@@ -509,7 +518,7 @@ __device__ __forceinline__ void store_block_codes(typename Access::element_type 
 
 template <class Access, int Groups, std::size_t... K>
 __device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
-                                                  std::uint64_t block, unsigned lane,
+                                                  std::uint64_t block, int lane,
                                                   typename Access::block_summary const& summary,
                                                   block_maps<Access> const& maps, std::index_sequence<K...>)
 {
@@ -706,7 +715,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
         store_plain_quads<Access>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
       }
       warp_summary<Access>(summary);
-      store_block_codes<Access, per_lane / 4>(e, bases, block_index, static_cast<unsigned>(lane), summary, maps,
+      store_block_codes<Access, per_lane / 4>(e, bases, block_index, lane, summary, maps,
                                               std::make_index_sequence<S>{});
     } else {
 #pragma unroll
