@@ -766,8 +766,15 @@ int main(int argc, char** argv)
     bool const bf16_only = argc > 3 && std::strcmp(argv[3], "bf16") == 0;
     // FUSEDOPT_Q8_VARIANTS=text: the sweep's variants whose label holds it, on the workload given too.
     sweep_q8 = only == nullptr || std::getenv("FUSEDOPT_Q8_VARIANTS") != nullptr;
-    for (auto const& w : fb::all_workloads()) {
-      if (only != nullptr && w.name != only) { continue; }
+    // --q8 W3-whole: W3 with every size rounded up to whole blocks of 256 (what the tensors'
+    // partial last blocks cost).
+    auto workloads = fb::all_workloads();
+    fb::workload whole = fb::w3();
+    whole.name = "W3-whole";
+    for (auto& n : whole.sizes) { n = (n + 255) / 256 * 256; }
+    workloads.push_back(whole);
+    for (auto const& w : workloads) {
+      if (only == nullptr ? w.name == "W3-whole" : w.name != only) { continue; }
       int const pb = w.name == "W4" ? 10 : 50;
       if (!bf16_only) { q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb); }
       if (only == nullptr || bf16_only) { q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb); }
