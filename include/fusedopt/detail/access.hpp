@@ -91,27 +91,30 @@ struct access<Rule, bound_lists<B...>> {
   static_assert(!any_quantized || std::is_same_v<value_type, float>,
                 "fusedopt: 8-bit quantized states are computed in float; no double list can be bound with them");
 
-  /// Loads element `i` of every read slot (others start at zero), given each slot's base.
-  template <std::size_t... K>
-  FUSEDOPT_HOST_DEVICE static void load(element_type& e, void* const* bases, std::int64_t i, std::index_sequence<K...>)
+  /// Loads element `i` of every read slot (others start at zero), given each slot's base;
+  /// quantized slots look their codes up in `maps` (anything with `get<Map>()`, global_maps
+  /// by default).
+  template <std::size_t... K, class Maps = global_maps>
+  FUSEDOPT_HOST_DEVICE static void load(element_type& e, void* const* bases, std::int64_t i, std::index_sequence<K...>,
+                                        Maps const& maps = {})
   {
-    (load_one<K, loads[K]>(e, bases, i), ...);
+    (load_one<K, loads[K]>(e, bases, i, maps), ...);
   }
   /// Loads element `i` of every slot in `Reads` (a reduction pass's reads).
   template <class Reads, std::size_t... K>
   FUSEDOPT_HOST_DEVICE static void load_reads(element_type& e, void* const* bases, std::int64_t i,
                                               std::index_sequence<K...>)
   {
-    (load_one<K, declares_v<Reads, typename B::slot_type>>(e, bases, i), ...);
+    (load_one<K, declares_v<Reads, typename B::slot_type>>(e, bases, i, global_maps{}), ...);
   }
-  template <std::size_t K, bool Load>
-  FUSEDOPT_HOST_DEVICE static void load_one(element_type& e, void* const* bases, std::int64_t i)
+  template <std::size_t K, bool Load, class Maps>
+  FUSEDOPT_HOST_DEVICE static void load_one(element_type& e, void* const* bases, std::int64_t i, Maps const& maps)
   {
     if constexpr (Load && quantized[K]) {
       using T = element_t<K>;
       // bases[K] is where the tensor's codes start (quantized_codes); its scales lie before.
       auto const* codes = static_cast<std::uint8_t const*>(bases[K]);
-      e.at(K) = dequantize(map_of<typename T::map_type>(), codes[T::code_offset(i)],
+      e.at(K) = dequantize(maps.template get<typename T::map_type>(), codes[T::code_offset(i)],
                            load_scale(codes, static_cast<std::uint64_t>(i / T::block_elements)));
     } else if constexpr (Load) {
       e.at(K) = to_opmath<value_type>(static_cast<element_t<K> const*>(bases[K])[i]);
@@ -241,23 +244,25 @@ struct access<Rule, bound_lists<B...>> {
     return s.changed[K] && s.max_bits[K] < 0x7f800000u;
   }
 
-  /// Stores element `i` of every written slot, quantized slots with the block's summary.
-  template <std::size_t... K>
+  /// Stores element `i` of every written slot, quantized slots with the block's summary (their
+  /// codes searched in `maps`, as in load).
+  template <std::size_t... K, class Maps = global_maps>
   FUSEDOPT_HOST_DEVICE static void store_in_block(element_type const& e, void* const* bases, std::int64_t i,
-                                                  block_summary const& s, std::index_sequence<K...>)
+                                                  block_summary const& s, std::index_sequence<K...>,
+                                                  Maps const& maps = {})
   {
-    (store_code<K>(e, bases, i, s), ...);
+    (store_code<K>(e, bases, i, s, maps), ...);
     (store_one<K>(e, bases, i), ...);
   }
-  template <std::size_t K>
+  template <std::size_t K, class Maps>
   FUSEDOPT_HOST_DEVICE static void store_code(element_type const& e, void* const* bases, std::int64_t i,
-                                              block_summary const& s)
+                                              block_summary const& s, Maps const& maps)
   {
     if constexpr (stores[K] && quantized[K]) {
       if (rewrites<K>(s)) {
         using T = element_t<K>;
         static_cast<std::uint8_t*>(bases[K])[T::code_offset(i)] =
-          quantize(map_of<typename T::map_type>(), e.at(K), inverse_scale(bits_float(s.max_bits[K])));
+          quantize(maps.template get<typename T::map_type>(), e.at(K), inverse_scale(bits_float(s.max_bits[K])));
       }
     }
   }

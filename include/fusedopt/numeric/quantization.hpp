@@ -324,6 +324,15 @@ FUSEDOPT_HOST_DEVICE map_t<Map> const& map_of()
   return host_map<Map>;
 #endif
 }
+/// The maps where map_of finds them (global memory on the device), for code that takes a
+/// source of maps: the CUDA backend passes its block's copy in shared memory instead.
+struct global_maps {
+  template <class Map>
+  FUSEDOPT_HOST_DEVICE map_t<Map> const& get() const
+  {
+    return map_of<Map>();
+  }
+};
 
 /// The value of `code` in a block of scale `absmax`: one multiplication, the same bits everywhere.
 template <bool Signed>

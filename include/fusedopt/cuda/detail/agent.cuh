@@ -612,8 +612,8 @@ struct block_cursor {
 /// registers, store the slots that are not quantized (the parameters) at once, fold the
 /// summaries over the warp with shuffles (no other launch), store their codes with the block's
 /// new scale, and lane 0 stores the scale: the steps of detail::access::update_block, the same
-/// bits. Whole blocks look their codes up in `maps` (the CTA's shared copy); the rare element
-/// path in the maps in global memory, through the host's code.
+/// bits. Both paths look their codes up in `maps` (the CTA's shared copy); the element path
+/// through the host's code (detail::access::load and store_in_block given these maps).
 template <class Policy, class Access, bool FastMemory, class Body, class Table>
 __device__ __forceinline__ void process_quantized(Body const& body, Table const& table, block_maps<Access> const& maps)
 {
@@ -718,11 +718,13 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       store_block_codes<Access, per_lane / 4>(e, bases, block_index, lane, summary, maps,
                                               std::make_index_sequence<S>{});
     } else {
+      // Element by element (a tensor's last, partial block, or misaligned slots), the codes
+      // looked up in the block's maps.
 #pragma unroll
       for (int j = 0; j < per_lane; ++j) {
         std::int64_t const i = c.first + lane + j * lanes;
         if (i < c.end) {
-          Access::load(e[j], bases, i, std::make_index_sequence<S>{});
+          Access::load(e[j], bases, i, std::make_index_sequence<S>{}, maps);
           update(e[j], i, summary);
         }
       }
@@ -730,7 +732,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
 #pragma unroll
       for (int j = 0; j < per_lane; ++j) {
         std::int64_t const i = c.first + lane + j * lanes;
-        if (i < c.end) { Access::store_in_block(e[j], bases, i, summary, std::make_index_sequence<S>{}); }
+        if (i < c.end) { Access::store_in_block(e[j], bases, i, summary, std::make_index_sequence<S>{}, maps); }
       }
     }
     if (lane == 0) { Access::store_scales(bases, static_cast<std::int64_t>(block_index), summary); }
