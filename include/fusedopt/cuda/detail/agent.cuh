@@ -284,6 +284,7 @@ __device__ __forceinline__ auto lane_codes_at(Byte* codes, std::int64_t first, i
 template <class Access, std::size_t K, int G, bool Load = Access::loads[K], bool Quantized = Access::quantized[K]>
 struct raw_slot {
   __device__ __forceinline__ void fetch(void* const*, std::int64_t, int) {}
+  __device__ __forceinline__ void fetch_tail(void* const*, std::int64_t, int, int) {}
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const&) const
   {
 #pragma unroll
@@ -303,6 +304,27 @@ struct raw_slot<Access, K, G, true, false> {
   {
 #pragma unroll
     for (int g = 0; g < G; ++g) { q[g] = *source(bases, first, lane, g); }
+  }
+  /// The same for a tensor's last block, of `count` elements (fewer than the block): a group
+  /// inside the tensor in one access, one that straddles its end element by element, nothing
+  /// (zeros) past it.
+  __device__ __forceinline__ void fetch_tail(void* const* bases, std::int64_t first, int lane, int count)
+  {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      int const inside = count - (g * 128 + 4 * lane);
+      if (inside >= 4) {
+        q[g] = *source(bases, first, lane, g);
+      } else {
+        // Element pointers, not the quad's: no access of the group may reach past the tensor.
+        T const* const from = static_cast<T const*>(bases[K]) + first + g * 128 + 4 * lane;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          q[g].v[j] = T(0);
+          if (j < inside) { q[g].v[j] = from[j]; }
+        }
+      }
+    }
   }
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const&) const
   {
@@ -334,6 +356,11 @@ struct raw_slot<Access, K, G, true, true> {
     codes = *codes_of(bases, first, lane);
     absmax = *scale_of(bases, first);
   }
+  /// A tensor's last block: its codes are stored for the whole block (blockwise8::bytes_for).
+  __device__ __forceinline__ void fetch_tail(void* const* bases, std::int64_t first, int lane, int)
+  {
+    fetch(bases, first, lane);
+  }
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const& maps) const
   {
     auto const& map = maps.template get<typename T::map_type>();
@@ -357,6 +384,10 @@ struct raw_block<Access, G, std::index_sequence<K...>> {
   __device__ __forceinline__ void fetch(void* const* bases, std::int64_t first, int lane)
   {
     (::fusedopt::detail::pack_get<K>(slots).fetch(bases, first, lane), ...);
+  }
+  __device__ __forceinline__ void fetch_tail(void* const* bases, std::int64_t first, int lane, int count)
+  {
+    (::fusedopt::detail::pack_get<K>(slots).fetch_tail(bases, first, lane, count), ...);
   }
   __device__ __forceinline__ void decode(typename Access::element_type* e, block_maps<Access> const& maps) const
   {
@@ -472,28 +503,36 @@ inline constexpr int quantized_groups_v =
   Access::block_elements % 128 == 0 ? static_cast<int>(Access::block_elements / 128) : 1;
 
 /// Stores e[0..3] into elements i..i+3 of slot K, a written slot that is not quantized, as one
-/// quad.
-template <class Access, std::size_t K>
+/// quad; with `Tail`, only the first `inside` of them (all four as one quad where they are).
+template <class Access, std::size_t K, bool Tail>
 __device__ __forceinline__ void store_plain_quad(typename Access::element_type const* e, void* const* bases,
-                                                 std::int64_t i)
+                                                 std::int64_t i, int inside)
 {
   using T = typename Access::template element_t<K>;
   if constexpr (Access::stores[K] && !Access::quantized[K]) {
     quad<T> q;
 #pragma unroll
     for (int j = 0; j < 4; ++j) { q.v[j] = ::fusedopt::from_opmath<T>(e[j].at(K)); }
-    *reinterpret_cast<quad<T>*>(static_cast<T*>(bases[K]) + i) = q;
+    if (!Tail || inside >= 4) {
+      *reinterpret_cast<quad<T>*>(static_cast<T*>(bases[K]) + i) = q;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (j < inside) { static_cast<T*>(bases[K])[i + j] = q.v[j]; }
+      }
+    }
   }
 }
 
 /// Stores the codes of a lane's elements e[0 .. 4 Groups) of a whole block into block `block`
 /// of slot K, a written quantized slot, when the block is rewritten: the lane's 4 Groups codes
-/// side by side (lane order), one store of up to 16 bytes.
-template <class Access, int Groups, std::size_t K>
+/// side by side (lane order), one store of up to 16 bytes. With `Tail` (a tensor's last block,
+/// of `count` elements), the codes past the tensor's end keep the bytes they had.
+template <class Access, int Groups, bool Tail, std::size_t K>
 __device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
                                                   std::uint64_t block, int lane,
                                                   typename Access::block_summary const& summary,
-                                                  block_maps<Access> const& maps)
+                                                  block_maps<Access> const& maps, int count)
 {
   using T = typename Access::template element_t<K>;
   if constexpr (Access::stores[K] && Access::quantized[K]) {
@@ -508,7 +547,20 @@ __device__ __forceinline__ void store_block_codes(typename Access::element_type 
         words.w[g] = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          words.w[g] |= std::uint32_t{::fusedopt::detail::quantize(map, e[4 * g + j].at(K), inverse)} << (8 * j);
+          auto value = e[4 * g + j].at(K);
+          // Past the tensor's end the lane holds no updated value (the block's absmax does not
+          // bound it: quantizing it could search outside the map); its byte is kept below.
+          if (Tail && j >= count - (g * 128 + 4 * lane)) { value = 0; }
+          words.w[g] |= std::uint32_t{::fusedopt::detail::quantize(map, value, inverse)} << (8 * j);
+        }
+      }
+      if constexpr (Tail) {
+        lane_codes<Groups> const before = *codes;
+#pragma unroll
+        for (int g = 0; g < Groups; ++g) {
+          int const inside = count - (g * 128 + 4 * lane);
+          std::uint32_t const kept = inside >= 4 ? 0u : inside <= 0 ? 0xffffffffu : 0xffffffffu << (8 * inside);
+          words.w[g] = (words.w[g] & ~kept) | (before.w[g] & kept);
         }
       }
       *codes = words;
@@ -516,20 +568,20 @@ __device__ __forceinline__ void store_block_codes(typename Access::element_type 
   }
 }
 
-template <class Access, int Groups, std::size_t... K>
+template <class Access, int Groups, bool Tail, std::size_t... K>
 __device__ __forceinline__ void store_block_codes(typename Access::element_type const* e, void* const* bases,
                                                   std::uint64_t block, int lane,
                                                   typename Access::block_summary const& summary,
-                                                  block_maps<Access> const& maps, std::index_sequence<K...>)
+                                                  block_maps<Access> const& maps, int count, std::index_sequence<K...>)
 {
-  (store_block_codes<Access, Groups, K>(e, bases, block, lane, summary, maps), ...);
+  (store_block_codes<Access, Groups, Tail, K>(e, bases, block, lane, summary, maps, count), ...);
 }
 
-template <class Access, std::size_t... K>
+template <class Access, bool Tail, std::size_t... K>
 __device__ __forceinline__ void store_plain_quads(typename Access::element_type const* e, void* const* bases,
-                                                  std::int64_t i, std::index_sequence<K...>)
+                                                  std::int64_t i, int inside, std::index_sequence<K...>)
 {
-  (store_plain_quad<Access, K>(e, bases, i), ...);
+  (store_plain_quad<Access, K, Tail>(e, bases, i, inside), ...);
 }
 
 /// The element size of the widest slot of `Access` that is read or written and not quantized
@@ -606,9 +658,11 @@ struct block_cursor {
 /// slot_geometry::head), lane l takes elements 128 g + 4 l .. 128 g + 4 l + 3 for each g: one
 /// access per slot and four elements (16 bytes of fp32, 4 of codes), each warp access 32
 /// consecutive such groups; with the lookahead (quantized_shape_v) the warp issues the loads of its
-/// next whole block (raw_block) before it computes this one, so their memory latency is
-/// hidden behind its arithmetic. Otherwise (a tensor's last, partial block, or misaligned
-/// slots) lane l takes elements l, l + 32, ... one by one. The lanes update their elements in
+/// next block (raw_block) before it computes this one, so their memory latency is hidden
+/// behind its arithmetic. In those shapes a tensor's last, partial block takes the same layout,
+/// its lanes loading, updating and storing only the elements inside the tensor (and keeping
+/// the codes past its end); there in the others, and where the slots are misaligned, lane l
+/// takes elements l, l + 32, ... one by one. The lanes update their elements in
 /// registers, store the slots that are not quantized (the parameters) at once, fold the
 /// summaries over the warp with shuffles (no other launch), store their codes with the block's
 /// new scale, and lane 0 stores the scale: the steps of detail::access::update_block, the same
@@ -680,6 +734,21 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
+  // Whole, or a tensor's last block with its slots aligned as a whole one's: both in the lanes'
+  // layout (fetched ahead, computed on the same code).
+  // Only in the shapes with a lookahead: in the others (16-bit parameters, bound by issue) the
+  // tails' code cost 2% on the H200 (docs/quantized_states.md, "Partial blocks").
+  constexpr bool tails_in_lanes = lookahead;
+  auto lanes_layout = [&](cursor const& c) {
+    return tails_in_lanes ? quads && c.tensor.head == 0 : whole(c);
+  };
+  auto fetch_block = [&](raw_block<Access, quantized_groups_v<Access>>& r, cursor const& c) {
+    if (!tails_in_lanes || c.first + block <= c.end) {
+      r.fetch(c.tensor.bases, c.first, lane);
+    } else {
+      r.fetch_tail(c.tensor.bases, c.first, lane, static_cast<int>(c.end - c.first));
+    }
+  };
 
   using element = typename Access::element_type;
   using raw = raw_block<Access, groups>;
@@ -704,23 +773,36 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     void* const* bases = c.tensor.bases;
     std::uint64_t const block_index = block_of<block>(c.first);
     auto summary = Access::empty_summary();
-    if (is_whole) {
+    // A block in the lanes' layout: whole, or (`tail`) a tensor's last block of `count`
+    // elements, whose lanes update and store only the elements inside the tensor.
+    auto in_lanes = [&](auto tail, int count) {
+      constexpr bool is_tail = decltype(tail)::value;
       if (data != nullptr) { data->decode(e, maps); }
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
+        int const inside = count - (g * 4 * lanes + 4 * lane);
 #pragma unroll
-        for (int j = 4 * g; j < 4 * g + 4; ++j) { update(e[j], c.first + g * 4 * lanes + 4 * lane + j % 4, summary); }
+        for (int j = 4 * g; j < 4 * g + 4; ++j) {
+          if (!is_tail || j % 4 < inside) { update(e[j], c.first + g * 4 * lanes + 4 * lane + j % 4, summary); }
+        }
         // The slots stored as they are go out before the warp's fold: their registers are free
         // sooner and the stores overlap the fold.
-        store_plain_quads<Access>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, std::make_index_sequence<S>{});
+        store_plain_quads<Access, is_tail>(e + 4 * g, bases, c.first + g * 4 * lanes + 4 * lane, inside,
+                                           std::make_index_sequence<S>{});
       }
       warp_summary<Access>(summary);
-      store_block_codes<Access, per_lane / 4>(e, bases, block_index, lane, summary, maps,
-                                              std::make_index_sequence<S>{});
+      store_block_codes<Access, per_lane / 4, is_tail>(e, bases, block_index, lane, summary, maps, count,
+                                                       std::make_index_sequence<S>{});
+    };
+    if (is_whole) {
+      in_lanes(std::false_type{}, static_cast<int>(block));
+    } else if (tails_in_lanes && lanes_layout(c)) {
+      in_lanes(std::true_type{}, static_cast<int>(c.end - c.first));
     } else {
-      // Element by element (a tensor's last, partial block, or misaligned slots), the codes
-      // looked up in the block's maps: through the maps in global memory W3's partial blocks
-      // took 28% of its step (docs/quantized_states.md, "Partial blocks").
+      // Element by element (slots misaligned for the lanes' layout; a tensor's last block in
+      // the shapes without lookahead), the codes looked up in the block's maps: through the
+      // maps in global memory W3's partial blocks took 28% of its step
+      // (docs/quantized_states.md, "Partial blocks").
 #pragma unroll
       for (int j = 0; j < per_lane; ++j) {
         std::int64_t const i = c.first + lane + j * lanes;
@@ -749,17 +831,17 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     cursor near = at;
     bool near_more = more;
     raw first_data, second_data;
-    if (near_more && whole(near)) { first_data.fetch(near.tensor.bases, near.first, lane); }
+    if (near_more && lanes_layout(near)) { fetch_block(first_data, near); }
     bool far_more = near_more && advance(at);
-    if (far_more && whole(at)) { second_data.fetch(at.tensor.bases, at.first, lane); }
+    if (far_more && lanes_layout(at)) { fetch_block(second_data, at); }
     auto turn = [&](raw& data) {
       cursor const c = near;
       element e[per_lane];
-      if (whole(c)) { data.decode(e, maps); }
+      if (lanes_layout(c)) { data.decode(e, maps); }
       near = at;
       near_more = far_more;
       far_more = far_more && advance(at);
-      if (far_more && whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
+      if (far_more && lanes_layout(at)) { fetch_block(data, at); }
       update_block(c, nullptr, e);
     };
     while (near_more) {
@@ -771,12 +853,12 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     // Decoding before the next loads go into the same registers, as above, was 2-3% slower
     // here (the H200, bound by issue) than this copy.
     raw ahead;
-    if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
+    if (more && lanes_layout(at)) { fetch_block(ahead, at); }
     while (more) {
       cursor const c = at;
       raw const data = ahead;
       more = advance(at);
-      if (more && whole(at)) { ahead.fetch(at.tensor.bases, at.first, lane); }
+      if (more && lanes_layout(at)) { fetch_block(ahead, at); }
       update_block(c, &data, nullptr);
     }
   } else if constexpr (shape.staged_next) {
@@ -791,13 +873,13 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     copies_commit();
     while (more) {
       element e[per_lane];
-      if (whole(at)) {
+      if (lanes_layout(at)) {
         raw data;
         if (staged) {
           copies_wait_all();
           stage.load(data, lane);
         } else {
-          data.fetch(at.tensor.bases, at.first, lane);
+          fetch_block(data, at);
         }
         data.decode(e, maps);
       }
@@ -814,7 +896,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     // One cursor live: the loads of a block are issued when it starts.
     while (more) {
       raw data;
-      if (whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
+      if (lanes_layout(at)) { fetch_block(data, at); }
       element e[per_lane];
       update_block(at, &data, e);
       more = advance(at);
