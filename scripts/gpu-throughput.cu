@@ -202,7 +202,7 @@ double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
           bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane,
-          int LookaheadBlocks = 1, bool StagedNext = false>
+          int LookaheadBlocks = 1, bool StagedNext = false, bool TailsInLanes = false>
 struct policy : fo::cuda::detail::default_policy {
   static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
@@ -212,7 +212,7 @@ struct policy : fo::cuda::detail::default_policy {
   static constexpr int min_blocks_per_sm = MinBlocks;
   static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t, bool)
   {
-    return {QuantizedBlocks, Lookahead, LookaheadBlocks, StagedNext};
+    return {QuantizedBlocks, Lookahead, LookaheadBlocks, StagedNext, TailsInLanes};
   }
 };
 
@@ -709,8 +709,10 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
     print({name + " " + label + verdict, time_variant<variant_policy>(rule, lists, chunk, max_blocks, pb), bytes, copy});
   };
   constexpr int pass = fo::cuda::detail::default_policy::pass_bytes_per_lane;
-  variant("lookahead 4/SM (fast memory)", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
+  variant("lookahead 4/SM, tails in lanes (fast memory)", tag<policy<128, 64, true, true, 1, 4, true, pass, 1, false, true>>{}, 0);
+  variant("lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, true>>{}, 0);
   variant("lookahead 2 blocks 3/SM (slow memory)", tag<policy<128, 64, true, true, 1, 3, true, pass, 2>>{}, 0);
+  variant("lookahead 2 blocks 3/SM, tails in lanes", tag<policy<128, 64, true, true, 1, 3, true, pass, 2, false, true>>{}, 0);
   variant("lookahead 2 blocks 4/SM", tag<policy<128, 64, true, true, 1, 4, true, pass, 2>>{}, 0);
   variant("lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, true>>{}, 0);
   variant("no lookahead 5/SM", tag<policy<128, 64, true, true, 1, 5, false>>{}, 0);

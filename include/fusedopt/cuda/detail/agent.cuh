@@ -659,7 +659,7 @@ struct block_cursor {
 /// access per slot and four elements (16 bytes of fp32, 4 of codes), each warp access 32
 /// consecutive such groups; with the lookahead (quantized_shape_v) the warp issues the loads of its
 /// next block (raw_block) before it computes this one, so their memory latency is hidden
-/// behind its arithmetic. In those shapes a tensor's last, partial block takes the same layout,
+/// behind its arithmetic. Where the shape says so (tails_in_lanes) a tensor's last, partial block takes the same layout,
 /// its lanes loading, updating and storing only the elements inside the tensor (and keeping
 /// the codes past its end); there in the others, and where the slots are misaligned, lane l
 /// takes elements l, l + 32, ... one by one. The lanes update their elements in
@@ -736,9 +736,9 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
   // Whole, or a tensor's last block with its slots aligned as a whole one's: both in the lanes'
   // layout (fetched ahead, computed on the same code).
-  // Only in the shapes with a lookahead: in the others (16-bit parameters, bound by issue) the
-  // tails' code cost 2% on the H200 (docs/quantized_states.md, "Partial blocks").
-  constexpr bool tails_in_lanes = lookahead;
+  // Where the policy's shape asks for it (quantized_shape::tails_in_lanes, with a lookahead).
+  constexpr bool tails_in_lanes = shape.tails_in_lanes;
+  static_assert(!tails_in_lanes || lookahead, "fusedopt: quantized_shape::tails_in_lanes is for shapes with lookahead");
   auto lanes_layout = [&](cursor const& c) {
     return tails_in_lanes ? quads && c.tensor.head == 0 : whole(c);
   };
@@ -800,7 +800,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       in_lanes(std::true_type{}, static_cast<int>(c.end - c.first));
     } else {
       // Element by element (slots misaligned for the lanes' layout; a tensor's last block in
-      // the shapes without lookahead), the codes looked up in the block's maps: through the
+      // the shapes without tails_in_lanes), the codes looked up in the block's maps: through the
       // maps in global memory W3's partial blocks took 28% of its step
       // (docs/quantized_states.md, "Partial blocks").
 #pragma unroll

@@ -30,11 +30,15 @@ struct quantized_shape {
   /// Without the lookahead: the warp's next block of the same chunk is copied into shared
   /// memory (`cp.async`) while it computes the current one.
   bool staged_next = false;
+  /// With the lookahead: a tensor's last, partial block is fetched ahead and computed in the
+  /// lanes' layout like a whole one (its lanes taking only the elements inside the tensor),
+  /// rather than element by element when it starts.
+  bool tails_in_lanes = false;
 };
 constexpr bool operator==(quantized_shape const& a, quantized_shape const& b)
 {
   return a.blocks_per_sm == b.blocks_per_sm && a.lookahead == b.lookahead && a.lookahead_blocks == b.lookahead_blocks &&
-         a.staged_next == b.staged_next;
+         a.staged_next == b.staged_next && a.tails_in_lanes == b.tails_in_lanes;
 }
 
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
@@ -90,12 +94,15 @@ struct default_policy {
   /// per SM on both, the warp's next block of the same chunk staged in shared memory on slow
   /// memory only (2-3% faster on the H100, 1-2% slower on the H200, whose update waits on
   /// issue: docs/quantized_states.md, "The lookahead" and "The 16-bit shape's next block", and
-  /// docs/tuning.md, "Quantized updates by memory speed"). Where the two speeds get one shape, one kernel is compiled. Only
+  /// docs/tuning.md, "Quantized updates by memory speed"). A tensor's last, partial block is
+  /// computed in the lanes' layout on fast memory only (W3 fp32 138.7 -> 115.0 us on an H200; on
+  /// the H100's two-block loop it gained W3 as much but cost W2 and W4 0.4%:
+  /// docs/quantized_states.md, "Partial blocks"). Where the two speeds get one shape, one kernel is compiled. Only
   /// policies used with quantized states need these members.
   static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes, bool fast_memory)
   {
     if (widest_plain_bytes < 4) { return fast_memory ? quantized_shape{5, false} : quantized_shape{5, false, 1, true}; }
-    return fast_memory ? quantized_shape{4, true, 1} : quantized_shape{3, true, 2};
+    return fast_memory ? quantized_shape{4, true, 1, false, true} : quantized_shape{3, true, 2};
   }
   /// DRAM bytes per SM cycle (peak, from the device's attributes) above which memory is fast:
   /// the H100 SXM has 12.8 (3.35 TB/s, 132 SMs at 1.98 GHz), the H200 18.4.
