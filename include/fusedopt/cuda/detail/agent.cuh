@@ -659,10 +659,10 @@ struct block_cursor {
 /// access per slot and four elements (16 bytes of fp32, 4 of codes), each warp access 32
 /// consecutive such groups; with the lookahead (quantized_shape_v) the warp issues the loads of its
 /// next block (raw_block) before it computes this one, so their memory latency is hidden
-/// behind its arithmetic. Where the shape says so (tails_in_lanes) a tensor's last, partial block takes the same layout,
-/// its lanes loading, updating and storing only the elements inside the tensor (and keeping
-/// the codes past its end); there in the others, and where the slots are misaligned, lane l
-/// takes elements l, l + 32, ... one by one. The lanes update their elements in
+/// behind its arithmetic. Where the shape says so (tails_in_lanes) a tensor's last, partial
+/// block takes the same layout, its lanes loading, updating and storing only the elements
+/// inside the tensor (and keeping the codes past its end); in the other shapes, and where the
+/// slots are misaligned, lane l takes elements l, l + 32, ... one by one. The lanes update their elements in
 /// registers, store the slots that are not quantized (the parameters) at once, fold the
 /// summaries over the warp with shuffles (no other launch), store their codes with the block's
 /// new scale, and lane 0 stores the scale: the steps of detail::access::update_block, the same
@@ -734,9 +734,9 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
-  // Whole, or a tensor's last block with its slots aligned as a whole one's: both in the lanes'
-  // layout (fetched ahead, computed on the same code).
-  // Where the policy's shape asks for it (quantized_shape::tails_in_lanes, with a lookahead).
+  // In the lanes' layout (fetched ahead, computed on the whole blocks' code): whole blocks and,
+  // where the shape asks for it (quantized_shape::tails_in_lanes), a tensor's last block with
+  // its slots aligned as a whole one's.
   constexpr bool tails_in_lanes = shape.tails_in_lanes;
   static_assert(!tails_in_lanes || lookahead, "fusedopt: quantized_shape::tails_in_lanes is for shapes with lookahead");
   auto lanes_layout = [&](cursor const& c) {
