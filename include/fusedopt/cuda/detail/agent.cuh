@@ -266,6 +266,10 @@ template <int G>
 struct alignas(G >= 4 ? 16 : 4 * G) lane_codes {
   std::uint32_t w[G];
 };
+/// Elements of lane `lane`'s group g (elements 128 g + 4 lane .. + 3 of a block) inside the
+/// first `count` elements of the block: 4 or more where the whole group is, 0 or less where
+/// none of it is.
+__device__ __forceinline__ int group_inside(int count, int g, int lane) { return count - (g * 128 + 4 * lane); }
 /// Lane `lane`'s codes of the whole block at element `first` (a multiple of the block) of a
 /// tensor whose codes start at `codes`: the block's codes start `first` bytes after them.
 template <int G, class Byte>
@@ -312,7 +316,7 @@ struct raw_slot<Access, K, G, true, false> {
   {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      int const inside = count - (g * 128 + 4 * lane);
+      int const inside = group_inside(count, g, lane);
       if (inside >= 4) {
         q[g] = *source(bases, first, lane, g);
       } else {
@@ -542,23 +546,20 @@ __device__ __forceinline__ void store_block_codes(typename Access::element_type 
       float const inverse = ::fusedopt::detail::inverse_scale(::fusedopt::detail::bits_float(summary.max_bits[K]));
       auto const& map = maps.template get<typename T::map_type>();
       lane_codes<Groups> words;
+      lane_codes<Groups> before{};  // with Tail: the bytes kept past the tensor's end
+      if constexpr (Tail) { before = *codes; }
 #pragma unroll
       for (int g = 0; g < Groups; ++g) {
+        int const inside = Tail ? group_inside(count, g, lane) : 4;
         words.w[g] = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          auto value = e[4 * g + j].at(K);
           // Past the tensor's end the lane holds no updated value (the block's absmax does not
-          // bound it: quantizing it could search outside the map); its byte is kept below.
-          if (Tail && j >= count - (g * 128 + 4 * lane)) { value = 0; }
+          // bound it: quantizing it could search outside the map): a zero, its byte kept below.
+          auto const value = j < inside ? e[4 * g + j].at(K) : 0.f;
           words.w[g] |= std::uint32_t{::fusedopt::detail::quantize(map, value, inverse)} << (8 * j);
         }
-      }
-      if constexpr (Tail) {
-        lane_codes<Groups> const before = *codes;
-#pragma unroll
-        for (int g = 0; g < Groups; ++g) {
-          int const inside = count - (g * 128 + 4 * lane);
+        if constexpr (Tail) {
           std::uint32_t const kept = inside >= 4 ? 0u : inside <= 0 ? 0xffffffffu : 0xffffffffu << (8 * inside);
           words.w[g] = (words.w[g] & ~kept) | (before.w[g] & kept);
         }
@@ -780,7 +781,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       if (data != nullptr) { data->decode(e, maps); }
 #pragma unroll
       for (int g = 0; g < per_lane / 4; ++g) {
-        int const inside = count - (g * 4 * lanes + 4 * lane);
+        int const inside = group_inside(count, g, lane);
 #pragma unroll
         for (int j = 4 * g; j < 4 * g + 4; ++j) {
           if (!is_tail || j % 4 < inside) { update(e[j], c.first + g * 4 * lanes + 4 * lane + j % 4, summary); }
@@ -873,13 +874,13 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     copies_commit();
     while (more) {
       element e[per_lane];
-      if (lanes_layout(at)) {
+      if (whole(at)) {
         raw data;
         if (staged) {
           copies_wait_all();
           stage.load(data, lane);
         } else {
-          fetch_block(data, at);
+          data.fetch(at.tensor.bases, at.first, lane);
         }
         data.decode(e, maps);
       }
@@ -896,7 +897,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     // One cursor live: the loads of a block are issued when it starts.
     while (more) {
       raw data;
-      if (lanes_layout(at)) { fetch_block(data, at); }
+      if (whole(at)) { data.fetch(at.tensor.bases, at.first, lane); }
       element e[per_lane];
       update_block(at, &data, e);
       more = advance(at);
