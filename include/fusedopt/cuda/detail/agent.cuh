@@ -707,13 +707,16 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // next crossing (loaded into others, its move into these made the warp wait for the load at
   // once: a tenth of the stall samples).
   constexpr bool two_ahead = lookahead && shape.lookahead_blocks == 2;
+  // The loops that look past a crossing before they reach it (two blocks ahead; the staged
+  // loop, which stages the first block of the warp's next chunk) carry that chunk's entry.
+  constexpr bool entry_ahead = two_ahead || shape.staged_next;
   std::int64_t const grid = gridDim.x;
   std::int64_t const num_chunks = table.num_chunks;
-  uint4 upcoming{};  // two blocks ahead: the entry of the advancing cursor's next chunk
-  if (two_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(table, blockIdx.x); }
-  std::int32_t tensor_in_cursor = -1;  // two blocks ahead: the table's entry the advancing cursor holds
+  uint4 upcoming{};  // with the entry ahead: the entry of the advancing cursor's next chunk
+  if (entry_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(table, blockIdx.x); }
+  std::int32_t tensor_in_cursor = -1;  // with the entry ahead: the table's entry the advancing cursor holds
   auto enter = [&](cursor& c, chunk_entry const& entry) {
-    if (!two_ahead || entry.tensor != tensor_in_cursor) {
+    if (!entry_ahead || entry.tensor != tensor_in_cursor) {
       c.tensor = table.tensor(entry.tensor);
       tensor_in_cursor = entry.tensor;
     }
@@ -725,7 +728,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
     if (c.first < c.end) { return true; }
     c.chunk += grid;
     if (c.chunk >= num_chunks) { return false; }
-    if constexpr (two_ahead) {
+    if constexpr (entry_ahead) {
       enter(c, chunk_of_bits(upcoming));
     } else {
       enter(c, table.chunk(c.chunk));
@@ -738,7 +741,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       enter(c, table.chunk(c.chunk));
     }
     // Past the last chunk the load reads this one's entry again (a valid address, never used).
-    if constexpr (two_ahead) { upcoming = chunk_bits(table, c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
+    if constexpr (entry_ahead) { upcoming = chunk_bits(table, c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
@@ -870,10 +873,12 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       update_block(c, &data, nullptr);
     }
   } else if constexpr (shape.staged_next) {
-    // One cursor live, no registers for a lookahead: the warp's next block in the same chunk is
-    // copied into shared memory (cp.async) while this one computes; a block after a crossing is
-    // loaded when it starts. The staged bytes are decoded (read into registers and used) before
-    // the next copies into the same place are issued.
+    // One cursor live, no registers for a lookahead: the warp's next block is copied into shared
+    // memory (cp.async) while this one computes, in the same chunk or, through the entry of the
+    // warp's next chunk carried from the last crossing, the first block of that chunk where it
+    // is of the same tensor (another tensor's block is loaded when it starts: its entry is not
+    // in registers yet). The staged bytes are decoded (read into registers and used) before the
+    // next copies into the same place are issued.
     __shared__ warp_stages<Policy, Access> stages;
     auto& stage = stages[warp];
     bool staged = more && whole(at);
@@ -891,10 +896,18 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
         }
         data.decode(e, maps);
       }
-      std::int64_t const next = at.first + warps * block;
-      // whole() of the block at `next`, written out: through one lambda taking the element,
-      // ptxas spilled 24 bytes more in this loop.
-      staged = quads && at.tensor.head == 0 && next + block <= at.end;
+      // The block advance() goes to next, and whether it is whole (whole() written out: through
+      // one lambda taking the element, ptxas spilled 24 bytes more in this loop).
+      std::int64_t next = at.first + warps * block;
+      staged = quads && at.tensor.head == 0;
+      if (next < at.end) {
+        staged = staged && next + block <= at.end;
+      } else {
+        chunk_entry const following = chunk_of_bits(upcoming);
+        next = following.begin + warp * block;
+        staged = staged && at.chunk + grid < num_chunks && following.tensor == tensor_in_cursor &&
+                 next + block <= following.begin + following.count;
+      }
       if (staged) { stage.fetch_async(at.tensor.bases, next, lane); }
       copies_commit();
       update_block(at, nullptr, e);
