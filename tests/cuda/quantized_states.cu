@@ -84,11 +84,13 @@ std::int64_t total_of(std::vector<std::int64_t> const& sizes)
   return total;
 }
 
-fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed memory = fo::cuda::memory_speed::automatic)
+fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed memory = fo::cuda::memory_speed::automatic,
+                                 std::int64_t max_blocks = 0)
 {
   fo::cuda::options opts;
   opts.metadata = how;
   opts.quantized_memory = memory;
+  opts.max_blocks = max_blocks;
   return opts;
 }
 
@@ -100,10 +102,12 @@ fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed
 /// against the grads, and every element goes one by one. `memory`: the policy's shape for
 /// fast or slow memory, whatever the GPU (fp32 parameters: one block of lookahead at 4 blocks
 /// per SM, or two at 3; 16-bit ones: none, slow memory's staging the next block in shared
-/// memory).
+/// memory). `max_blocks`: the persistent grid's CTAs (0: sized by the device, a chunk or none
+/// each here; 3: each walks a dozen chunks, crossing from one to the next of the same tensor and
+/// of another, which is where the loops look ahead past a crossing).
 template <class P, class... States, class MakeRule>
 void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
-                            fo::cuda::memory_speed memory)
+                            fo::cuda::memory_speed memory, std::int64_t max_blocks)
 {
   std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000, 2048};
   std::int64_t const total = total_of(sizes);
@@ -127,7 +131,7 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
                                                   (typename States::first_type{} = state->list(false))...));
     auto cuda_plan = fo::cuda::make_plan(fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<P const>(true),
                                                   (typename States::first_type{} = state->list(true))...),
-                                         with_transport(how, memory));
+                                         with_transport(how, memory, max_blocks));
     for (int step = 1; step <= 4; ++step) {
       INFO("step " << step);
       std::vector<float> g = mixed_values(total, 100 + static_cast<std::uint64_t>(step), true);
@@ -156,14 +160,16 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion:
                             fo::cuda::transport::param_32k);
   bool const aligned = GENERATE(true, false);
   auto const memory = GENERATE(fo::cuda::memory_speed::fast, fo::cuda::memory_speed::slow);
+  std::int64_t const max_blocks = GENERATE(0, 3);
   if (!transport_available(how)) { return; }
   INFO("aligned params and grads: " << aligned << "; shape for " << (memory == fo::cuda::memory_speed::fast ? "fast" : "slow")
-                                    << " memory");
+                                    << " memory; grid of " << (max_blocks > 0 ? std::to_string(max_blocks) : "the device's")
+                                    << " CTAs");
   SECTION("Adam")
   {
     fo::rules::adam adam;
     adam.lr = 1e-2;
-    check_host_equals_cuda<float, m_state, v_state>([&](float*) { return adam; }, how, false, aligned, memory);
+    check_host_equals_cuda<float, m_state, v_state>([&](float*) { return adam; }, how, false, aligned, memory, max_blocks);
   }
   SECTION("AdamW, a NaN gradient skipped by skip_if_nonfinite")
   {
@@ -171,7 +177,7 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion:
     adamw.lr = 1e-2;
     adamw.weight_decay = 0.1;
     check_host_equals_cuda<float, m_state, v_state>([&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); },
-                                             how, true, aligned, memory);
+                                             how, true, aligned, memory, max_blocks);
   }
   SECTION("SGD with Nesterov momentum")
   {
@@ -180,14 +186,14 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion:
     sgd.momentum = 0.9;
     sgd.nesterov = true;
     check_host_equals_cuda<float, std::pair<fo::slot::momentum_buffer_t, fo::signed_q8>>([&](float*) { return sgd; }, how, false,
-                                                                                 aligned, memory);
+                                                                                 aligned, memory, max_blocks);
   }
   SECTION("Lion")
   {
     fo::rules::lion lion;
     lion.lr = 1e-3;
     lion.weight_decay = 0.5;
-    check_host_equals_cuda<float, m_state>([&](float*) { return lion; }, how, false, aligned, memory);
+    check_host_equals_cuda<float, m_state>([&](float*) { return lion; }, how, false, aligned, memory, max_blocks);
   }
   SECTION("AdamW over bf16 parameters and gradients, a NaN gradient skipped")
   {
@@ -197,7 +203,7 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion:
     adamw.lr = 1e-2;
     adamw.weight_decay = 0.1;
     check_host_equals_cuda<fo::bfloat16, m_state, v_state>(
-      [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned, memory);
+      [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned, memory, max_blocks);
   }
 }
 
