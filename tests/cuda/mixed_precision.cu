@@ -4,7 +4,9 @@
 // bit, on the GPU too), and stochastic rounding (the same bits on host and device for the same
 // seed, step, tensor and element), through every scenario of the elementwise sweep; plus
 // with_master over a chain with a reduction pass (clip + AdamW), within the clip tolerance;
-// with_kahan (bf16 and half params with a compensation of their type).
+// with_kahan (bf16 and half params with a compensation of their type); and the CUDA backend's
+// rounding of four floats to bfloat16 (the hardware's where none is a NaN) against the host's,
+// over every float.
 #include "support.cuh"
 
 using namespace fusedopt_test;
@@ -26,7 +28,41 @@ std::uint32_t bits_of(float x)
   return u;
 }
 
+/// Every float bit pattern through the CUDA backend's round_to_bfloat16 (the hardware's
+/// rounding where no value of the four is a NaN) against float_to_bfloat16_bits, the host's:
+/// the count of elements that differ and the smallest such pattern. Each thread rounds f, -f,
+/// f's neighbour and a NaN or not (every fourth pattern takes a NaN in the last place, so
+/// that quads with a NaN take the other path).
+__global__ void bfloat16_rounding_differences(unsigned long long* differences, unsigned* first)
+{
+  std::uint64_t const stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < (std::uint64_t{1} << 32);
+       i += stride) {
+    auto const u = static_cast<std::uint32_t>(i);
+    float const values[4] = {__uint_as_float(u), -__uint_as_float(u), __uint_as_float(u ^ 1u),
+                             (u & 3u) == 0 ? __uint_as_float(0x7fc01234u | (u & 0x80000000u)) : 1.f};
+    auto const q = fo::cuda::detail::round_to_bfloat16(values[0], values[1], values[2], values[3]);
+    for (int j = 0; j < 4; ++j) {
+      if (q.v[j].bits != fo::detail::float_to_bfloat16_bits(values[j])) {
+        atomicAdd(differences, 1ull);
+        atomicMin(first, u);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("rounding to bfloat16 on the GPU gives the host's bits for every float", "[cuda][bf16]")
+{
+  device_array<unsigned long long> differences(1);  // zeros
+  device_array<unsigned> first(1);
+  first.set(0xffffffffu);
+  bfloat16_rounding_differences<<<2048, 256>>>(differences.get(), first.get());
+  FO_TEST_CUDA(cudaGetLastError());
+  INFO("first differing float bits 0x" << std::hex << first.value());
+  REQUIRE(differences.value() == 0);
+}
 
 TEMPLATE_TEST_CASE("with_master on the GPU equals the host bit for bit", "[cuda][master]", fo::bfloat16, fo::half)
 {

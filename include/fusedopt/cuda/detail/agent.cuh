@@ -7,10 +7,12 @@
 /// per block of codes (process_quantized).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -513,6 +515,31 @@ template <class Access>
 inline constexpr int quantized_groups_v =
   Access::block_elements % 128 == 0 ? static_cast<int>(Access::block_elements / 128) : 1;
 
+/// Four floats rounded to bfloat16, nearest even: on sm_80 and newer, where none is a NaN, by
+/// the hardware two at a time (cvt.rn.bf16x2.f32), which gives float_to_bfloat16_bits's bits
+/// for every float that is not a NaN (tests/cuda/mixed_precision.cu checks all 2^32); its NaN is
+/// the canonical 0x7fff, so a NaN goes through float_to_bfloat16_bits, which keeps a quiet NaN's
+/// sign and payload as the host does. Two conversions where the integer rounding took about 28
+/// instructions: the 8-bit update over bf16 parameters waits on instruction issue.
+__device__ __forceinline__ quad<::fusedopt::bfloat16> round_to_bfloat16(float a, float b, float c, float d)
+{
+  quad<::fusedopt::bfloat16> q;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (!(a != a || b != b || c != c || d != d)) {
+    __nv_bfloat162 const low = __floats2bfloat162_rn(a, b);
+    __nv_bfloat162 const high = __floats2bfloat162_rn(c, d);
+    std::memcpy(&q.v[0], &low, sizeof low);
+    std::memcpy(&q.v[2], &high, sizeof high);
+    return q;
+  }
+#endif
+  q.v[0] = ::fusedopt::bfloat16(a);
+  q.v[1] = ::fusedopt::bfloat16(b);
+  q.v[2] = ::fusedopt::bfloat16(c);
+  q.v[3] = ::fusedopt::bfloat16(d);
+  return q;
+}
+
 /// Stores e[0..3] into elements i..i+3 of slot K, a written slot that is not quantized, as one
 /// quad; with `Tail`, only the first `inside` of them (all four as one quad where they are).
 template <class Access, std::size_t K, bool Tail>
@@ -522,8 +549,12 @@ __device__ __forceinline__ void store_plain_quad(typename Access::element_type c
   using T = typename Access::template element_t<K>;
   if constexpr (Access::stores[K] && !Access::quantized[K]) {
     quad<T> q;
+    if constexpr (std::is_same_v<T, ::fusedopt::bfloat16> && std::is_same_v<typename Access::value_type, float>) {
+      q = round_to_bfloat16(e[0].at(K), e[1].at(K), e[2].at(K), e[3].at(K));
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) { q.v[j] = ::fusedopt::from_opmath<T>(e[j].at(K)); }
+      for (int j = 0; j < 4; ++j) { q.v[j] = ::fusedopt::from_opmath<T>(e[j].at(K)); }
+    }
     if (!Tail || inside >= 4) {
       *reinterpret_cast<quad<T>*>(static_cast<T*>(bases[K]) + i) = q;
     } else {
