@@ -8,6 +8,7 @@
 
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "reference/quantization.hpp"
 
@@ -104,10 +105,12 @@ fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed
 /// per SM, or two at 3; 16-bit ones: none, slow memory's staging the next block in shared
 /// memory). `max_blocks`: the persistent grid's CTAs (0: sized by the device, a chunk or none
 /// each here; 3: each walks a dozen chunks, crossing from one to the next of the same tensor and
-/// of another, which is where the loops look ahead past a crossing).
+/// of another, which is where the loops look ahead past a crossing). `through_apply`: the steps
+/// through cuda::apply, whose warps take their units round-robin (a plan's from its work
+/// queue; a plan's four steps also check that each launch leaves the queue empty).
 template <class P, class... States, class MakeRule>
 void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, bool nan_at_step_3, bool aligned,
-                            fo::cuda::memory_speed memory, std::int64_t max_blocks)
+                            fo::cuda::memory_speed memory, std::int64_t max_blocks, bool through_apply = false)
 {
   std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 70000, 2048};
   std::int64_t const total = total_of(sizes);
@@ -129,9 +132,11 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
   auto run = [&](auto&... state) {
     auto host_plan = fo::host::make_plan(fo::bind(fo::slot::param = param.list(false), fo::slot::grad = grad.template list<P const>(false),
                                                   (typename States::first_type{} = state->list(false))...));
-    auto cuda_plan = fo::cuda::make_plan(fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<P const>(true),
-                                                  (typename States::first_type{} = state->list(true))...),
-                                         with_transport(how, memory, max_blocks));
+    auto const cuda_lists = fo::bind(fo::slot::param = param.list(true), fo::slot::grad = grad.template list<P const>(true),
+                                      (typename States::first_type{} = state->list(true))...);
+    auto const opts = with_transport(how, memory, max_blocks);
+    std::optional<decltype(fo::cuda::make_plan(cuda_lists, opts))> cuda_plan;
+    if (!through_apply) { cuda_plan.emplace(fo::cuda::make_plan(cuda_lists, opts)); }
     for (int step = 1; step <= 4; ++step) {
       INFO("step " << step);
       std::vector<float> g = mixed_values(total, 100 + static_cast<std::uint64_t>(step), true);
@@ -139,7 +144,17 @@ void check_host_equals_cuda(MakeRule const& make_rule, fo::cuda::transport how, 
       if (step == 3 && nan_at_step_3) { g[static_cast<std::size_t>(total / 2)] = std::numeric_limits<float>::quiet_NaN(); }
       grad.assign(as_params(g));
       host_plan.run(make_rule(&found_inf_host), fo::step_info{step});
-      cuda_plan.run(make_rule(found_inf_device.get()), fo::step_info{step});
+      auto const rule = make_rule(found_inf_device.get());
+      if constexpr (fo::detail::pass_count_v<std::decay_t<decltype(rule)>> == 0) {
+        if (through_apply) {
+          fo::cuda::apply(rule, cuda_lists, fo::step_info{step}, opts);
+        } else {
+          cuda_plan->run(rule, fo::step_info{step});
+        }
+      } else {
+        REQUIRE_FALSE(through_apply);  // cuda::apply takes no rule with reduction passes
+        cuda_plan->run(rule, fo::step_info{step});
+      }
       FO_TEST_CUDA(cudaDeviceSynchronize());
       param.require_same("param");
       (state->require_same("state"), ...);
@@ -204,6 +219,27 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion:
     adamw.weight_decay = 0.1;
     check_host_equals_cuda<fo::bfloat16, m_state, v_state>(
       [&](float* found_inf) { return fo::rules::skip_if_nonfinite(adamw, found_inf); }, how, true, aligned, memory, max_blocks);
+  }
+}
+
+TEST_CASE("8-bit Adam over fp32 and bf16 parameters through cuda::apply (units dealt round-robin): the host backend's bits",
+          "[cuda][quantized][apply]")
+{
+  auto const how = GENERATE(fo::cuda::transport::param_4k, fo::cuda::transport::param_32k);
+  bool const aligned = GENERATE(true, false);
+  auto const memory = GENERATE(fo::cuda::memory_speed::fast, fo::cuda::memory_speed::slow);
+  std::int64_t const max_blocks = GENERATE(0, 3);
+  if (!transport_available(how)) { return; }
+  INFO("aligned params and grads: " << aligned << "; shape for " << (memory == fo::cuda::memory_speed::fast ? "fast" : "slow")
+                                    << " memory; grid of " << max_blocks << " CTAs (0: the device's)");
+  fo::rules::adam adam;
+  adam.lr = 1e-2;
+  adam.weight_decay = 0.01;
+  auto const rule = [&](float*) { return adam; };
+  SECTION("fp32 parameters") { check_host_equals_cuda<float, m_state, v_state>(rule, how, false, aligned, memory, max_blocks, true); }
+  SECTION("bf16 parameters")
+  {
+    check_host_equals_cuda<fo::bfloat16, m_state, v_state>(rule, how, false, aligned, memory, max_blocks, true);
   }
 }
 

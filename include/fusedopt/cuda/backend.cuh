@@ -279,6 +279,7 @@ class basic_plan {
   ::fusedopt::detail::written_memory written_;
 
   std::unique_ptr<void, device_free> memory_;  // device tables: the chunk entries
+  std::unique_ptr<void, device_free> queue_memory_;  // lists with quantized states: the update's work queue
   // The tensor entries of every non-empty tensor, as the host last published or packed them.
   std::vector<detail::tensor_entry<num_slots>> tensors_;
   std::vector<detail::tensor_entry<num_slots>> candidate_;  // rebind(slot, ...)'s entries before they are taken

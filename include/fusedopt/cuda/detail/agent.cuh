@@ -684,15 +684,21 @@ inline constexpr std::size_t quantized_stage_bytes_v =
 /// block) of the tensor (the block may end early at `end`, the chunk's end).
 template <std::size_t S>
 struct block_cursor {
-  std::int64_t chunk;
   std::int64_t first;
   std::int64_t end;
   tensor_entry<S> tensor;
 };
 
-/// The update where quantized states are stored, over the chunks `blockIdx.x`, `blockIdx.x +
-/// gridDim.x`, ... of `table` (a persistent grid; chunks start at multiples of the block size,
-/// make_layout). One warp owns a block: warp w takes blocks w, w + warps, ... of each chunk. In
+/// The update where quantized states are stored, by a persistent grid over the chunks of
+/// `table` (chunks start at multiples of the block size, make_layout). One warp owns a block;
+/// a warp's unit of work is one of a chunk's `warps` slots, slot s its blocks s, s + warps, ...
+/// (unit u: slot u % warps of chunk u / warps). Each warp of the grid takes its own unit and the
+/// one a grid of warps later, then those `queue` hands it in the order the warps ask (a warp
+/// asks at each crossing into a unit for the unit after next), so warps on SMs that get more
+/// of the memory's time take more units; without a queue (cuda::apply) every grid of warps'
+/// unit, dealt round-robin, with which the first and the last warp of an H100 finished 7%
+/// (fp32 parameters) to 20% (bf16) of the step apart (docs/quantized_states.md, "Work from a
+/// queue"). In
 /// a whole block of a tensor whose other slots are aligned for 4-element accesses (head 0,
 /// slot_geometry::head), lane l takes elements 128 g + 4 l .. 128 g + 4 l + 3 for each g: one
 /// access per slot and four elements (16 bytes of fp32, 4 of codes), each warp access 32
@@ -708,7 +714,8 @@ struct block_cursor {
 /// bits. Both paths look their codes up in `maps` (the CTA's shared copy); the element path
 /// through the host's code (detail::access::load and store_in_block given these maps).
 template <class Policy, class Access, bool FastMemory, class Body, class Table>
-__device__ __forceinline__ void process_quantized(Body const& body, Table const& table, block_maps<Access> const& maps)
+__device__ __forceinline__ void process_quantized(Body const& body, Table const& table, block_maps<Access> const& maps,
+                                                  work_queue* queue)
 {
   constexpr int lanes = 32;
   static_assert(Policy::block_threads % lanes == 0, "a block of the CUDA backend is whole warps");
@@ -727,8 +734,8 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   int const lane = static_cast<int>(threadIdx.x) % lanes;
   int const warp = static_cast<int>(threadIdx.x) / lanes;
 
-  // The warp's next block, crossing into the CTA's next chunk that has one for this warp. With
-  // two blocks of lookahead the entry of the chunk after that is loaded at each crossing, a
+  // The warp's next block, crossing into its next unit that has one. With
+  // two blocks of lookahead the entry of the unit after that is loaded at each crossing, a
   // crossing ahead of its use, and the tensor's entry only where the chunk is of another tensor
   // (rare for large tensors): Nsight Compute put a fifth of that kernel's stall samples on these
   // two dependent table loads when every crossing made both. The shapes bound by instruction
@@ -741,38 +748,50 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // The loops that look past a crossing before they reach it (two blocks ahead; the staged
   // loop, which stages the first block of the warp's next chunk) carry that chunk's entry.
   constexpr bool entry_ahead = two_ahead || shape.staged_next;
-  std::int64_t const grid = gridDim.x;
-  std::int64_t const num_chunks = table.num_chunks;
-  uint4 upcoming{};  // with the entry ahead: the entry of the advancing cursor's next chunk
-  if (entry_ahead && static_cast<std::int64_t>(blockIdx.x) < num_chunks) { upcoming = chunk_bits(table, blockIdx.x); }
+  // Units in 32 bits (launch_update checks that they fit): fewer registers.
+  std::uint32_t const num_units = static_cast<std::uint32_t>(table.num_chunks) * warps;
+  std::uint32_t const grid_warps = gridDim.x * warps;
+  // The unit the warp enters at its next crossing, and (lane 0) the queue's answer to its last
+  // request: the unit after `following` is that answer plus the two grids of warps' units every
+  // warp starts with (at first the warp's second unit, `following` + grid_warps; the
+  // arithmetic wraps modulo 2^32).
+  std::uint32_t following = blockIdx.x * warps + warp;
+  std::uint32_t answer = following - grid_warps;
+  // The unit after `following`; with the queue it asks for the one after that. The answer is
+  // used a crossing after it is asked for: the request's latency hides behind a unit's blocks.
+  auto unit_after_following = [&]() -> std::uint32_t {
+    if (queue == nullptr) { return following + grid_warps; }
+    std::uint32_t const next = __shfl_sync(0xffffffffu, answer, 0) + 2 * grid_warps;
+    if (lane == 0) { answer = atomicAdd(&queue->handed, 1u); }
+    return next;
+  };
+  uint4 upcoming{};  // with the entry ahead: the entry of `following`'s chunk
+  if (entry_ahead && following < num_units) { upcoming = chunk_bits(table, blockIdx.x); }
   std::int32_t tensor_in_cursor = -1;  // with the entry ahead: the table's entry the advancing cursor holds
-  auto enter = [&](cursor& c, chunk_entry const& entry) {
+  auto enter = [&](cursor& c, chunk_entry const& entry, std::uint32_t unit) {
     if (!entry_ahead || entry.tensor != tensor_in_cursor) {
       c.tensor = table.tensor(entry.tensor);
       tensor_in_cursor = entry.tensor;
     }
-    c.first = entry.begin + warp * block;
+    c.first = entry.begin + static_cast<std::int64_t>(unit % warps) * block;
     c.end = entry.begin + entry.count;
   };
   auto advance = [&](cursor& c) {
     c.first += warps * block;
     if (c.first < c.end) { return true; }
-    c.chunk += grid;
-    if (c.chunk >= num_chunks) { return false; }
-    if constexpr (entry_ahead) {
-      enter(c, chunk_of_bits(upcoming));
-    } else {
-      enter(c, table.chunk(c.chunk));
+    bool carried = entry_ahead;  // `upcoming` holds the entry of the unit entered
+    for (;;) {
+      std::uint32_t const unit = following;
+      if (unit >= num_units) { return false; }
+      following = unit_after_following();
+      enter(c, carried ? chunk_of_bits(upcoming) : table.chunk(unit / warps), unit);
+      if (c.first < c.end) { break; }
+      // A unit without a block (a slot past a tensor's short last chunk): on to the next,
+      // waiting for its entry.
+      carried = false;
     }
-    // A chunk that has no block for this warp (a tensor's short last chunk): on to the next,
-    // waiting for its entry.
-    while (c.first >= c.end) {
-      c.chunk += grid;
-      if (c.chunk >= num_chunks) { return false; }
-      enter(c, table.chunk(c.chunk));
-    }
-    // Past the last chunk the load reads this one's entry again (a valid address, never used).
-    if constexpr (entry_ahead) { upcoming = chunk_bits(table, c.chunk + grid < num_chunks ? c.chunk + grid : c.chunk); }
+    // Past the last unit the load reads chunk 0's entry (a valid address, never used).
+    if constexpr (entry_ahead) { upcoming = chunk_bits(table, following < num_units ? following / warps : 0u); }
     return true;
   };
   auto whole = [&](cursor const& c) { return quads && c.tensor.head == 0 && c.first + block <= c.end; };
@@ -864,7 +883,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   };
 
   // `first` is the same in every lane of a warp: the warp-wide reductions see all 32 lanes.
-  cursor at{static_cast<std::int64_t>(blockIdx.x) - grid, 0, 0, {}};
+  cursor at{0, 0, {}};
   bool more = advance(at);
   if constexpr (two_ahead) {
     // Two blocks in flight: the loads of the block after next are issued before this one
@@ -934,10 +953,10 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       if (next < at.end) {
         staged = staged && next + block <= at.end;
       } else {
-        chunk_entry const following = chunk_of_bits(upcoming);
-        next = following.begin + warp * block;
-        staged = staged && at.chunk + grid < num_chunks && following.tensor == tensor_in_cursor &&
-                 next + block <= following.begin + following.count;
+        chunk_entry const entry = chunk_of_bits(upcoming);
+        next = entry.begin + static_cast<std::int64_t>(following % warps) * block;
+        staged = staged && following < num_units && entry.tensor == tensor_in_cursor &&
+                 next + block <= entry.begin + entry.count;
       }
       if (staged) { stage.fetch_async(at.tensor.bases, next, lane); }
       copies_commit();
@@ -952,6 +971,16 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       element e[per_lane];
       update_block(at, &data, e);
       more = advance(at);
+    }
+  }
+  // The last warp out empties the queue for the plan's next launch. The fences order each
+  // warp's requests before its count, and the counts before the reset.
+  if (queue != nullptr && lane == 0) {
+    __threadfence();
+    if (atomicAdd(&queue->finished, 1u) == grid_warps - 1) {
+      __threadfence();
+      queue->handed = 0;
+      queue->finished = 0;
     }
   }
 }

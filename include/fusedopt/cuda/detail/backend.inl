@@ -50,6 +50,12 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
   max_blocks_ = detail::max_blocks_of<Policy>(opts);
   if constexpr ((::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
     persistent_ = detail::persistent_grid_of<Policy>(opts, device_);
+    void* queue = nullptr;
+    FUSEDOPT_CUDA_TRY(cudaMalloc(&queue, sizeof(detail::work_queue)));
+    queue_memory_.reset(queue);
+    FUSEDOPT_CUDA_TRY(cudaMemsetAsync(queue, 0, sizeof(detail::work_queue), stream));
+    FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));  // zero before a run on any stream
+    persistent_.queue = static_cast<detail::work_queue*>(queue);
   }
   std::int64_t const chunk = detail::chunk_length<Policy, lists_type>(opts);
   switch (opts.metadata) {

@@ -108,6 +108,8 @@ struct persistent_grid {
   std::int64_t shared_per_sm = 0;      ///< bytes of shared memory an SM gives its blocks
   std::int64_t reserved_per_block = 0; ///< bytes the driver keeps per block
   bool fast_memory = false;            ///< the policy's shape for fast memory (memory_speed)
+  /// The plan's work queue (zero, in device memory); null: the units are dealt round-robin.
+  work_queue* queue = nullptr;
 
   /// Blocks of a launch whose blocks take `shared_bytes` of static shared memory each:
   /// `per_sm` (the policy's quantized_update) where that many fit in an SM's shared memory (an
@@ -229,12 +231,17 @@ inline constexpr std::size_t param_bytes = sizeof(Rule) + sizeof(step_info) + si
 template <class Rule, class Table, std::size_t Extra = 0>
 inline constexpr bool fits_params = param_bytes<Rule, Table, Extra> <= param_limit<Table>;
 
+/// Parameter bytes of the update's work queue: a pointer where the rule stores quantized states.
+template <class Rule, class Bound>
+inline constexpr std::size_t queue_bytes = ::fusedopt::detail::access<Rule, Bound>::stores_quantized ? sizeof(work_queue*) : 0;
+
 /// Whether a rule's kernels (its passes' and its update's) can take it next to a by-value
 /// table of type `Table`.
 template <class Rule, class Bound, class Table>
 inline constexpr bool fits_by_value =
   param_bytes<Rule, Table> +
-    (::fusedopt::detail::pass_count_v<Rule> > 0 ? results_bytes<::fusedopt::detail::pass_count_v<Rule>> + 16 : 0) <=
+    std::max(::fusedopt::detail::pass_count_v<Rule> > 0 ? results_bytes<::fusedopt::detail::pass_count_v<Rule>> + 16 : 0,
+             results_bytes<::fusedopt::detail::pass_count_v<Rule>> + queue_bytes<Rule, Bound>) <=
   param_limit<Table>;
 
 /// Fails a launch whose rule does not fit beside a by-value table (plans check fits_by_value
@@ -323,15 +330,23 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
     max_blocks = persistent.blocks(static_cast<std::int64_t>(shared_bytes),
                                    fast ? quantized_blocks_per_sm_v<Policy, access, true>
                                         : quantized_blocks_per_sm_v<Policy, access, false>);
+    // process_quantized counts its units (a slot of a chunk for each warp of a block) in 32
+    // bits: the units, and the grid's warps (at most one block per chunk) thrice more, wrap never.
+    constexpr std::int64_t warps = Policy::block_threads / 32;
+    FUSEDOPT_EXPECTS(table.num_chunks * warps < (std::int64_t{1} << 30),
+                     "an update that stores quantized states takes fewer than 2^30 / " + std::to_string(warps) +
+                       " chunks per launch; make the chunks longer (cuda::options::chunk_elements)");
   }
   (void)persistent;
-  static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P>>,
+  static_assert(fits_params<Rule, global_table<Bound::num_slots>, results_bytes<P> + queue_bytes<Rule, Bound>>,
                 "fusedopt: this rule is larger than a kernel's 4 KB of parameters; keep large data in device "
                 "memory and give the rule a pointer to it");
   if (table.num_chunks == 0) { return; }
-  if constexpr (fits_params<Rule, Table, results_bytes<P>>) {
+  if constexpr (fits_params<Rule, Table, results_bytes<P> + queue_bytes<Rule, Bound>>) {
+    queue_param<access::stores_quantized> work{};
+    if constexpr (access::stores_quantized) { work.queue = persistent.queue; }
     launch_kernel(kernel, dim3(grid_of(table, max_blocks)), dim3(Policy::block_threads), stream, programmatic, rule,
-                  step, table, results);
+                  step, table, results, work);
   } else {
     (void)kernel;
     (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream, (void)programmatic;

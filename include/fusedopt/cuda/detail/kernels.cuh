@@ -133,7 +133,8 @@ constexpr int update_min_blocks()
 template <class Policy, class Rule, class Bound, class Table, int P, bool FastMemory = false>
 FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks<Policy, Rule, Bound, FastMemory>()))
   multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
-                      FUSEDOPT_GRID_CONSTANT pass_results<P> const results)
+                      FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
+                      queue_param<::fusedopt::detail::access<Rule, Bound>::stores_quantized> const work)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   constexpr int width = vector_width<Bound>::value;
@@ -148,8 +149,9 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
   auto const body = ::fusedopt::detail::prepare_final(rule, step, results.data());
   if constexpr (access::stores_quantized) {
     __syncthreads();
-    process_quantized<Policy, access, FastMemory>(body, table, maps);
+    process_quantized<Policy, access, FastMemory>(body, table, maps, work.queue);
   } else {
+    (void)work;
     for (std::int64_t c = blockIdx.x; c < table.num_chunks; c += gridDim.x) {
       chunk_entry const chunk = table.chunk(c);
       tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);

@@ -72,6 +72,26 @@ __device__ __forceinline__ chunk_entry chunk_of_bits(uint4 bits)
                      static_cast<std::int32_t>(bits.z), static_cast<std::int32_t>(bits.w)};
 }
 
+/// The queue from which the warps of an update that stores quantized states take their work
+/// (a plan's; process_quantized): the units handed out so far, past the two every warp starts
+/// with, and the warps of the launch that have finished. Zero when the plan is built; the last
+/// warp out of a launch sets both back to zero, so the plan's next launch (or a graph's replay)
+/// finds them so.
+struct work_queue {
+  unsigned int handed;
+  unsigned int finished;
+};
+
+/// The work queue as an update's kernel takes it: a pointer where the rule stores quantized
+/// states (null: a launch without one, cuda::apply, deals the units round-robin), nothing
+/// otherwise (one byte of parameters, as pass_results<0>).
+template <bool Quantized>
+struct queue_param {
+  work_queue* queue;
+};
+template <>
+struct queue_param<false> {};
+
 /// Tables in device memory (plans): any number of tensors and chunks, one launch.
 template <std::size_t S>
 struct global_table {
