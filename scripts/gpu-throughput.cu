@@ -659,6 +659,18 @@ int launch_sweep(double copy, char const* only)
   return 0;
 }
 
+/// The default policy with the 8-bit update's warps taking `Units` units of work a request
+/// from the plan's work queue (0: no queue, units dealt round-robin).
+template <int Units>
+struct ticket_policy : fo::cuda::detail::default_policy {
+  static constexpr fo::cuda::detail::quantized_shape quantized_update(std::size_t widest, bool fast)
+  {
+    auto shape = fo::cuda::detail::default_policy::quantized_update(widest, fast);
+    shape.units_per_ticket = Units;
+    return shape;
+  }
+};
+
 // Whether --q8 sweeps the 8-bit update's persistent grid, and the device's SMs.
 bool sweep_q8 = false;
 std::int64_t sms_of_device = 0;
@@ -719,6 +731,11 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   variant("no lookahead 5/SM, next block staged (16-bit, slow memory)",
           tag<policy<128, 64, true, true, 1, 5, false, fo::cuda::detail::default_policy::pass_bytes_per_lane, 1, true>>{}, 0);
   variant("no lookahead 4/SM", tag<policy<128, 64, true, true, 1, 4, false>>{}, 0);
+  variant("round-robin, no queue", tag<ticket_policy<0>>{}, 0);
+  variant("queue, 1 unit a ticket", tag<ticket_policy<1>>{}, 0);
+  variant("queue, 2 units a ticket", tag<ticket_policy<2>>{}, 0);
+  variant("queue, 4 units a ticket", tag<ticket_policy<4>>{}, 0);
+  variant("queue, 8 units a ticket", tag<ticket_policy<8>>{}, 0);
   variant("8/SM grid", tag<fo::cuda::detail::default_policy>{}, 8 * sms_of_device);
   variant("chunk 4096", tag<fo::cuda::detail::default_policy>{}, 0, 4096);
   variant("chunk 8192", tag<fo::cuda::detail::default_policy>{}, 0, 8192);

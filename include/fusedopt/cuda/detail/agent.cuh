@@ -692,12 +692,13 @@ struct block_cursor {
 /// The update where quantized states are stored, by a persistent grid over the chunks of
 /// `table` (chunks start at multiples of the block size, make_layout). One warp owns a block;
 /// a warp's unit of work is one of a chunk's `warps` slots, slot s its blocks s, s + warps, ...
-/// (unit u: slot u % warps of chunk u / warps). Each warp of the grid takes its own unit and the
-/// one a grid of warps later, then those `queue` hands it in the order the warps ask (a warp
-/// asks at each crossing into a unit for the unit after next), so warps on SMs that get more
-/// of the memory's time take more units; without a queue (cuda::apply) every grid of warps'
-/// unit, dealt round-robin, with which the first and the last warp of an H100 finished 7%
-/// (fp32 parameters) to 20% (bf16) of the step apart (docs/quantized_states.md, "Work from a
+/// (unit u: slot u % warps of chunk u / warps). Each warp of the grid takes its first three
+/// units round-robin (w, w + the grid's warps, ...), then those `queue` hands it, a ticket of
+/// the shape's `units_per_ticket` at a time, in the order the warps ask (a warp asks when its
+/// last ticket comes in), so warps on SMs that get more of the memory's time take more units;
+/// without a queue (cuda::apply, a shape without one, a launch of few units a warp) every
+/// unit is dealt round-robin, with which the first and the last warp of some H100s finished
+/// 7% (fp32 parameters) to 20% (bf16) of the step apart (docs/quantized_states.md, "Work from a
 /// queue"). In
 /// a whole block of a tensor whose other slots are aligned for 4-element accesses (head 0,
 /// slot_geometry::head), lane l takes elements 128 g + 4 l .. 128 g + 4 l + 3 for each g: one
@@ -751,19 +752,52 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   // Units in 32 bits (launch_update checks that they fit): fewer registers.
   std::uint32_t const num_units = static_cast<std::uint32_t>(table.num_chunks) * warps;
   std::uint32_t const grid_warps = gridDim.x * warps;
-  // The unit the warp enters at its next crossing, and (lane 0) the queue's answer to its last
-  // request: the unit after `following` is that answer plus the two grids of warps' units every
-  // warp starts with (at first the warp's second unit, `following` + grid_warps; the
-  // arithmetic wraps modulo 2^32).
+  // The queue (quantized_shape::units_per_ticket > 0, a plan's launch of at least
+  // `queue_from_units_per_warp` units a warp: below it the round-robin deal is within a unit of
+  // even and the queue's requests cost more than they balance, W1 4-7 us on an H100 and an
+  // H200). Its tickets, counted past `head`: the first three units of every warp are its own
+  // (round-robin: the first request, made at the start, has two units to come back in, while
+  // every warp asks at once); then a ticket is `ticket_units` units in a row, taken one after
+  // the other; the last `2 ticket_units grid_warps` units go a unit a ticket, so that the warps
+  // end within about a unit of each other.
+  constexpr std::uint32_t ticket_units = static_cast<std::uint32_t>(shape.units_per_ticket);
+  static_assert(shape.units_per_ticket >= 0, "fusedopt: quantized_shape::units_per_ticket is 0 (no queue) or more");
+  constexpr std::uint64_t queue_from_units_per_warp = 16;
+  bool const from_queue =
+    ticket_units > 0 && queue != nullptr && std::uint64_t{num_units} >= queue_from_units_per_warp * grid_warps;
+  std::uint32_t const head = 3 * grid_warps;
+  std::uint64_t const unbatched = head + (ticket_units > 1 ? std::uint64_t{2} * ticket_units * grid_warps : 0);
+  std::uint32_t const batched_tickets =
+    ticket_units > 1 && num_units > unbatched ? static_cast<std::uint32_t>((num_units - unbatched) / ticket_units) : 0;
+  // The unit the warp enters at its next crossing, the end of the units its ticket gave it,
+  // and (lane 0) its next ticket, asked for when the last came in (its latency hides behind the
+  // warp's units).
   std::uint32_t following = blockIdx.x * warps + warp;
-  std::uint32_t answer = following - grid_warps;
-  // The unit after `following`; with the queue it asks for the one after that. The answer is
-  // used a crossing after it is asked for: the request's latency hides behind a unit's blocks.
+  std::uint32_t batch_end = following + 1;
+  std::uint32_t answer = 0;
+  if (from_queue && lane == 0) { answer = atomicAdd(&queue->handed, 1u) + head; }
+  // The unit after `following` (round-robin without the queue): the warp's next of the head,
+  // the next of its ticket's, or the next ticket's first, asking for the one after.
   auto unit_after_following = [&]() -> std::uint32_t {
-    if (queue == nullptr) { return following + grid_warps; }
-    std::uint32_t const next = __shfl_sync(0xffffffffu, answer, 0) + 2 * grid_warps;
-    if (lane == 0) { answer = atomicAdd(&queue->handed, 1u); }
-    return next;
+    if (!from_queue) { return following + grid_warps; }
+    if (following + 1 < batch_end) { return following + 1; }
+    if (following + grid_warps < head) {
+      batch_end = following + grid_warps + 1;
+      return following + grid_warps;
+    }
+    std::uint32_t const ticket = __shfl_sync(0xffffffffu, answer, 0);
+    if (lane == 0) { answer = atomicAdd(&queue->handed, 1u) + head; }
+    std::uint32_t const past_head = ticket - head;
+    std::uint32_t first = head + (ticket_units - 1) * batched_tickets + past_head;  // past the batches, a unit a ticket
+    std::uint32_t count = 1;
+    if constexpr (ticket_units > 1) {
+      if (past_head < batched_tickets) {
+        first = head + ticket_units * past_head;
+        count = ticket_units;
+      }
+    }
+    batch_end = first + count;
+    return first;
   };
   uint4 upcoming{};  // with the entry ahead: the entry of `following`'s chunk
   if (entry_ahead && following < num_units) { upcoming = chunk_bits(table, blockIdx.x); }
@@ -973,15 +1007,13 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
       more = advance(at);
     }
   }
-  // The last warp out empties the queue for the plan's next launch. The fences order each
-  // warp's requests before its count, and the counts before the reset.
-  if (queue != nullptr && lane == 0) {
-    __threadfence();
-    if (atomicAdd(&queue->finished, 1u) == grid_warps - 1) {
-      __threadfence();
-      queue->handed = 0;
-      queue->finished = 0;
-    }
+  // The launch's last request empties the queue for the plan's next launch: each warp asks
+  // once at the start and once for each ticket it takes, and stops after taking one past the
+  // last unit, so there are `requests` in all (every ticket up to the last unit's, and two more
+  // a warp), and the one that got the last number knows every other has been served.
+  if (from_queue && lane == 0) {
+    std::uint32_t const requests = num_units - grid_warps - (ticket_units - 1) * batched_tickets;
+    if (answer == head + requests - 1) { queue->handed = 0; }
   }
 }
 

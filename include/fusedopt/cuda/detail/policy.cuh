@@ -34,11 +34,16 @@ struct quantized_shape {
   /// lanes' layout like a whole one (its lanes taking only the elements inside the tensor),
   /// rather than element by element when it starts.
   bool tails_in_lanes = false;
+  /// Units of work (one of a chunk's slots for a warp: process_quantized) a warp takes from
+  /// the plan's work queue with one request, but for the last stretch of the launch, whose
+  /// units it takes one at a time; 0: no queue, the units dealt round-robin (as cuda::apply,
+  /// which has no device memory for one, always does).
+  int units_per_ticket = 1;
 };
 constexpr bool operator==(quantized_shape const& a, quantized_shape const& b)
 {
   return a.blocks_per_sm == b.blocks_per_sm && a.lookahead == b.lookahead && a.lookahead_blocks == b.lookahead_blocks &&
-         a.staged_next == b.staged_next && a.tails_in_lanes == b.tails_in_lanes;
+         a.staged_next == b.staged_next && a.tails_in_lanes == b.tails_in_lanes && a.units_per_ticket == b.units_per_ticket;
 }
 
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
@@ -97,12 +102,19 @@ struct default_policy {
   /// docs/tuning.md, "Quantized updates by memory speed"). A tensor's last, partial block is
   /// computed in the lanes' layout on fast memory only (W3 fp32 138.7 -> 115.0 us on an H200; on
   /// the H100's two-block loop it gained W3 as much but cost W2 and W4 0.4%:
-  /// docs/quantized_states.md, "Partial blocks"). Where the two speeds get one shape, one kernel is compiled. Only
-  /// policies used with quantized states need these members.
+  /// docs/quantized_states.md, "Partial blocks"). A plan's warps take their units from its work
+  /// queue, one a request for fp32 parameters on slow memory (dealt round-robin, the first and
+  /// the last warp of some H100s finished 7% of the step apart), eight for 16-bit parameters
+  /// (one a request capped them at the rate the queue's counter serves); fp32 on fast memory
+  /// keeps the round-robin deal, which the queue did not beat on the H200
+  /// (docs/quantized_states.md, "Work from a queue"). Where the two speeds get one shape, one
+  /// kernel is compiled. Only policies used with quantized states need these members.
   static constexpr quantized_shape quantized_update(std::size_t widest_plain_bytes, bool fast_memory)
   {
-    if (widest_plain_bytes < 4) { return fast_memory ? quantized_shape{5, false} : quantized_shape{5, false, 1, true}; }
-    return fast_memory ? quantized_shape{4, true, 1, false, true} : quantized_shape{3, true, 2};
+    if (widest_plain_bytes < 4) {
+      return fast_memory ? quantized_shape{5, false, 1, false, false, 8} : quantized_shape{5, false, 1, true, false, 8};
+    }
+    return fast_memory ? quantized_shape{4, true, 1, false, true, 0} : quantized_shape{3, true, 2, false, false, 1};
   }
   /// DRAM bytes per SM cycle (peak, from the device's attributes) above which memory is fast:
   /// the H100 SXM has 12.8 (3.35 TB/s, 132 SMs at 1.98 GHz), the H200 18.4.

@@ -73,13 +73,11 @@ __device__ __forceinline__ chunk_entry chunk_of_bits(uint4 bits)
 }
 
 /// The queue from which the warps of an update that stores quantized states take their work
-/// (a plan's; process_quantized): the units handed out so far, past the two every warp starts
-/// with, and the warps of the launch that have finished. Zero when the plan is built; the last
-/// warp out of a launch sets both back to zero, so the plan's next launch (or a graph's replay)
-/// finds them so.
+/// (a plan's; process_quantized): the tickets handed out so far. Zero when the plan is built;
+/// the warp that gets a launch's last ticket sets it back to zero, so the plan's next launch
+/// (or a graph's replay) finds it so.
 struct work_queue {
   unsigned int handed;
-  unsigned int finished;
 };
 
 /// The work queue as an update's kernel takes it: a pointer where the rule stores quantized
