@@ -331,7 +331,8 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
                                    fast ? quantized_blocks_per_sm_v<Policy, access, true>
                                         : quantized_blocks_per_sm_v<Policy, access, false>);
     // process_quantized counts its units (a slot of a chunk for each warp of a block) in 32
-    // bits: the units, and the grid's warps (at most one block per chunk) thrice more, wrap never.
+    // bits: with fewer than 2^30 units, the unit and ticket numbers (tickets only where there
+    // are 16 units a warp or more: under 1.2 times the units) stay under 2^31.
     constexpr std::int64_t warps = Policy::block_threads / 32;
     FUSEDOPT_EXPECTS(table.num_chunks * warps < (std::int64_t{1} << 30),
                      "an update that stores quantized states takes fewer than 2^30 / " + std::to_string(warps) +
