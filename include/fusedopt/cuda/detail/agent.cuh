@@ -754,8 +754,8 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   std::uint32_t const grid_warps = gridDim.x * warps;
   // The queue (quantized_shape::units_per_ticket > 0, a plan's launch of at least
   // `queue_from_units_per_warp` units a warp: below it the round-robin deal is within a unit of
-  // even and the queue's requests cost more than they balance, W1 4-7 us on an H100 and an
-  // H200). Its tickets, counted past `head`: the first three units of every warp are its own
+  // even and the queue cost more than it balanced: W1 lost 4-7 us with its first version on an
+  // H100 and an H200). Its tickets, counted past `head`: the first three units of every warp are its own
   // (round-robin: the first request, made at the start, has two units to come back in, while
   // every warp asks at once); then a ticket is `ticket_units` units in a row, taken one after
   // the other; the last `2 ticket_units grid_warps` units go a unit a ticket, so that the warps
