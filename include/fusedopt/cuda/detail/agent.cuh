@@ -802,12 +802,17 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
   uint4 upcoming{};  // with the entry ahead: the entry of `following`'s chunk
   if (entry_ahead && following < num_units) { upcoming = chunk_bits(table, blockIdx.x); }
   std::int32_t tensor_in_cursor = -1;  // with the entry ahead: the table's entry the advancing cursor holds
+  // The first block of `unit`, whose chunk's entry is `entry` (entering it, or looking at it
+  // from the crossing before).
+  auto first_block = [](chunk_entry const& entry, std::uint32_t unit) {
+    return entry.begin + static_cast<std::int64_t>(unit % warps) * block;
+  };
   auto enter = [&](cursor& c, chunk_entry const& entry, std::uint32_t unit) {
     if (!entry_ahead || entry.tensor != tensor_in_cursor) {
       c.tensor = table.tensor(entry.tensor);
       tensor_in_cursor = entry.tensor;
     }
-    c.first = entry.begin + static_cast<std::int64_t>(unit % warps) * block;
+    c.first = first_block(entry, unit);
     c.end = entry.begin + entry.count;
   };
   auto advance = [&](cursor& c) {
@@ -988,7 +993,7 @@ __device__ __forceinline__ void process_quantized(Body const& body, Table const&
         staged = staged && next + block <= at.end;
       } else {
         chunk_entry const entry = chunk_of_bits(upcoming);
-        next = entry.begin + static_cast<std::int64_t>(following % warps) * block;
+        next = first_block(entry, following);
         staged = staged && following < num_units && entry.tensor == tensor_in_cursor &&
                  next + block <= entry.begin + entry.count;
       }
