@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --q8 [W [bf16]] | --launch [W] | --passes]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --w1 | --q8 [W [bf16]] | --launch [W] | --passes]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -199,6 +199,13 @@ double copy_bandwidth(std::size_t bytes = std::size_t{1} << 31)
   return 2.0 * static_cast<double>(bytes) / s;  // read + write
 }
 
+/// The step the timed plans run (bias corrections of 1 - beta^step): FUSEDOPT_GT_STEP, 3 by
+/// default. A training run sits at thousands to millions, where the rule's prepare takes longer.
+std::int64_t const timed_step = [] {
+  char const* env = std::getenv("FUSEDOPT_GT_STEP");
+  return env != nullptr ? std::atoll(env) : std::int64_t{3};
+}();
+
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
           bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane,
@@ -221,7 +228,7 @@ struct policy : fo::cuda::detail::default_policy {
 template <class P, class Rule, class... B>
 double time_variant(Rule const& rule, fo::bound_lists<B...> const& lists, std::int64_t chunk, std::int64_t max_blocks,
                     int per_batch, fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic,
-                    bool dependent_launch = true)
+                    bool dependent_launch = true, std::int64_t step = timed_step)
 {
   fo::cuda::options opts;
   opts.chunk_elements = chunk;
@@ -229,7 +236,7 @@ double time_variant(Rule const& rule, fo::bound_lists<B...> const& lists, std::i
   opts.eviction = eviction;
   opts.dependent_launch = dependent_launch;
   auto const plan = fo::cuda::make_plan<P>(lists, opts);
-  return time_gpu([&] { plan.run(rule, fo::step_info{3}); }, per_batch);
+  return time_gpu([&] { plan.run(rule, fo::step_info{step}); }, per_batch);
 }
 
 /// Bytes a step moves: the library's own count for the rule and the bound lists.
@@ -322,9 +329,10 @@ __device__ __forceinline__ void adam_block(float4* p, float4 const* g, float4* m
 
 /// Adam on one tensor (its size a multiple of Threads * Vectors * 4), block b at float4
 /// b * Threads * Vectors: no table.
-template <int Threads, int Vectors, bool Stream, bool Math>
+template <int Threads, int Vectors, bool Stream, bool Math, bool Pdl = false>
 __global__ void __launch_bounds__(Threads) raw_adam(float4* p, float4 const* g, float4* m, float4* v, adam_consts c)
 {
+  if constexpr (Pdl) { fo::cuda::detail::await_predecessor(); }
   adam_block<Threads, Vectors, Stream, Math>(p, g, m, v, blockIdx.x * std::int64_t{Threads * Vectors},
                                              Threads * Vectors, c);
 }
@@ -341,19 +349,21 @@ struct raw_tensor {
   float4* m;
   float4* v;
 };
-template <int Threads, int Vectors, bool Stream, bool Predicated>
+template <int Threads, int Vectors, bool Stream, bool Predicated, bool Pdl = false>
 __global__ void __launch_bounds__(Threads)
   raw_adam_table(raw_chunk const* chunks, raw_tensor const* tensors, adam_consts c)
 {
+  if constexpr (Pdl) { fo::cuda::detail::await_predecessor(); }
   raw_chunk const ch = chunks[blockIdx.x];
   raw_tensor const t = tensors[ch.tensor];
   adam_block<Threads, Vectors, Stream, true, Predicated>(t.p, t.g, t.m, t.v, ch.begin, ch.vectors, c);
 }
 
 /// A copy kernel of the same shape: the roofline of a 1:1 read/write mix through the SMs.
-template <int Threads, int Vectors, bool Stream>
+template <int Threads, int Vectors, bool Stream, bool Pdl = false>
 __global__ void __launch_bounds__(Threads) raw_copy(float4* out, float4 const* in)
 {
+  if constexpr (Pdl) { fo::cuda::detail::await_predecessor(); }
   std::int64_t const base = blockIdx.x * std::int64_t{Threads * Vectors} + threadIdx.x;
   float4 r[Vectors];
 #pragma unroll
@@ -364,24 +374,40 @@ __global__ void __launch_bounds__(Threads) raw_copy(float4* out, float4 const* i
 
 adam_consts const probe_consts{1e-3f, 0.9f, 0.999f, 1e-8f, 0.271f, 0.0547f};
 
-template <int Threads, int Vectors, bool Stream, bool Math>
-double time_raw_adam(adam_memory<float, float> const& mem, std::int64_t n)
+/// Pdl: launched with programmatic dependent launch, as the library's kernels are on sm_90.
+template <int Threads, int Vectors, bool Stream, bool Math, bool Pdl = false>
+double time_raw_adam(adam_memory<float, float> const& mem, std::int64_t n, int per_batch = 10)
 {
   auto* p = reinterpret_cast<float4*>(mem.params[0]);
   auto const* g = reinterpret_cast<float4 const*>(mem.params[1]);
   auto* m = reinterpret_cast<float4*>(mem.states[0]);
   auto* v = reinterpret_cast<float4*>(mem.states[1]);
   auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * Vectors * 4));
-  return time_gpu([&] { raw_adam<Threads, Vectors, Stream, Math><<<blocks, Threads>>>(p, g, m, v, probe_consts); }, 10);
+  return time_gpu(
+    [&] {
+      fo::cuda::detail::launch_kernel(&raw_adam<Threads, Vectors, Stream, Math, Pdl>, dim3(blocks), dim3(Threads),
+                                      nullptr, Pdl, p, g, m, v, probe_consts);
+    },
+    per_batch);
 }
 
-template <int Threads, int Vectors, bool Stream, bool Predicated>
-double time_raw_adam_table(adam_memory<float, float> const& mem, std::int64_t n)
+/// The table-driven raw kernel; the last `split_chunks` chunks are cut into `split` pieces each
+/// (shorter blocks for the end of the launch, when the grid drains).
+template <int Threads, int Vectors, bool Stream, bool Predicated, bool Pdl = false>
+double time_raw_adam_table(adam_memory<float, float> const& mem, std::int64_t n, int per_batch = 10,
+                           std::int64_t split_chunks = 0, int split = 1)
 {
   std::int64_t const per_block = std::int64_t{Threads} * Vectors;  // float4 per chunk
+  std::int64_t const whole = n / (per_block * 4);
   std::vector<raw_chunk> chunks;
-  for (std::int64_t b = 0; b * per_block * 4 < n; ++b) {
-    chunks.push_back(raw_chunk{b * per_block, 0, static_cast<std::int32_t>(per_block)});
+  for (std::int64_t b = 0; b < whole; ++b) {
+    if (b < whole - split_chunks) {
+      chunks.push_back(raw_chunk{b * per_block, 0, static_cast<std::int32_t>(per_block)});
+      continue;
+    }
+    for (int k = 0; k < split; ++k) {
+      chunks.push_back(raw_chunk{b * per_block + k * per_block / split, 0, static_cast<std::int32_t>(per_block / split)});
+    }
   }
   raw_tensor const tensor{reinterpret_cast<float4*>(mem.params[0]), reinterpret_cast<float4 const*>(mem.params[1]),
                           reinterpret_cast<float4*>(mem.states[0]), reinterpret_cast<float4*>(mem.states[1])};
@@ -392,21 +418,31 @@ double time_raw_adam_table(adam_memory<float, float> const& mem, std::int64_t n)
   FUSEDOPT_CUDA_TRY(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(raw_chunk), cudaMemcpyHostToDevice));
   FUSEDOPT_CUDA_TRY(cudaMemcpy(d_tensor, &tensor, sizeof tensor, cudaMemcpyHostToDevice));
   auto const blocks = static_cast<unsigned>(chunks.size());
+  raw_chunk const* const table = d_chunks;
+  raw_tensor const* const tensors = d_tensor;
   double const s = time_gpu(
-    [&] { raw_adam_table<Threads, Vectors, Stream, Predicated><<<blocks, Threads>>>(d_chunks, d_tensor, probe_consts); },
-    10);
+    [&] {
+      fo::cuda::detail::launch_kernel(&raw_adam_table<Threads, Vectors, Stream, Predicated, Pdl>, dim3(blocks),
+                                      dim3(Threads), nullptr, Pdl, table, tensors, probe_consts);
+    },
+    per_batch);
   FUSEDOPT_CUDA_TRY(cudaFree(d_chunks));
   FUSEDOPT_CUDA_TRY(cudaFree(d_tensor));
   return s;
 }
 
-template <int Threads, int Vectors, bool Stream>
-double time_raw_copy(float* a, float* b, std::int64_t n)
+template <int Threads, int Vectors, bool Stream, bool Pdl = false>
+double time_raw_copy(float* a, float* b, std::int64_t n, int per_batch = 10)
 {
   auto const blocks = static_cast<unsigned>(n / (std::int64_t{Threads} * Vectors * 4));
-  return time_gpu([&] { raw_copy<Threads, Vectors, Stream><<<blocks, Threads>>>(reinterpret_cast<float4*>(b),
-                                                                                reinterpret_cast<float4 const*>(a)); },
-                  10);
+  auto* const out = reinterpret_cast<float4*>(b);
+  auto const* const in = reinterpret_cast<float4 const*>(a);
+  return time_gpu(
+    [&] {
+      fo::cuda::detail::launch_kernel(&raw_copy<Threads, Vectors, Stream, Pdl>, dim3(blocks), dim3(Threads), nullptr,
+                                      Pdl, out, in);
+    },
+    per_batch);
 }
 
 /// A data mover of the 8-bit AdamW's byte mix (fp32 params read and written, fp32 grads read,
@@ -535,6 +571,90 @@ int eviction_sweep(double copy)
   for (int count : {500, 2000, 8000}) {
     one(std::to_string(count) + " x 2^14", std::vector<std::int64_t>(static_cast<std::size_t>(count), std::int64_t{1} << 14));
   }
+  return 0;
+}
+
+/// Adam whose per-step constants were formed on the host (what the per-thread `prepare` of
+/// the library's kernels costs: two integer powers, a root and a division in double).
+struct adam_preformed : fo::rules::adam {
+  using prepared_t = decltype(std::declval<fo::rules::adam const&>().prepare(std::declval<fo::step_info const&>()));
+  prepared_t formed;
+  explicit adam_preformed(fo::step_info const& step) : formed(fo::rules::adam{}.prepare(step)) {}
+  FUSEDOPT_HOST_DEVICE prepared_t prepare(fo::step_info const&) const { return formed; }
+};
+
+/// --w1: what a step of W1's bytes (Adam fp32, 10 x 2^20 elements, 294 MB) reaches in any
+/// shape we know, against the 2 GiB copy: the library on W1's ten tensors and on one tensor of
+/// their size, table-free kernels of several shapes with and without programmatic dependent
+/// launch, the last blocks of a launch cut shorter, copy kernels and a D2D copy of those bytes.
+int w1_ceiling(double copy, int sms)
+{
+  auto const w1 = fb::w1();
+  int const pb = 50;
+  fo::rules::adam const rule;
+  using P = fo::cuda::detail::default_policy;
+  adam_memory<float, float> ten(w1.sizes);
+  std::int64_t const n = ten.elements();
+  double const bytes = 28.0 * static_cast<double>(n);
+  auto row = [&](std::string const& label, double s, double b) { print({"W1 " + label, s, b, copy}); };
+  auto const ten_lists = ten.lists();
+  row("library, 10 tensors", time_variant<P>(rule, ten_lists, 0, 0, pb), bytes);
+  row("library, 10 tensors, ordinary launch", time_variant<P>(rule, ten_lists, 0, 0, pb, fo::cuda::l2_eviction::automatic, false), bytes);
+  auto const automatic = fo::cuda::l2_eviction::automatic;
+  row("library, 10 tensors, step 100000", time_variant<P>(rule, ten_lists, 0, 0, pb, automatic, true, 100000), bytes);
+  adam_preformed const preformed{fo::step_info{3}};
+  row("library, 10 tensors, constants from the host", time_variant<P>(preformed, ten_lists, 0, 0, pb), bytes);
+  using small = policy<256, 16, true, true>;
+  row("library t256 b16 c1024", time_variant<small>(rule, ten_lists, 1024, 0, pb), bytes);
+  row("library t256 b16 c1024, constants from the host", time_variant<small>(preformed, ten_lists, 1024, 0, pb), bytes);
+  row("library t256 b16 c1024, step 100000", time_variant<small>(rule, ten_lists, 1024, 0, pb, automatic, true, 100000),
+      bytes);
+  {
+    adam_memory<float, float> w3(fb::w3().sizes);
+    auto const lists = w3.lists();
+    double const w3_bytes = 28.0 * static_cast<double>(w3.elements());
+    print({"W3 library", time_variant<P>(rule, lists, 0, 0, pb), w3_bytes, copy});
+    print({"W3 library, step 100000", time_variant<P>(rule, lists, 0, 0, pb, automatic, true, 100000), w3_bytes, copy});
+    adam_preformed const at_100k{fo::step_info{100000}};
+    print({"W3 library, step 100000 constants from the host", time_variant<P>(at_100k, lists, 0, 0, pb, automatic, true, 100000), w3_bytes, copy});
+  }
+  adam_memory<float, float> one({n});
+  auto const one_lists = one.lists();
+  row("library, 1 tensor", time_variant<P>(rule, one_lists, 0, 0, pb), bytes);
+  row("raw t128 v4 .cs", time_raw_adam<128, 4, true, true>(one, n, pb), bytes);
+  row("raw t128 v4 .cs, pdl", time_raw_adam<128, 4, true, true, true>(one, n, pb), bytes);
+  row("raw t128 v4 plain, pdl", time_raw_adam<128, 4, false, true, true>(one, n, pb), bytes);
+  row("raw t256 v2 .cs, pdl", time_raw_adam<256, 2, true, true, true>(one, n, pb), bytes);
+  row("raw t256 v1 plain", time_raw_adam<256, 1, false, true>(one, n, pb), bytes);
+  row("raw t256 v1 plain, pdl", time_raw_adam<256, 1, false, true, true>(one, n, pb), bytes);
+  row("raw t256 v1 .cs, pdl", time_raw_adam<256, 1, true, true, true>(one, n, pb), bytes);
+  row("raw t512 v1 .cs, pdl", time_raw_adam<512, 1, true, true, true>(one, n, pb), bytes);
+  row("raw t128 v2 .cs, pdl", time_raw_adam<128, 2, true, true, true>(one, n, pb), bytes);
+  row("raw t128 v1 .cs, pdl", time_raw_adam<128, 1, true, true, true>(one, n, pb), bytes);
+  row("raw table t256 v1 .cs unpredicated, pdl", time_raw_adam_table<256, 1, true, false, true>(one, n, pb), bytes);
+  row("raw table t128 v4 .cs unpredicated, pdl", time_raw_adam_table<128, 4, true, false, true>(one, n, pb), bytes);
+  row("raw mover t128 v4 .cs, pdl", time_raw_adam<128, 4, true, false, true>(one, n, pb), bytes);
+  std::int64_t const resident = 4 * std::int64_t{sms};  // t128 v4 blocks resident at once
+  row("raw table t128 v4 .cs, pdl", time_raw_adam_table<128, 4, true, true, true>(one, n, pb), bytes);
+  row("raw table, last wave in halves", time_raw_adam_table<128, 4, true, true, true>(one, n, pb, resident, 2), bytes);
+  row("raw table, last wave in quarters", time_raw_adam_table<128, 4, true, true, true>(one, n, pb, resident, 4), bytes);
+  row("raw table, last 2 waves in quarters",
+      time_raw_adam_table<128, 4, true, true, true>(one, n, pb, 2 * resident, 4), bytes);
+  double const same = copy_bandwidth(static_cast<std::size_t>(bytes / 2));
+  std::printf("%-44s %10.1f us %8.3f TB/s %7.1f%% of copy\n", "W1 D2D copy of the bytes", bytes / same * 1e6,
+              same * 1e-12, 100.0 * same / copy);
+  std::int64_t const half = static_cast<std::int64_t>(bytes / 2 / sizeof(float)) / 4096 * 4096;
+  float *a = nullptr, *b = nullptr;
+  FUSEDOPT_CUDA_TRY(cudaMalloc(&a, static_cast<std::size_t>(half) * sizeof(float)));
+  FUSEDOPT_CUDA_TRY(cudaMalloc(&b, static_cast<std::size_t>(half) * sizeof(float)));
+  FUSEDOPT_CUDA_TRY(cudaMemset(a, 0, static_cast<std::size_t>(half) * sizeof(float)));
+  double const copy_bytes = 8.0 * static_cast<double>(half);
+  row("copy kernel t256 v1 plain", time_raw_copy<256, 1, false>(a, b, half, pb), copy_bytes);
+  row("copy kernel t256 v1 plain, pdl", time_raw_copy<256, 1, false, true>(a, b, half, pb), copy_bytes);
+  row("copy kernel t128 v4 .cs, pdl", time_raw_copy<128, 4, true, true>(a, b, half, pb), copy_bytes);
+  FUSEDOPT_CUDA_TRY(cudaFree(a));
+  FUSEDOPT_CUDA_TRY(cudaFree(b));
+  row("library, 10 tensors, again", time_variant<P>(rule, ten_lists, 0, 0, pb), bytes);
   return 0;
 }
 
@@ -691,7 +811,7 @@ void q8_case(std::string const& name, std::vector<std::int64_t> const& sizes, do
   auto const plan = fo::cuda::make_plan(lists);
   double const bytes = fo::memory_traffic<fo::rules::adamw, std::decay_t<decltype(lists)>>::exact_bytes *
                        static_cast<double>(memory.elements());
-  print({name, time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb), bytes, copy});
+  print({name, time_gpu([&] { plan.run(rule, fo::step_info{timed_step}); }, pb), bytes, copy});
   // With --q8: the 8-bit update's shapes (blocks per SM of the persistent grid, one or two
   // blocks of lookahead or none; the library's chooses by parameter width and memory speed), a
   // grid of two waves, and longer chunks (fewer chunk changes for a warp's cursor).
@@ -751,10 +871,22 @@ void variants(std::string const& prefix, Rule const& rule, Lists const& lists, d
   auto const normal = fo::cuda::l2_eviction::evict_normal;
   run("t128 b64 c2048 evict-first", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb, first));
   run("t128 b64 c2048 evict-normal", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb, normal));
+  run("t128 b64 c1024", time_variant<policy<128, 64, true, true>>(rule, lists, 1024, 0, pb));
+  run("t128 b64 c4096", time_variant<policy<128, 64, true, true>>(rule, lists, 4096, 0, pb));
   run("t128 b32 c2048", time_variant<policy<128, 32, true, true>>(rule, lists, 2048, 0, pb));
+  run("t128 b32 c4096", time_variant<policy<128, 32, true, true>>(rule, lists, 4096, 0, pb));
+  run("t128 b16 c2048", time_variant<policy<128, 16, true, true>>(rule, lists, 2048, 0, pb));
   run("t256 b32 c2048", time_variant<policy<256, 32, true, true>>(rule, lists, 2048, 0, pb));
   run("t256 b32 c4096", time_variant<policy<256, 32, true, true>>(rule, lists, 4096, 0, pb));
+  run("t256 b16 c1024", time_variant<policy<256, 16, true, true>>(rule, lists, 1024, 0, pb));
+  run("t256 b16 c1024 6/SM", time_variant<policy<256, 16, true, true, 6>>(rule, lists, 1024, 0, pb));
+  run("t256 b16 c1024 8/SM", time_variant<policy<256, 16, true, true, 8>>(rule, lists, 1024, 0, pb));
   run("t256 b16 c2048", time_variant<policy<256, 16, true, true>>(rule, lists, 2048, 0, pb));
+  run("t256 b16 c2048 6/SM", time_variant<policy<256, 16, true, true, 6>>(rule, lists, 2048, 0, pb));
+  run("t512 b16 c2048 3/SM", time_variant<policy<512, 16, true, true, 3>>(rule, lists, 2048, 0, pb));
+  run("t512 b16 c2048", time_variant<policy<512, 16, true, true>>(rule, lists, 2048, 0, pb));
+  run("t128 b16 c512", time_variant<policy<128, 16, true, true>>(rule, lists, 512, 0, pb));
+  run("t512 b32 c4096", time_variant<policy<512, 32, true, true>>(rule, lists, 4096, 0, pb));
   run("t256 b16 c4096", time_variant<policy<256, 16, true, true>>(rule, lists, 4096, 0, pb));
   run("t512 b16 c4096", time_variant<policy<512, 16, true, true>>(rule, lists, 4096, 0, pb));
   run("t256 b64 c4096", time_variant<policy<256, 64, true, true>>(rule, lists, 4096, 0, pb));
@@ -771,6 +903,7 @@ int main(int argc, char** argv)
               copy * 1e-12);
   std::int64_t const sms = prop.multiProcessorCount;
   if (probing) { return probe(copy) + eviction_sweep(copy); }
+  if (argc > 1 && std::strcmp(argv[1], "--w1") == 0) { return w1_ceiling(copy, prop.multiProcessorCount); }
   if (argc > 1 && std::strcmp(argv[1], "--passes") == 0) { return pass_sweep(copy); }
   // --launch W2: that workload alone.
   if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy, argc > 2 ? argv[2] : nullptr); }
@@ -810,7 +943,7 @@ int main(int argc, char** argv)
       auto const plan = fo::cuda::make_plan(lists);
       fo::rules::adam rule;
       double const bytes = bytes_of(rule, lists, memory.elements());  // 28: 4 reads, 3 writes of 4 bytes
-      double const s = time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb);
+      double const s = time_gpu([&] { plan.run(rule, fo::step_info{timed_step}); }, pb);
       headline.push_back({"adam fp32 " + w.name + " (" + w.description + ")", s, bytes, copy});
       print(headline.back());
       if (w.name == "W3") {
@@ -835,7 +968,7 @@ int main(int argc, char** argv)
       fo::rules::adamw rule;
       // 22: bf16 p (read + write), g (read); fp32 m, v (read + write)
       double const bytes = bytes_of(rule, lists, memory.elements());
-      double const s = time_gpu([&] { plan.run(rule, fo::step_info{3}); }, pb);
+      double const s = time_gpu([&] { plan.run(rule, fo::step_info{timed_step}); }, pb);
       print({"adamw bf16/fp32 " + w.name, s, bytes, copy});
       if (tune) { variants(w.name + " adamw bf16", rule, lists, bytes, copy, pb, sms); }
     }

@@ -90,6 +90,29 @@ FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent)
   return result;
 }
 
+/// Two bases to one exponent: what ipow(a, exponent) and ipow(b, exponent) give (the same
+/// multiplications, so the same bits) in one loop whose two chains run side by side. Adam's
+/// bias corrections take both betas to the step, once per thread in every block of the
+/// update: one loop of log2(step) rounds instead of two (docs/tuning.md, "The rule's prepare
+/// behind the first loads").
+struct power_pair {
+  double first, second;
+};
+FUSEDOPT_HOST_DEVICE power_pair ipow_pair(double a, double b, std::int64_t exponent)
+{
+  power_pair result{1.0, 1.0};
+  while (exponent > 0) {
+    if (exponent & 1) {
+      result.first *= a;
+      result.second *= b;
+    }
+    a *= a;
+    b *= b;
+    exponent >>= 1;
+  }
+  return result;
+}
+
 /// @brief 0.96^x for x >= 0: NAdam's momentum cache 0.96^(t * momentum_decay); 1 for x < 0,
 /// 0 for NaN.
 ///

@@ -78,8 +78,9 @@ struct scale_by_adam {
     double const b1 = beta1.get();
     double const b2 = beta2.get();
     std::int64_t const t = step.step.get();
-    double const bias_correction1 = 1.0 - math::ipow(b1, t);
-    double const bias_correction2_sqrt = math::sqrt(1.0 - math::ipow(b2, t));
+    math::power_pair const powers = math::ipow_pair(b1, b2, t);
+    double const bias_correction1 = 1.0 - powers.first;
+    double const bias_correction2_sqrt = math::sqrt(1.0 - powers.second);
     return prepared{b1, b2, eps.get() * bias_correction2_sqrt, bias_correction2_sqrt / bias_correction1, amsgrad};
   }
 

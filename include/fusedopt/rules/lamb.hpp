@@ -68,8 +68,9 @@ struct scale_by_lamb {
     double const b1 = beta1.get();
     double const b2 = beta2.get();
     std::int64_t const t = step.step.get();
-    double const bias_correction1 = bias_correction ? 1.0 - math::ipow(b1, t) : 1.0;
-    double const bias_correction2_sqrt = bias_correction ? math::sqrt(1.0 - math::ipow(b2, t)) : 1.0;
+    math::power_pair const powers = bias_correction ? math::ipow_pair(b1, b2, t) : math::power_pair{0.0, 0.0};
+    double const bias_correction1 = bias_correction ? 1.0 - powers.first : 1.0;
+    double const bias_correction2_sqrt = bias_correction ? math::sqrt(1.0 - powers.second) : 1.0;
     return prepared{b1,
                     b2,
                     grad_averaging ? 1.0 - b1 : 1.0,

@@ -52,7 +52,8 @@ struct scale_by_radam {
     double const b1 = beta1.get();
     double const b2 = beta2.get();
     std::int64_t const t = step.step.get();
-    double const beta2_t = math::ipow(b2, t);
+    math::power_pair const powers = math::ipow_pair(b1, b2, t);
+    double const beta2_t = powers.second;
     double const bias_correction2 = 1.0 - beta2_t;
     double const rho_inf = 2.0 / (1.0 - b2) - 1.0;
     double const rho_t = rho_inf - 2.0 * static_cast<double>(t) * beta2_t / bias_correction2;
@@ -62,7 +63,7 @@ struct scale_by_radam {
       double const r = math::sqrt((rho_t - 4.0) * (rho_t - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t));
       rectifier = r * math::sqrt(bias_correction2);
     }
-    return prepared{b1, b2, eps.get(), 1.0 - math::ipow(b1, t), rectifier, rectified};
+    return prepared{b1, b2, eps.get(), 1.0 - powers.first, rectifier, rectified};
   }
 
   /// @brief Rejects option values torch (or the reference implementation) rejects.

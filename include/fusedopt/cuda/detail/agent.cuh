@@ -68,19 +68,23 @@ __device__ __forceinline__ void scalar_element(Body const& body, void* const* ba
   }
 }
 
-/// One iteration of the vector path: every slot `Access` loads is loaded for the iteration,
-/// the body runs on each valid element (as `body(e)`, or `body(e, acc)` in a reduction pass),
-/// in a fixed order (vector u, then element j of the vector), then every slot `Access` stores
-/// is stored: the same per-element semantics as detail::access::update and ::accumulate.
-template <class Access, int W, int U, int Threads, int LoadMode, int StoreMode, class Body,
-          std::size_t... K, class... Acc>
-__device__ __forceinline__ void vector_iteration(Body const& body, void* const* bases, std::int64_t index,
+/// Issues every load of one iteration of the vector path: every slot `Access` loads, several
+/// independent 16-byte loads per slot in flight per thread before the first use.
+template <class Access, int W, int U, int Threads, int LoadMode, class Tile, std::size_t... K>
+__device__ __forceinline__ void load_iteration(Tile& tile, void* const* bases, iteration<U> const& it,
+                                               std::index_sequence<K...>)
+{
+  (load_slot<K, Access, W, U, Threads, LoadMode>(tile, bases, it), ...);
+}
+
+/// The rest of an iteration whose loads load_iteration issued: the body runs on each valid
+/// element (as `body(e)`, or `body(e, acc)` in a reduction pass), in a fixed order (vector u,
+/// then element j of the vector), then every slot `Access` stores is stored: the same
+/// per-element semantics as detail::access::update and ::accumulate.
+template <class Access, int W, int U, int Threads, int StoreMode, class Body, class Tile, std::size_t... K, class... Acc>
+__device__ __forceinline__ void finish_iteration(Body const& body, Tile& tile, void* const* bases, std::int64_t index,
                                                  iteration<U> const& it, std::index_sequence<K...>, Acc&... acc)
 {
-  typename tile_of<Access, W, U, std::index_sequence<K...>>::type tile;
-  // Every load of the iteration is issued before the first use: several independent 16-byte
-  // loads per slot in flight per thread.
-  (load_slot<K, Access, W, U, Threads, LoadMode>(tile, bases, it), ...);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     if (!it.valid[u]) { continue; }
@@ -97,6 +101,67 @@ __device__ __forceinline__ void vector_iteration(Body const& body, void* const* 
   (store_slot<K, Access, W, U, Threads, StoreMode>(tile, bases, it), ...);
 }
 
+/// One iteration of the vector path: its loads, then the body and the stores.
+template <class Access, int W, int U, int Threads, int LoadMode, int StoreMode, class Body, std::size_t... K,
+          class... Acc>
+__device__ __forceinline__ void vector_iteration(Body const& body, void* const* bases, std::int64_t index,
+                                                 iteration<U> const& it, std::index_sequence<K...> slots, Acc&... acc)
+{
+  typename tile_of<Access, W, U, std::index_sequence<K...>>::type tile;
+  load_iteration<Access, W, U, Threads, LoadMode>(tile, bases, it, slots);
+  finish_iteration<Access, W, U, Threads, StoreMode>(body, tile, bases, index, it, slots, acc...);
+}
+
+/// Where a chunk's vectors lie: scalar head elements up to the first element aligned in every
+/// slot, `vectors` vectors of W elements from `first`, a scalar tail from `vector_end`.
+struct chunk_span {
+  std::int64_t first, vectors, vector_end;
+  int heads, tails;
+};
+template <int W, std::size_t S>
+__device__ __forceinline__ chunk_span span_of(tensor_entry<S> const& te, std::int64_t begin, std::int32_t count)
+{
+  std::int64_t const end = begin + count;
+  // First vector-aligned element at or after `begin` (the elements congruent to head mod W).
+  std::int64_t first = begin + ((static_cast<std::int64_t>(te.head) - begin) & (W - 1));
+  if (first > end) { first = end; }
+  std::int64_t const vectors = (end - first) / W;
+  std::int64_t const vector_end = first + vectors * W;
+  return {first, vectors, vector_end, static_cast<int>(first - begin), static_cast<int>(end - vector_end)};
+}
+
+/// The addressing of the iteration at vector `v0` of a span.
+template <int U, int Threads>
+__device__ __forceinline__ iteration<U> iteration_at(chunk_span const& span, std::int64_t v0, std::uint64_t cache_policy,
+                                                     int tid)
+{
+  iteration<U> it;
+  it.first = span.first;
+  it.v0 = v0;
+  it.cache_policy = cache_policy;
+  it.tid = tid;
+#pragma unroll
+  for (int u = 0; u < U; ++u) { it.valid[u] = v0 + u * Threads + tid < span.vectors; }
+  return it;
+}
+
+/// The scalar elements of a span: a chunk's head and tail, one element per thread at most.
+template <class Access, class Body, std::size_t S, class... Acc>
+__device__ __forceinline__ void span_ends(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
+                                          chunk_span const& span, int tid, Acc&... acc)
+{
+  if (tid < span.heads) {
+    scalar_element<Access>(body, te.bases, te.index, begin + tid, acc...);
+  } else if (tid < span.heads + span.tails) {
+    scalar_element<Access>(body, te.bases, te.index, span.vector_end + (tid - span.heads), acc...);
+  }
+}
+
+template <class Policy>
+inline constexpr int load_mode_of = Policy::streaming_loads ? cache_streaming : cache_plain;
+template <class Policy>
+inline constexpr int store_mode_of = Policy::streaming_stores ? cache_streaming : cache_plain;
+
 /// The vector path of process_chunk: scalar head elements up to the first vector-aligned one,
 /// vectors of `W` elements (`Unroll` of them per thread and iteration), a scalar tail;
 /// `Threads` threads share the chunk, this one of rank `tid`.
@@ -104,38 +169,14 @@ template <class Policy, class Access, int W, int Unroll, int Threads, class Body
 __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S> const& te, std::int64_t begin,
                                                 std::int32_t count, std::uint64_t cache_policy, int tid, Acc&... acc)
 {
-  constexpr int threads = Threads;
-  constexpr int unroll = Unroll;
   static_assert(2 * (W - 1) < Threads, "a chunk's scalar head and tail take one element per thread at most");
-  std::int64_t const end = begin + count;
-  std::int64_t const index = te.index;
-
-  // First vector-aligned element at or after `begin` (the elements congruent to head mod W).
-  std::int64_t first = begin + ((static_cast<std::int64_t>(te.head) - begin) & (W - 1));
-  if (first > end) { first = end; }
-  std::int64_t const vectors = (end - first) / W;
-  std::int64_t const vector_end = first + vectors * W;
-  int const heads = static_cast<int>(first - begin);
-  int const tails = static_cast<int>(end - vector_end);
-  if (tid < heads) {
-    scalar_element<Access>(body, te.bases, index, begin + tid, acc...);
-  } else if (tid < heads + tails) {
-    scalar_element<Access>(body, te.bases, index, vector_end + (tid - heads), acc...);
-  }
-
-  constexpr int load_mode = Policy::streaming_loads ? cache_streaming : cache_plain;
-  constexpr int store_mode = Policy::streaming_stores ? cache_streaming : cache_plain;
-  constexpr std::int64_t step = static_cast<std::int64_t>(threads) * unroll;
-  for (std::int64_t v0 = 0; v0 < vectors; v0 += step) {
-    iteration<unroll> it;
-    it.first = first;
-    it.v0 = v0;
-    it.cache_policy = cache_policy;
-    it.tid = tid;
-#pragma unroll
-    for (int u = 0; u < unroll; ++u) { it.valid[u] = v0 + u * threads + tid < vectors; }
-    vector_iteration<Access, W, unroll, threads, load_mode, store_mode>(
-      body, te.bases, index, it, std::make_index_sequence<S>{}, acc...);
+  chunk_span const span = span_of<W>(te, begin, count);
+  span_ends<Access>(body, te, begin, span, tid, acc...);
+  constexpr std::int64_t step = static_cast<std::int64_t>(Threads) * Unroll;
+  for (std::int64_t v0 = 0; v0 < span.vectors; v0 += step) {
+    vector_iteration<Access, W, Unroll, Threads, load_mode_of<Policy>, store_mode_of<Policy>>(
+      body, te.bases, te.index, iteration_at<Unroll, Threads>(span, v0, cache_policy, tid), std::make_index_sequence<S>{},
+      acc...);
   }
 }
 
@@ -166,6 +207,59 @@ __device__ __forceinline__ void process_chunk(Body const& body, tensor_entry<S> 
   }
   if constexpr (!Access::any_quantized) {
     process_vectors<Policy, Access, W, Unroll, Threads>(body, te, begin, count, cache_policy, tid, acc...);
+  }
+}
+
+/// process_first_chunk's vector path (a chunk whose slots are aligned alike, no quantized slot).
+template <class Policy, class Access, int W, int Unroll, int Threads, class MakeBody, std::size_t S>
+__device__ __forceinline__ auto first_chunk_vectors(MakeBody const& make_body, tensor_entry<S> const& te,
+                                                    std::int64_t begin, std::int32_t count,
+                                                    std::uint64_t cache_policy, int tid)
+{
+  using body_type = decltype(make_body());
+  static_assert(2 * (W - 1) < Threads, "a chunk's scalar head and tail take one element per thread at most");
+  constexpr auto slots = std::make_index_sequence<S>{};
+  chunk_span const span = span_of<W>(te, begin, count);
+  iteration<Unroll> const it = iteration_at<Unroll, Threads>(span, 0, cache_policy, tid);
+  typename tile_of<Access, W, Unroll, std::make_index_sequence<S>>::type tile;
+  load_iteration<Access, W, Unroll, Threads, load_mode_of<Policy>>(tile, te.bases, it, slots);
+  body_type const body = make_body();
+  auto const tensor_body = ::fusedopt::detail::body_for_tensor(body, te.index);
+  finish_iteration<Access, W, Unroll, Threads, store_mode_of<Policy>>(tensor_body, tile, te.bases, te.index, it, slots);
+  constexpr std::int64_t step = static_cast<std::int64_t>(Threads) * Unroll;
+  for (std::int64_t v0 = step; v0 < span.vectors; v0 += step) {
+    vector_iteration<Access, W, Unroll, Threads, load_mode_of<Policy>, store_mode_of<Policy>>(
+      tensor_body, te.bases, te.index, iteration_at<Unroll, Threads>(span, v0, cache_policy, tid), slots);
+  }
+  span_ends<Access>(tensor_body, te, begin, span, tid);
+  return body;
+}
+
+/// The update of a block's first chunk, the rule's body formed by `make_body()` only once the
+/// chunk's first loads are in flight: the rule's prepare (Adam's bias corrections: integer
+/// powers of the betas, a loop of dependent double multiplications as long as log2 of the
+/// step, a root and a division; device scalars read) then takes its time while those loads
+/// wait on memory, where before them it delayed every block's first access (at step 100 000,
+/// 1% of W1's step: docs/tuning.md, "The rule's prepare behind the first loads"). Returns the
+/// body for the block's further chunks; the bits are those of process_chunk (every element is
+/// updated alone, in the same arithmetic).
+template <class Policy, class Access, int W, int Unroll, int Threads, class MakeBody, std::size_t S>
+__device__ __forceinline__ auto process_first_chunk(MakeBody const& make_body, tensor_entry<S> const& te,
+                                                    std::int64_t begin, std::int32_t count,
+                                                    std::uint64_t cache_policy, int tid)
+{
+  using body_type = decltype(make_body());
+  auto const element_by_element = [&] {
+    body_type const body = make_body();
+    process_chunk<Policy, Access, W, Unroll, Threads>(::fusedopt::detail::body_for_tensor(body, te.index), te, begin,
+                                                      count, cache_policy, tid);
+    return body;
+  };
+  if constexpr (Access::any_quantized) {
+    return element_by_element();
+  } else {
+    if (te.head < 0) { return element_by_element(); }
+    return first_chunk_vectors<Policy, Access, W, Unroll, Threads>(make_body, te, begin, count, cache_policy, tid);
   }
 }
 
