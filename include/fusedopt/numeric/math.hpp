@@ -93,8 +93,8 @@ FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent)
 /// Two bases to one exponent: what ipow(a, exponent) and ipow(b, exponent) give (the same
 /// multiplications, so the same bits) in one loop whose two chains run side by side. Adam's
 /// bias corrections take both betas to the step, once per thread in every block of the
-/// update: one loop of log2(step) rounds instead of two (docs/tuning.md, "The rule's prepare
-/// behind the first loads").
+/// update: one loop of log2(step) rounds instead of two (docs/tuning.md, "W1's ceiling, the
+/// rule's prepare, and the shapes on two GPUs").
 struct power_pair {
   double first, second;
 };

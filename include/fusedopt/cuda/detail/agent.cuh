@@ -162,6 +162,22 @@ inline constexpr int load_mode_of = Policy::streaming_loads ? cache_streaming : 
 template <class Policy>
 inline constexpr int store_mode_of = Policy::streaming_stores ? cache_streaming : cache_plain;
 
+/// Vectors per iteration of a thread group.
+template <int Unroll, int Threads>
+inline constexpr std::int64_t iteration_vectors = static_cast<std::int64_t>(Threads) * Unroll;
+
+/// The iterations of a span from vector `v0` on.
+template <class Policy, class Access, int W, int Unroll, int Threads, class Body, std::size_t S, class... Acc>
+__device__ __forceinline__ void iterations_from(Body const& body, tensor_entry<S> const& te, chunk_span const& span,
+                                                std::int64_t v0, std::uint64_t cache_policy, int tid, Acc&... acc)
+{
+  for (; v0 < span.vectors; v0 += iteration_vectors<Unroll, Threads>) {
+    vector_iteration<Access, W, Unroll, Threads, load_mode_of<Policy>, store_mode_of<Policy>>(
+      body, te.bases, te.index, iteration_at<Unroll, Threads>(span, v0, cache_policy, tid), std::make_index_sequence<S>{},
+      acc...);
+  }
+}
+
 /// The vector path of process_chunk: scalar head elements up to the first vector-aligned one,
 /// vectors of `W` elements (`Unroll` of them per thread and iteration), a scalar tail;
 /// `Threads` threads share the chunk, this one of rank `tid`.
@@ -172,12 +188,7 @@ __device__ __forceinline__ void process_vectors(Body const& body, tensor_entry<S
   static_assert(2 * (W - 1) < Threads, "a chunk's scalar head and tail take one element per thread at most");
   chunk_span const span = span_of<W>(te, begin, count);
   span_ends<Access>(body, te, begin, span, tid, acc...);
-  constexpr std::int64_t step = static_cast<std::int64_t>(Threads) * Unroll;
-  for (std::int64_t v0 = 0; v0 < span.vectors; v0 += step) {
-    vector_iteration<Access, W, Unroll, Threads, load_mode_of<Policy>, store_mode_of<Policy>>(
-      body, te.bases, te.index, iteration_at<Unroll, Threads>(span, v0, cache_policy, tid), std::make_index_sequence<S>{},
-      acc...);
-  }
+  iterations_from<Policy, Access, W, Unroll, Threads>(body, te, span, 0, cache_policy, tid, acc...);
 }
 
 /// The chunk worker: elements [begin, begin + count) of one tensor, shared by `Threads`
@@ -226,11 +237,8 @@ __device__ __forceinline__ auto first_chunk_vectors(MakeBody const& make_body, t
   body_type const body = make_body();
   auto const tensor_body = ::fusedopt::detail::body_for_tensor(body, te.index);
   finish_iteration<Access, W, Unroll, Threads, store_mode_of<Policy>>(tensor_body, tile, te.bases, te.index, it, slots);
-  constexpr std::int64_t step = static_cast<std::int64_t>(Threads) * Unroll;
-  for (std::int64_t v0 = step; v0 < span.vectors; v0 += step) {
-    vector_iteration<Access, W, Unroll, Threads, load_mode_of<Policy>, store_mode_of<Policy>>(
-      tensor_body, te.bases, te.index, iteration_at<Unroll, Threads>(span, v0, cache_policy, tid), slots);
-  }
+  iterations_from<Policy, Access, W, Unroll, Threads>(tensor_body, te, span, iteration_vectors<Unroll, Threads>,
+                                                      cache_policy, tid);
   span_ends<Access>(tensor_body, te, begin, span, tid);
   return body;
 }
@@ -240,7 +248,7 @@ __device__ __forceinline__ auto first_chunk_vectors(MakeBody const& make_body, t
 /// powers of the betas, a loop of dependent double multiplications as long as log2 of the
 /// step, a root and a division; device scalars read) then takes its time while those loads
 /// wait on memory, where before them it delayed every block's first access (at step 100 000,
-/// 1% of W1's step: docs/tuning.md, "The rule's prepare behind the first loads"). Returns the
+/// 1% of W1's step: docs/tuning.md, "W1's ceiling, the rule's prepare, ..."). Returns the
 /// body for the block's further chunks; the bits are those of process_chunk (every element is
 /// updated alone, in the same arithmetic).
 template <class Policy, class Access, int W, int Unroll, int Threads, class MakeBody, std::size_t S>
