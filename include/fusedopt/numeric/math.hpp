@@ -78,23 +78,11 @@ FUSEDOPT_HOST_DEVICE T sign(T x)
   return static_cast<T>((x > T(0)) - (x < T(0)));
 }
 
-/// base^exponent by repeated squaring: the same bits on host and device (std::pow may differ).
-FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent)
-{
-  double result = 1.0;
-  while (exponent > 0) {
-    if (exponent & 1) { result *= base; }
-    base *= base;
-    exponent >>= 1;
-  }
-  return result;
-}
-
-/// Two bases to one exponent: what ipow(a, exponent) and ipow(b, exponent) give (the same
-/// multiplications, so the same bits) in one loop whose two chains run side by side. Adam's
-/// bias corrections take both betas to the step, once per thread in every block of the
-/// update: one loop of log2(step) rounds instead of two (docs/tuning.md, "W1's ceiling, the
-/// rule's prepare, and the shapes on two GPUs").
+/// Two bases to one exponent by repeated squaring, in one loop whose two chains run side by
+/// side: the same bits on host and device (std::pow may differ). Adam's bias corrections take
+/// both betas to the step, once per thread in every block of the update: one loop of
+/// log2(step) rounds instead of two (docs/tuning.md, "W1's ceiling, the rule's prepare, and
+/// the shapes on two GPUs"). 1 for an exponent <= 0.
 struct power_pair {
   double first, second;
 };
@@ -112,6 +100,9 @@ FUSEDOPT_HOST_DEVICE power_pair ipow_pair(double a, double b, std::int64_t expon
   }
   return result;
 }
+
+/// base^exponent: ipow_pair's first chain (the second, unused, is dropped by the compiler).
+FUSEDOPT_HOST_DEVICE double ipow(double base, std::int64_t exponent) { return ipow_pair(base, base, exponent).first; }
 
 /// @brief 0.96^x for x >= 0: NAdam's momentum cache 0.96^(t * momentum_decay); 1 for x < 0,
 /// 0 for NaN.
