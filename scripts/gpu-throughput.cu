@@ -206,6 +206,21 @@ std::int64_t const timed_step = [] {
   return env != nullptr ? std::atoll(env) : std::int64_t{3};
 }();
 
+/// The update's shapes the timed plans take: FUSEDOPT_GT_MEMORY=fast or slow forces the
+/// policy's shapes for that memory speed (cuda::options::memory), else the device decides.
+fo::cuda::memory_speed const timed_memory = [] {
+  char const* env = std::getenv("FUSEDOPT_GT_MEMORY");
+  if (env == nullptr) { return fo::cuda::memory_speed::automatic; }
+  return std::strcmp(env, "fast") == 0 ? fo::cuda::memory_speed::fast : fo::cuda::memory_speed::slow;
+}();
+
+fo::cuda::options timed_options()
+{
+  fo::cuda::options opts;
+  opts.memory = timed_memory;
+  return opts;
+}
+
 /// A variant of the default tuning policy (the members not named here are the default's).
 template <int Threads, int Bytes, bool StreamLoads, bool StreamStores, int MinBlocks = 1, int QuantizedBlocks = 4,
           bool Lookahead = true, int PassBytes = fo::cuda::detail::default_policy::pass_bytes_per_lane,
@@ -214,6 +229,7 @@ struct policy : fo::cuda::detail::default_policy {
   static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
   static constexpr int bytes_per_slot = Bytes;
+  static constexpr int bytes_per_slot_fast_memory = Bytes;  // the variant's shape on any GPU
   static constexpr bool streaming_loads = StreamLoads;
   static constexpr bool streaming_stores = StreamStores;
   static constexpr int min_blocks_per_sm = MinBlocks;
@@ -230,7 +246,7 @@ double time_variant(Rule const& rule, fo::bound_lists<B...> const& lists, std::i
                     int per_batch, fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic,
                     bool dependent_launch = true, std::int64_t step = timed_step)
 {
-  fo::cuda::options opts;
+  fo::cuda::options opts = timed_options();
   opts.chunk_elements = chunk;
   opts.max_blocks = max_blocks;
   opts.eviction = eviction;
@@ -940,7 +956,7 @@ int main(int argc, char** argv)
     {
       adam_memory<float, float> memory(w.sizes);
       auto const lists = memory.lists();
-      auto const plan = fo::cuda::make_plan(lists);
+      auto const plan = fo::cuda::make_plan(lists, timed_options());
       fo::rules::adam rule;
       double const bytes = bytes_of(rule, lists, memory.elements());  // 28: 4 reads, 3 writes of 4 bytes
       double const s = time_gpu([&] { plan.run(rule, fo::step_info{timed_step}); }, pb);
@@ -964,7 +980,7 @@ int main(int argc, char** argv)
     {
       adam_memory<fo::bfloat16, float> memory(w.sizes);
       auto const lists = memory.lists();
-      auto const plan = fo::cuda::make_plan(lists);
+      auto const plan = fo::cuda::make_plan(lists, timed_options());
       fo::rules::adamw rule;
       // 22: bf16 p (read + write), g (read); fp32 m, v (read + write)
       double const bytes = bytes_of(rule, lists, memory.elements());

@@ -90,7 +90,7 @@ fo::cuda::options with_transport(fo::cuda::transport how, fo::cuda::memory_speed
 {
   fo::cuda::options opts;
   opts.metadata = how;
-  opts.quantized_memory = memory;
+  opts.memory = memory;
   opts.max_blocks = max_blocks;
   return opts;
 }
@@ -285,9 +285,9 @@ TEST_CASE("a memory speed that is not one of memory_speed's is rejected", "[cuda
   std::vector<std::int64_t> const sizes = {300};
   twin<fo::signed_q8> state(sizes, zero_blocks<fo::signed_q8>(sizes));
   fo::cuda::options opts;
-  opts.quantized_memory = static_cast<fo::cuda::memory_speed>(7);
+  opts.memory = static_cast<fo::cuda::memory_speed>(7);
   REQUIRE_THROWS_AS(fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = state.list(true)), opts), fo::error);
-  opts.quantized_memory = fo::cuda::memory_speed::slow;
+  opts.memory = fo::cuda::memory_speed::slow;
   REQUIRE_NOTHROW(fo::cuda::make_plan(fo::bind(fo::slot::momentum_buffer = state.list(true)), opts));
 }
 

@@ -250,6 +250,7 @@ struct scenario {
   std::int64_t max_blocks;
   shift placement;
   fo::cuda::l2_eviction eviction = fo::cuda::l2_eviction::automatic;
+  fo::cuda::memory_speed memory = fo::cuda::memory_speed::automatic;
 };
 
 inline std::ostream& operator<<(std::ostream& os, scenario const& s) { return os << s.name; }
@@ -262,15 +263,19 @@ inline fo::cuda::options options_of(scenario const& how)
   opts.chunk_elements = how.chunk_elements;
   opts.max_blocks = how.max_blocks;
   opts.eviction = how.eviction;
+  opts.memory = how.memory;
   return opts;
 }
 
-/// Each transport, chunk boundaries (small chunks), the block loop, the three placements, and
-/// both L2 eviction priorities (the test sizes fit in L2, so `automatic` takes evict-normal).
+/// Each transport, chunk boundaries (small chunks), the block loop, the three placements,
+/// both L2 eviction priorities (the test sizes fit in L2, so `automatic` takes evict-normal),
+/// and the update's shapes for fast memory (forced; under `automatic` the test sizes take the
+/// shapes for slow memory on any GPU).
 inline std::vector<scenario> scenarios()
 {
   using fo::cuda::transport;
   auto const evict_first = fo::cuda::l2_eviction::evict_first;
+  auto const fast = fo::cuda::memory_speed::fast;
   std::vector<scenario> all = {
     {"plan/device_table/aligned", false, transport::automatic, 0, 0, shift::none},
     {"plan/device_table/chunk40/same-shift/evict-first", false, transport::device_table, 40, 0, shift::same, evict_first},
@@ -280,8 +285,12 @@ inline std::vector<scenario> scenarios()
     {"apply/automatic/same-shift", true, transport::automatic, 0, 0, shift::same},
     {"apply/param_4k/chunk40/aligned/evict-first", true, transport::param_4k, 40, 0, shift::none, evict_first},
     {"plan/device_table/chunk40/max_blocks2/same-shift", false, transport::device_table, 40, 2, shift::same},
+    {"plan/device_table/max_blocks3/fast-memory-shape/same-shift", false, transport::device_table, 0, 3, shift::same,
+     fo::cuda::l2_eviction::automatic, fast},
+    {"apply/param_4k/chunk40/fast-memory-shape/aligned", true, transport::param_4k, 40, 0, shift::none, evict_first,
+     fast},
   };
-  if (quick()) { all = {all[1], all[3], all[5]}; }
+  if (quick()) { all = {all[1], all[3], all[5], all[8]}; }
   return all;
 }
 

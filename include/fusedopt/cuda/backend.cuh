@@ -53,8 +53,8 @@ enum class l2_eviction {
   evict_normal,  ///< ordinary priority (large steps)
 };
 
-/// @brief How fast a device's memory is beside its SMs, which chooses the shape of an update
-/// that stores 8-bit quantized states (the tuning policy's `quantized_update`).
+/// @brief How fast a device's memory is beside its SMs, which chooses the shape of the update
+/// (the tuning policy's `bytes_per_slot_fast_memory` and `quantized_update`).
 enum class memory_speed {
   automatic,  ///< from the device: DRAM bytes per SM cycle above the policy's fast_memory_bytes_per_sm_cycle is fast
   fast,       ///< the shape for memory that outruns the arithmetic (H200: more warps)
@@ -77,9 +77,13 @@ struct options {
   /// persistent grid of the policy's `quantized_update` blocks on every SM, fewer where an
   /// SM's shared memory holds fewer).
   std::int64_t max_blocks = 0;
-  /// Tuning override for benchmarks and tests: which of the policy's shapes an update that
-  /// stores 8-bit quantized states takes (docs/tuning.md, "Quantized updates by memory speed").
-  memory_speed quantized_memory = memory_speed::automatic;
+  /// Tuning override for benchmarks and tests: which of the policy's shapes the update takes,
+  /// the one for fast memory (H200) or for slow memory (H100); both give the same results.
+  /// An update that stores 8-bit quantized states takes its shape by memory speed alone, any
+  /// other on fast memory only where the launch's tensors average the policy's
+  /// `fast_memory_min_chunks_per_tensor` chunks (docs/tuning.md, "Quantized updates by memory
+  /// speed" and "The plain update's shape by memory speed"). Was `quantized_memory`.
+  memory_speed memory = memory_speed::automatic;
   /// Plans: accumulators (summed over a rule's reduction passes) the plan's device workspace
   /// has room for, allocated when the plan is built, so that `run` never allocates and can be
   /// captured. 8 doubles per chunk (2048 elements) and per tensor: about 0.1% of an fp32 Adam
@@ -254,7 +258,7 @@ class basic_plan {
   int device_ = 0;
   bool programmatic_ = false;  // launches with programmatic dependent launch (options::dependent_launch)
   std::int64_t max_blocks_ = 0;
-  detail::persistent_grid persistent_;  // of updates that store quantized states (lists with some)
+  detail::persistent_grid persistent_;  // the update's shape; the grid of updates that store quantized states
   template <class Rule, int P, int... J>
   void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,
                   cudaStream_t stream, std::integer_sequence<int, J...>) const;

@@ -50,9 +50,12 @@ constexpr int vectors_for(int bytes, int vector_bytes)
 }
 
 /// Vectors a thread of the update loads per iteration: Policy::bytes_per_slot of its widest
-/// slot (one vector of a slot of `widest`-byte elements is W * widest bytes), at least one.
-template <class Policy, int W, std::size_t Widest>
-inline constexpr int vectors_per_thread = vectors_for(Policy::bytes_per_slot, W * static_cast<int>(Widest));
+/// slot (one vector of a slot of `widest`-byte elements is W * widest bytes), at least one;
+/// bytes_per_slot_fast_memory in the shape for fast memory.
+template <class Policy, int W, std::size_t Widest, bool FastMemory = false>
+inline constexpr int vectors_per_thread = vectors_for(FastMemory ? Policy::bytes_per_slot_fast_memory
+                                                                 : Policy::bytes_per_slot,
+                                                      W * static_cast<int>(Widest));
 
 /// One element on the scalar path (a tensor's head and tail, or a tensor whose slots are
 /// misaligned differently): updated when no accumulator is given, else accumulated into it

@@ -100,14 +100,18 @@ std::int64_t max_blocks_of(Options const& opts)
   return opts.max_blocks > 0 ? opts.max_blocks : Policy::max_blocks;
 }
 
-/// What sizes the persistent grid of an update that stores quantized states (each block fills
-/// its shared copy of the maps once): the device's SMs and shared memory, or the caller's cap.
+/// Which of the policy's shapes the update takes, and what sizes the persistent grid of an
+/// update that stores quantized states (each block fills its shared copy of the maps once):
+/// the device's SMs and shared memory, or the caller's cap.
 struct persistent_grid {
   std::int64_t max_blocks = 0;  ///< options::max_blocks; 0: from the device
   std::int64_t multiprocessors = 0;
   std::int64_t shared_per_sm = 0;      ///< bytes of shared memory an SM gives its blocks
   std::int64_t reserved_per_block = 0; ///< bytes the driver keeps per block
   bool fast_memory = false;            ///< the policy's shape for fast memory (memory_speed)
+  /// An update that stores no quantized state in the policy's shape for fast memory
+  /// (plain_fast_shape_for); such an update uses nothing else of this struct.
+  bool plain_fast_shape = false;
   /// The plan's work queue (zero, in device memory); null: the units are dealt round-robin.
   work_queue* queue = nullptr;
 
@@ -144,17 +148,35 @@ bool memory_is_fast(int device)
   return dram_bytes_per_sm_cycle(device) > Policy::fast_memory_bytes_per_sm_cycle;
 }
 
+/// Whether the update takes `Policy`'s shapes for fast memory on `device`: options::memory, or
+/// from the device (memory_is_fast) where it is automatic.
+template <class Policy, class Options>
+bool fast_memory_for(Options const& opts, int device)
+{
+  using speed = decltype(opts.memory);  // cuda::memory_speed, declared with the options
+  FUSEDOPT_EXPECTS(opts.memory == speed::automatic || opts.memory == speed::fast || opts.memory == speed::slow,
+                   "cuda::options::memory must be memory_speed::automatic, fast or slow");
+  return opts.memory == speed::automatic ? memory_is_fast<Policy>(device) : opts.memory == speed::fast;
+}
+
+/// Whether an update that stores no quantized state, over a launch of `chunks` chunks of
+/// `tensors` tensors, takes the policy's shape for fast memory (bytes_per_slot_fast_memory):
+/// on fast memory where the tensors average fast_memory_min_chunks_per_tensor chunks or more;
+/// always where options::memory asks for the fast shapes (tests run it on any GPU).
+template <class Policy, class Options>
+bool plain_fast_shape_for(Options const& opts, int device, std::int64_t chunks, std::int64_t tensors)
+{
+  using speed = decltype(opts.memory);
+  if (!fast_memory_for<Policy>(opts, device)) { return false; }
+  return opts.memory == speed::fast || chunks >= Policy::fast_memory_min_chunks_per_tensor * tensors;
+}
+
 template <class Policy, class Options>
 persistent_grid persistent_grid_of(Options const& opts, int device)
 {
-  using speed = decltype(opts.quantized_memory);  // cuda::memory_speed, declared with the options
-  FUSEDOPT_EXPECTS(opts.quantized_memory == speed::automatic || opts.quantized_memory == speed::fast ||
-                     opts.quantized_memory == speed::slow,
-                   "cuda::options::quantized_memory must be memory_speed::automatic, fast or slow");
   persistent_grid grid;
   grid.max_blocks = opts.max_blocks;
-  grid.fast_memory = opts.quantized_memory == speed::automatic ? memory_is_fast<Policy>(device)
-                                                                : opts.quantized_memory == speed::fast;
+  grid.fast_memory = fast_memory_for<Policy>(opts, device);
   if (grid.max_blocks > 0) { return grid; }
   grid.multiprocessors = device_attribute(cudaDevAttrMultiProcessorCount, device);
   grid.shared_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
@@ -309,14 +331,25 @@ unsigned grid_of(Table const& table, std::int64_t max_blocks, int chunks_per_blo
   return static_cast<unsigned>(std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max()));
 }
 
+/// Whether the policy's two shapes give the plain update (no quantized state stored) of
+/// `Bound` the same vectors per thread, so that one kernel serves both.
+template <class Policy, class Bound>
+inline constexpr bool plain_shapes_differ_v =
+  vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, false> !=
+  vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, true>;
+
 /// Enqueues the update over one table, with the results of the rule's P passes.
-/// `persistent` sizes the grid where the rule stores quantized states (persistent_grid_of).
+/// `persistent` chooses the shape, and sizes the grid where the rule stores quantized states
+/// (persistent_grid_of).
 template <class Policy, class Rule, class Bound, int P, class Table>
 void launch_update(Rule const& rule, step_info const& step, Table const& table, pass_results<P> const& results,
                    std::int64_t max_blocks, persistent_grid const& persistent, cudaStream_t stream, bool programmatic)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   auto kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, false>;
+  if constexpr (!access::stores_quantized && plain_shapes_differ_v<Policy, Bound>) {
+    if (persistent.plain_fast_shape) { kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, true>; }
+  }
   if constexpr (access::stores_quantized) {
     // The policy's shape for the device's memory speed: a second kernel only where it differs.
     bool fast = false;

@@ -115,9 +115,10 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// passes (prepare_final: device scalars and the results are read here, so a captured launch
 /// picks up new values; without passes it is the rule's own prepare; once the block's first
 /// chunk's loads are issued, process_first_chunk), then each block takes chunks `blockIdx.x`,
-/// `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of
-/// quantized states where the rule stores some: process_quantized, with the maps in shared memory,
-/// in the policy's shape for fast memory or not: `FastMemory`, chosen per device by launch_update).
+/// `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of quantized states where the
+/// rule stores some: process_quantized, with the maps in shared memory). `FastMemory`: the
+/// policy's shape for fast memory (bytes_per_slot_fast_memory; quantized_update's), chosen per
+/// launch by launch_update.
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
 /// stores quantized states counts on its shape's blocks per SM fitting at once
 /// (Policy::quantized_update; a policy needs it only for such rules).
@@ -154,7 +155,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
     process_quantized<Policy, access, FastMemory>(body, table, maps, work.queue);
   } else {
     (void)work;
-    constexpr int unroll = vectors_per_thread<Policy, width, widest>;
+    constexpr int unroll = vectors_per_thread<Policy, width, widest, FastMemory>;
     int const tid = static_cast<int>(threadIdx.x);
     auto const chunks_from = [&](auto const& body, std::int64_t c) {
       for (; c < table.num_chunks; c += gridDim.x) {
