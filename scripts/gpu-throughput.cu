@@ -625,6 +625,10 @@ int w1_ceiling(double copy, int sms)
   row("library t256 b16 c1024, constants from the host", time_variant<small>(preformed, ten_lists, 1024, 0, pb), bytes);
   row("library t256 b16 c1024, step 100000", time_variant<small>(rule, ten_lists, 1024, 0, pb, automatic, true, 100000),
       bytes);
+  // Six blocks of 256 per SM (40 registers, no spill since stop 36): the table-free t256 v1's
+  // occupancy (38 registers).
+  row("library t256 b16 c1024 6/SM", time_variant<policy<256, 16, true, true, 6>>(rule, ten_lists, 1024, 0, pb), bytes);
+  row("library t256 b16 c1024 5/SM", time_variant<policy<256, 16, true, true, 5>>(rule, ten_lists, 1024, 0, pb), bytes);
   {
     adam_memory<float, float> w3(fb::w3().sizes);
     auto const lists = w3.lists();
@@ -897,6 +901,11 @@ void variants(std::string const& prefix, Rule const& rule, Lists const& lists, d
   run("t256 b16 c1024", time_variant<policy<256, 16, true, true>>(rule, lists, 1024, 0, pb));
   run("t256 b16 c1024 6/SM", time_variant<policy<256, 16, true, true, 6>>(rule, lists, 1024, 0, pb));
   run("t256 b16 c1024 8/SM", time_variant<policy<256, 16, true, true, 8>>(rule, lists, 1024, 0, pb));
+  // Launch bounds that fit without spills since the iteration is one function (stop 36:
+  // Adam fp32 t256 b16 at 48 / 40 registers, t128 b64 at 96, none spilled).
+  run("t256 b16 c1024 5/SM", time_variant<policy<256, 16, true, true, 5>>(rule, lists, 1024, 0, pb));
+  run("t128 b64 c2048 5/SM", time_variant<policy<128, 64, true, true, 5>>(rule, lists, 2048, 0, pb));
+  run("t128 b32 c2048 5/SM", time_variant<policy<128, 32, true, true, 5>>(rule, lists, 2048, 0, pb));
   run("t256 b16 c2048", time_variant<policy<256, 16, true, true>>(rule, lists, 2048, 0, pb));
   run("t256 b16 c2048 6/SM", time_variant<policy<256, 16, true, true, 6>>(rule, lists, 2048, 0, pb));
   run("t512 b16 c2048 3/SM", time_variant<policy<512, 16, true, true, 3>>(rule, lists, 2048, 0, pb));

@@ -107,6 +107,25 @@ struct shifted_by_tensor {
   FUSEDOPT_HOST_DEVICE prepared prepare(fo::step_info const&) const { return {}; }
 };
 
+// The update's shape by memory speed (cuda/detail/dispatch.cuh): the policy's shape for fast
+// memory only there and for tensors of 32 chunks on average or more, or wherever it is forced;
+// a second kernel only where the two shapes differ (not for bf16 beside double states, one
+// vector a slot in both).
+namespace shapes {
+namespace detail = fo::cuda::detail;
+using policy = detail::default_policy;
+static_assert(detail::plain_fast_shape<policy>(true, false, 32 * 10, 10), "long tensors on fast memory");
+static_assert(!detail::plain_fast_shape<policy>(true, false, 32 * 10 - 1, 10), "short tensors keep the slow shape");
+static_assert(!detail::plain_fast_shape<policy>(false, false, std::int64_t{1} << 20, 1), "slow memory");
+static_assert(detail::plain_fast_shape<policy>(false, true, 1, 100), "forced");
+template <class P, class G, class S>
+using adam_lists = fo::bound_lists<fo::binding<slot::param_t, P>, fo::binding<slot::grad_t, G const>,
+                                   fo::binding<slot::exp_avg_t, S>, fo::binding<slot::exp_avg_sq_t, S>>;
+static_assert(detail::plain_shapes_differ_v<policy, adam_lists<float, float, float>>, "fp32: 4 and 2 vectors");
+static_assert(detail::plain_shapes_differ_v<policy, adam_lists<fo::bfloat16, fo::bfloat16, float>>, "2 and 1");
+static_assert(!detail::plain_shapes_differ_v<policy, adam_lists<fo::bfloat16, fo::bfloat16, double>>, "1 and 1");
+}  // namespace shapes
+
 std::vector<std::int64_t> cycle_sizes(std::size_t count, std::int64_t modulus)
 {
   std::vector<std::int64_t> sizes(count);

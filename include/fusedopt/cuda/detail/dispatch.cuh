@@ -161,14 +161,22 @@ bool fast_memory_for(Options const& opts, int device)
 
 /// Whether an update that stores no quantized state, over a launch of `chunks` chunks of
 /// `tensors` tensors, takes the policy's shape for fast memory (bytes_per_slot_fast_memory):
-/// on fast memory where the tensors average fast_memory_min_chunks_per_tensor chunks or more;
-/// always where options::memory asks for the fast shapes (tests run it on any GPU).
+/// on fast memory where the tensors average fast_memory_min_chunks_per_tensor chunks or more
+/// (many tensors of a few chunks, as W3's, lost 7-13 points with it); always where the fast
+/// shapes are `forced` (options::memory: tests run it on any GPU).
+template <class Policy>
+constexpr bool plain_fast_shape(bool fast_memory, bool forced, std::int64_t chunks, std::int64_t tensors)
+{
+  return forced || (fast_memory && chunks >= Policy::fast_memory_min_chunks_per_tensor * tensors);
+}
+
+/// plain_fast_shape for a launch on `device` under `opts`.
 template <class Policy, class Options>
 bool plain_fast_shape_for(Options const& opts, int device, std::int64_t chunks, std::int64_t tensors)
 {
   using speed = decltype(opts.memory);
-  if (!fast_memory_for<Policy>(opts, device)) { return false; }
-  return opts.memory == speed::fast || chunks >= Policy::fast_memory_min_chunks_per_tensor * tensors;
+  bool const fast_memory = fast_memory_for<Policy>(opts, device);  // checks options::memory
+  return plain_fast_shape<Policy>(fast_memory, opts.memory == speed::fast, chunks, tensors);
 }
 
 template <class Policy, class Options>
