@@ -62,6 +62,10 @@ TEST_CASE("bad options are rejected", "[cuda][errors]")
   opts = {};
   opts.metadata = fo::cuda::transport::device_table;  // apply owns no device memory
   REQUIRE_THROWS_AS(fo::cuda::apply(fo::rules::adam{}, lists, {}, opts), fo::error);
+  opts = {};
+  opts.memory = static_cast<fo::cuda::memory_speed>(7);  // it chooses every update's shape
+  REQUIRE_THROWS_AS(fo::cuda::make_plan(lists, opts), fo::error);
+  REQUIRE_THROWS_AS(fo::cuda::apply(fo::rules::adam{}, lists, {}, opts), fo::error);
 }
 
 TEST_CASE("FUSEDOPT_CUDA_TRY names the failed call", "[cuda][errors][api-error]")
