@@ -162,7 +162,7 @@ bool fast_memory_for(Options const& opts, int device)
 /// Whether an update that stores no quantized state, over a launch of `chunks` chunks of
 /// `tensors` tensors, takes the policy's shape for fast memory (bytes_per_slot_fast_memory):
 /// on fast memory where the tensors average fast_memory_min_chunks_per_tensor chunks or more
-/// (many tensors of a few chunks, as W3's, lost 7-13 points with it); always where the fast
+/// (many tensors of a few chunks, as W3's, lost 6-13 points with it and its like); always where the fast
 /// shapes are `forced` (options::memory: tests run it on any GPU).
 template <class Policy>
 constexpr bool plain_fast_shape(bool fast_memory, bool forced, std::int64_t chunks, std::int64_t tensors)

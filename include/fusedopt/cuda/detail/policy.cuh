@@ -62,7 +62,7 @@ struct default_policy {
   /// for fp32 Adam, each block taking its chunk in two iterations. On an H200 it took Adam fp32
   /// from 90.9-91.2 / 96.7 / 96.1-96.4% of the copy to 93.1-93.4 / 97.5-97.6 / 98.1% on W1 / W2 /
   /// W4, AdamW over bf16 from 90.9-91.1 / 95.5-95.6 / 96.2-96.4% to 91.2-91.4 / 96.6 / 97.0-97.1%;
-  /// on W3 (2000 tensors of 256 to 65536 elements, 5.8 chunks each) it lost 7-13 points on both
+  /// on W3 (2000 tensors of 256 to 65536 elements, 5.8 chunks each) it lost 6-10 points on both
   /// GPUs, and on the H100 1-2 points on W2 and W4 (docs/tuning.md, "The plain update's shape
   /// by memory speed"). Where both give a kernel the same vectors per thread, one kernel is
   /// compiled.
