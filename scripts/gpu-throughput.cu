@@ -211,7 +211,10 @@ std::int64_t const timed_step = [] {
 fo::cuda::memory_speed const timed_memory = [] {
   char const* env = std::getenv("FUSEDOPT_GT_MEMORY");
   if (env == nullptr) { return fo::cuda::memory_speed::automatic; }
-  return std::strcmp(env, "fast") == 0 ? fo::cuda::memory_speed::fast : fo::cuda::memory_speed::slow;
+  if (std::strcmp(env, "fast") == 0) { return fo::cuda::memory_speed::fast; }
+  if (std::strcmp(env, "slow") == 0) { return fo::cuda::memory_speed::slow; }
+  std::fprintf(stderr, "FUSEDOPT_GT_MEMORY must be fast or slow, not '%s'\n", env);
+  std::exit(2);
 }();
 
 fo::cuda::options timed_options()

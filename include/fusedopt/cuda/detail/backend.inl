@@ -73,8 +73,7 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
   written_.assign(lists_);
   auto const layout = detail::make_layout(lists_, chunk, std::index_sequence_for<B...>{});
   tensors_ = layout.tensors;
-  persistent_.plain_fast_shape = detail::plain_fast_shape_for<Policy>(
-    opts, device_, static_cast<std::int64_t>(layout.chunks.size()), static_cast<std::int64_t>(layout.tensors.size()));
+  persistent_.plain_fast_shape = detail::plain_fast_shape_for<Policy>(opts, device_, layout);
   bool const evict_first = detail::evict_first_for<Policy>(layout.bytes, opts, device_);
   if (transport_ == transport::param_4k) {
     tables_4k_ = detail::pack_tables<detail::table_4k<num_slots>>(layout, evict_first);
@@ -475,8 +474,7 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
   detail::check_device_memory(lists);
   auto const layout = detail::make_layout(lists, chunk, std::index_sequence_for<B...>{});
   if constexpr (!::fusedopt::detail::access<Rule, lists_type>::stores_quantized) {
-    persistent.plain_fast_shape = detail::plain_fast_shape_for<Policy>(
-      opts, device, static_cast<std::int64_t>(layout.chunks.size()), static_cast<std::int64_t>(layout.tensors.size()));
+    persistent.plain_fast_shape = detail::plain_fast_shape_for<Policy>(opts, device, layout);
   }
   bool const evict_first = detail::evict_first_for<Policy>(layout.bytes, opts, device);
   detail::advance_step(step, stream, programmatic);

@@ -170,13 +170,15 @@ constexpr bool plain_fast_shape(bool fast_memory, bool forced, std::int64_t chun
   return forced || (fast_memory && chunks >= Policy::fast_memory_min_chunks_per_tensor * tensors);
 }
 
-/// plain_fast_shape for a launch on `device` under `opts`.
-template <class Policy, class Options>
-bool plain_fast_shape_for(Options const& opts, int device, std::int64_t chunks, std::int64_t tensors)
+/// plain_fast_shape for a launch over `chunked`'s chunks and tensors on `device` under `opts`.
+template <class Policy, class Options, std::size_t S>
+bool plain_fast_shape_for(Options const& opts, int device, layout<S> const& chunked)
 {
   using speed = decltype(opts.memory);
   bool const fast_memory = fast_memory_for<Policy>(opts, device);  // checks options::memory
-  return plain_fast_shape<Policy>(fast_memory, opts.memory == speed::fast, chunks, tensors);
+  return plain_fast_shape<Policy>(fast_memory, opts.memory == speed::fast,
+                                  static_cast<std::int64_t>(chunked.chunks.size()),
+                                  static_cast<std::int64_t>(chunked.tensors.size()));
 }
 
 template <class Policy, class Options>
