@@ -452,7 +452,8 @@ inline void advance_step(step_info const& step, cudaStream_t stream, bool progra
   launch_kernel(&advance_counter<std::int64_t>, dim3(1), dim3(1), stream, programmatic, step.advance);
 }
 
-/// Enqueues the writes of `entries` into `table` on `stream`, one launch per table_piece.
+/// Enqueues the writes of `entries` into `table` on `stream`, one launch per table_piece, and
+/// an ordinary launch after them (table_written) that no programmatic launch overtakes.
 template <class Entry>
 void write_table_by_value(Entry* table, std::vector<Entry> const& entries, cudaStream_t stream)
 {
@@ -465,6 +466,8 @@ void write_table_by_value(Entry* table, std::vector<Entry> const& entries, cudaS
     write_table_piece<Entry><<<1, 128, 0, stream>>>(table, piece);
     FUSEDOPT_CUDA_TRY(cudaGetLastError());
   }
+  table_written<Entry><<<1, 32, 0, stream>>>();
+  FUSEDOPT_CUDA_TRY(cudaGetLastError());
 }
 
 }  // namespace detail

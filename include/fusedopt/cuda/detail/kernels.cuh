@@ -144,44 +144,58 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
   std::uint64_t const cache_policy = make_cache_policy(table.evict_first != 0);
   // Where the rule stores quantized states, a persistent grid (launch_update): each block
   // copies the maps once for many chunks, while the kernel before it may still run (no kernel
-  // writes them); without quantized states `maps` is empty and fill() does nothing.
+  // writes them); without quantized states `maps` is empty.
   __shared__ block_maps<access> maps;
-  maps.fill();
-  await_predecessor();
   auto const prepare = [&] { return ::fusedopt::detail::prepare_final(rule, step, results.data()); };
   if constexpr (access::stores_quantized) {
+    maps.fill();
+    await_predecessor();
     auto const body = prepare();
     __syncthreads();
     process_quantized<Policy, access, FastMemory>(body, table, maps, work.queue);
   } else {
     (void)work;
+    // The block's first chunk and its tensor's addresses are read before the wait: no kernel
+    // writes a table but write_table_piece, which write_table_by_value follows with an ordinary
+    // launch (table_written). Blocks of a dependent launch that take SMs while the kernel before
+    // finishes then start with their first loads when it ends, not with two dependent reads.
+    if (blockIdx.x >= table.num_chunks) { return; }
+    chunk_entry const first = table.chunk(blockIdx.x);
+    tensor_entry<Bound::num_slots> const first_tensor = table.tensor(first.tensor);
+    await_predecessor();
     constexpr int unroll = vectors_per_thread<Policy, width, widest, FastMemory>;
     // threadIdx.x is read where it is used, not held in a variable: held, its products stayed
     // live across the chunk loop (AdamW over bf16 in one vector a slot: 64 -> 70 registers).
-    auto const chunks_from = [&](auto const& body, std::int64_t c) {
-      for (; c < table.num_chunks; c += gridDim.x) {
-        chunk_entry const chunk = table.chunk(c);
-        tensor_entry<Bound::num_slots> const tensor = table.tensor(chunk.tensor);
-        process_chunk<Policy, access, width, unroll, Policy::block_threads>(
-          ::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin, chunk.count, cache_policy,
-          static_cast<int>(threadIdx.x));
-      }
+    auto const one_chunk = [&](auto const& body, tensor_entry<Bound::num_slots> const& tensor, chunk_entry const& chunk) {
+      process_chunk<Policy, access, width, unroll, Policy::block_threads>(
+        ::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin, chunk.count, cache_policy,
+        static_cast<int>(threadIdx.x));
     };
     if constexpr (P == 0 && unroll > 1) {
       // The rule's prepare runs behind the first chunk's loads (process_first_chunk).
-      if (blockIdx.x >= table.num_chunks) { return; }
-      chunk_entry const first = table.chunk(blockIdx.x);
-      tensor_entry<Bound::num_slots> const first_tensor = table.tensor(first.tensor);
-      chunks_from(process_first_chunk<Policy, access, width, unroll, Policy::block_threads>(
-                    prepare, first_tensor, first.begin, first.count, cache_policy, static_cast<int>(threadIdx.x)),
-                  std::int64_t{blockIdx.x} + gridDim.x);
+      auto const body = process_first_chunk<Policy, access, width, unroll, Policy::block_threads>(
+        prepare, first_tensor, first.begin, first.count, cache_policy, static_cast<int>(threadIdx.x));
+      for (std::int64_t c = std::int64_t{blockIdx.x} + gridDim.x; c < table.num_chunks; c += gridDim.x) {
+        chunk_entry const chunk = table.chunk(c);
+        one_chunk(body, table.tensor(chunk.tensor), chunk);
+      }
     } else {
       // A rule with reduction passes prepares first: its prepare reads the passes' results and
       // holds more state, and behind the loads it took clip + AdamW over bf16 from 102 to 136
       // registers (three blocks per SM where five fit) and 2-5% more time. So does a shape of
       // one vector a slot: a thread's prepare is then most of its work, and behind the loads
       // it took Adam in t256 b16 from 64 to 88 registers and the H200's W1 from 92.8 to 75.1%.
-      chunks_from(prepare(), blockIdx.x);
+      // One loop from the first chunk (a first call apart cost Adam in t256 b16 10 registers).
+      auto const body = prepare();
+      chunk_entry chunk = first;
+      tensor_entry<Bound::num_slots> tensor = first_tensor;
+      for (std::int64_t c = blockIdx.x;;) {
+        one_chunk(body, tensor, chunk);
+        c += gridDim.x;
+        if (c >= table.num_chunks) { break; }
+        chunk = table.chunk(c);
+        tensor = table.tensor(chunk.tensor);
+      }
     }
   }
 }
@@ -365,6 +379,15 @@ FUSEDOPT_KERNEL void write_table_piece(Entry* table, table_piece<Entry> const pi
   for (int i = static_cast<int>(threadIdx.x); i < piece.count; i += static_cast<int>(blockDim.x)) {
     table[piece.first + i] = piece.entries[i];
   }
+}
+
+/// Launched ordinarily after write_table_piece: an update kernel reads its first table entries
+/// before it awaits its predecessor (multi_tensor_kernel), so the kernel right before a
+/// programmatic launch must not be one that writes them. This one has completed, and so have
+/// the writes before it, when any block of the next launch starts.
+template <class Entry>
+FUSEDOPT_KERNEL void table_written()
+{
 }
 
 }  // namespace detail
