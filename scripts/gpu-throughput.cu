@@ -232,7 +232,7 @@ struct policy : fo::cuda::detail::default_policy {
   static constexpr int pass_bytes_per_lane = PassBytes;
   static constexpr int block_threads = Threads;
   static constexpr int bytes_per_slot = Bytes;
-  static constexpr int bytes_per_slot_fast_memory = Bytes;  // the variant's shape on any GPU
+  static constexpr fo::cuda::detail::plain_shape plain_fast_update(int) { return {Threads, Bytes}; }  // on any GPU
   static constexpr bool streaming_loads = StreamLoads;
   static constexpr bool streaming_stores = StreamStores;
   static constexpr int min_blocks_per_sm = MinBlocks;

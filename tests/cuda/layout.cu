@@ -121,9 +121,11 @@ static_assert(detail::plain_fast_shape<policy>(false, true, 1, 100), "forced");
 template <class P, class G, class S>
 using adam_lists = fo::bound_lists<fo::binding<slot::param_t, P>, fo::binding<slot::grad_t, G const>,
                                    fo::binding<slot::exp_avg_t, S>, fo::binding<slot::exp_avg_sq_t, S>>;
-static_assert(detail::plain_shapes_differ_v<policy, adam_lists<float, float, float>>, "fp32: 4 and 2 vectors");
-static_assert(detail::plain_shapes_differ_v<policy, adam_lists<fo::bfloat16, fo::bfloat16, float>>, "2 and 1");
-static_assert(!detail::plain_shapes_differ_v<policy, adam_lists<fo::bfloat16, fo::bfloat16, double>>, "1 and 1");
+static_assert(detail::plain_shapes_differ_v<policy, adam_lists<float, float, float>>, "fp32: 128 x 4 and 256 x 1");
+static_assert(detail::plain_shapes_differ_v<policy, adam_lists<fo::bfloat16, fo::bfloat16, float>>, "128 x 2, 128 x 1");
+static_assert(!detail::plain_shapes_differ_v<policy, adam_lists<fo::bfloat16, fo::bfloat16, double>>, "128 x 1 twice");
+static_assert(detail::plain_shape_v<policy, 4, true> == detail::plain_shape{256, 16}, "fp32: a block iteration of 1024");
+static_assert(detail::plain_shape_v<policy, 8, true> == detail::plain_shape{128, 16}, "16-bit slots: 1024 too");
 }  // namespace shapes
 
 std::vector<std::int64_t> cycle_sizes(std::size_t count, std::int64_t modulus)

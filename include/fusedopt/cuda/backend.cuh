@@ -54,7 +54,7 @@ enum class l2_eviction {
 };
 
 /// @brief How fast a device's memory is beside its SMs, which chooses the shape of the update
-/// (the tuning policy's `bytes_per_slot_fast_memory` and `quantized_update`).
+/// (the tuning policy's `plain_fast_update` and `quantized_update`).
 enum class memory_speed {
   automatic,  ///< from the device: DRAM bytes per SM cycle above the policy's fast_memory_bytes_per_sm_cycle is fast
   fast,       ///< the shape for memory that outruns the arithmetic (H200: more warps)

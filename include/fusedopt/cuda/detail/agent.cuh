@@ -49,13 +49,19 @@ constexpr int vectors_for(int bytes, int vector_bytes)
   return bytes / vector_bytes > 1 ? bytes / vector_bytes : 1;
 }
 
-/// Vectors a thread of the update loads per iteration: Policy::bytes_per_slot of its widest
-/// slot (one vector of a slot of `widest`-byte elements is W * widest bytes), at least one;
-/// bytes_per_slot_fast_memory in the shape for fast memory.
+/// The shape of the update that stores no quantized state over vectors of W elements: the
+/// policy's block_threads and bytes_per_slot, or its plain_fast_update in the shape for fast
+/// memory.
+template <class Policy, int W, bool FastMemory>
+inline constexpr plain_shape plain_shape_v =
+  FastMemory ? Policy::plain_fast_update(W) : plain_shape{Policy::block_threads, Policy::bytes_per_slot};
+
+/// Vectors a thread of the update loads per iteration: the shape's bytes_per_slot of its
+/// widest slot (one vector of a slot of `widest`-byte elements is W * widest bytes), at least
+/// one.
 template <class Policy, int W, std::size_t Widest, bool FastMemory = false>
-inline constexpr int vectors_per_thread = vectors_for(FastMemory ? Policy::bytes_per_slot_fast_memory
-                                                                 : Policy::bytes_per_slot,
-                                                      W * static_cast<int>(Widest));
+inline constexpr int vectors_per_thread =
+  vectors_for(plain_shape_v<Policy, W, FastMemory>.bytes_per_slot, W * static_cast<int>(Widest));
 
 /// One element on the scalar path (a tensor's head and tail, or a tensor whose slots are
 /// misaligned differently): updated when no accumulator is given, else accumulated into it

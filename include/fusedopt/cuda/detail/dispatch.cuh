@@ -160,7 +160,7 @@ bool fast_memory_for(Options const& opts, int device)
 }
 
 /// Whether an update that stores no quantized state, over a launch of `chunks` chunks of
-/// `tensors` tensors, takes the policy's shape for fast memory (bytes_per_slot_fast_memory):
+/// `tensors` tensors, takes the policy's shape for fast memory (plain_fast_update):
 /// on fast memory where the tensors average fast_memory_min_chunks_per_tensor chunks or more
 /// (many tensors of a few chunks, as W3's, lost 6-13 points with it and its like); always where the fast
 /// shapes are `forced` (options::memory: tests run it on any GPU).
@@ -342,11 +342,14 @@ unsigned grid_of(Table const& table, std::int64_t max_blocks, int chunks_per_blo
 }
 
 /// Whether the policy's two shapes give the plain update (no quantized state stored) of
-/// `Bound` the same vectors per thread, so that one kernel serves both.
+/// `Bound` different threads per block or vectors per thread; where they do not, one kernel
+/// serves both.
 template <class Policy, class Bound>
 inline constexpr bool plain_shapes_differ_v =
+  plain_shape_v<Policy, vector_width<Bound>::value, false>.block_threads !=
+    plain_shape_v<Policy, vector_width<Bound>::value, true>.block_threads ||
   vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, false> !=
-  vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, true>;
+    vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, true>;
 
 /// Enqueues the update over one table, with the results of the rule's P passes.
 /// `persistent` chooses the shape, and sizes the grid where the rule stores quantized states
@@ -357,8 +360,12 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   auto kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, false>;
+  int threads = update_threads_v<Policy, Rule, Bound, false>;
   if constexpr (!access::stores_quantized && plain_shapes_differ_v<Policy, Bound>) {
-    if (persistent.plain_fast_shape) { kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, true>; }
+    if (persistent.plain_fast_shape) {
+      kernel = &multi_tensor_kernel<Policy, Rule, Bound, Table, P, true>;
+      threads = update_threads_v<Policy, Rule, Bound, true>;
+    }
   }
   if constexpr (access::stores_quantized) {
     // The policy's shape for the device's memory speed: a second kernel only where it differs.
@@ -389,10 +396,10 @@ void launch_update(Rule const& rule, step_info const& step, Table const& table, 
   if constexpr (fits_params<Rule, Table, results_bytes<P> + queue_bytes<Rule, Bound>>) {
     queue_param<access::stores_quantized> work{};
     if constexpr (access::stores_quantized) { work.queue = persistent.queue; }
-    launch_kernel(kernel, dim3(grid_of(table, max_blocks)), dim3(Policy::block_threads), stream, programmatic, rule,
+    launch_kernel(kernel, dim3(grid_of(table, max_blocks)), dim3(static_cast<unsigned>(threads)), stream, programmatic, rule,
                   step, table, results, work);
   } else {
-    (void)kernel;
+    (void)kernel, (void)threads;
     (void)rule, (void)step, (void)results, (void)max_blocks, (void)stream, (void)programmatic;
     rule_too_large(sizeof(Rule), P > 0);
   }

@@ -117,7 +117,7 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 /// chunk's loads are issued, process_first_chunk), then each block takes chunks `blockIdx.x`,
 /// `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of quantized states where the
 /// rule stores some: process_quantized, with the maps in shared memory). `FastMemory`: the
-/// policy's shape for fast memory (bytes_per_slot_fast_memory; quantized_update's), chosen per
+/// policy's shape for fast memory (plain_fast_update; quantized_update's), chosen per
 /// launch by launch_update.
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
 /// stores quantized states counts on its shape's blocks per SM fitting at once
@@ -132,8 +132,16 @@ constexpr int update_min_blocks()
   }
 }
 
+/// Threads per block of the update kernel: the shape's (plain_shape_v) where the rule stores no
+/// quantized state, else the policy's block_threads.
+template <class Policy, class Rule, class Bound, bool FastMemory>
+inline constexpr int update_threads_v = ::fusedopt::detail::access<Rule, Bound>::stores_quantized
+                                          ? Policy::block_threads
+                                          : plain_shape_v<Policy, vector_width<Bound>::value, FastMemory>.block_threads;
+
 template <class Policy, class Rule, class Bound, class Table, int P, bool FastMemory = false>
-FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks<Policy, Rule, Bound, FastMemory>()))
+FUSEDOPT_KERNEL void __launch_bounds__((update_threads_v<Policy, Rule, Bound, FastMemory>),
+                                       (update_min_blocks<Policy, Rule, Bound, FastMemory>()))
   multi_tensor_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT Table const table,
                       FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
                       queue_param<::fusedopt::detail::access<Rule, Bound>::stores_quantized> const work)
@@ -164,16 +172,17 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, (update_min_blocks
     tensor_entry<Bound::num_slots> const first_tensor = table.tensor(first.tensor);
     await_predecessor();
     constexpr int unroll = vectors_per_thread<Policy, width, widest, FastMemory>;
+    constexpr int threads = update_threads_v<Policy, Rule, Bound, FastMemory>;
     // threadIdx.x is read where it is used, not held in a variable: held, its products stayed
     // live across the chunk loop (AdamW over bf16 in one vector a slot: 64 -> 70 registers).
     auto const one_chunk = [&](auto const& body, tensor_entry<Bound::num_slots> const& tensor, chunk_entry const& chunk) {
-      process_chunk<Policy, access, width, unroll, Policy::block_threads>(
+      process_chunk<Policy, access, width, unroll, threads>(
         ::fusedopt::detail::body_for_tensor(body, tensor.index), tensor, chunk.begin, chunk.count, cache_policy,
         static_cast<int>(threadIdx.x));
     };
     if constexpr (P == 0 && unroll > 1) {
       // The rule's prepare runs behind the first chunk's loads (process_first_chunk).
-      auto const body = process_first_chunk<Policy, access, width, unroll, Policy::block_threads>(
+      auto const body = process_first_chunk<Policy, access, width, unroll, threads>(
         prepare, first_tensor, first.begin, first.count, cache_policy, static_cast<int>(threadIdx.x));
       for (std::int64_t c = std::int64_t{blockIdx.x} + gridDim.x; c < table.num_chunks; c += gridDim.x) {
         chunk_entry const chunk = table.chunk(c);

@@ -46,6 +46,18 @@ constexpr bool operator==(quantized_shape const& a, quantized_shape const& b)
          a.staged_next == b.staged_next && a.tails_in_lanes == b.tails_in_lanes && a.units_per_ticket == b.units_per_ticket;
 }
 
+/// @brief The shape of an update that stores no quantized state: threads per block, and the
+/// bytes of its widest slot a thread loads per iteration before it computes (vectors per
+/// thread = bytes_per_slot / (vector width x widest element size), at least one).
+struct plain_shape {
+  int block_threads;
+  int bytes_per_slot;
+};
+constexpr bool operator==(plain_shape const& a, plain_shape const& b)
+{
+  return a.block_threads == b.block_threads && a.bytes_per_slot == b.bytes_per_slot;
+}
+
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
 /// benchmarks override the run-time values through `cuda::options`; a policy of one's own is
 /// a struct with the same members.
@@ -57,16 +69,20 @@ struct default_policy {
   /// thread = bytes_per_slot / (vector width x widest element size), at least one: 4 for
   /// fp32 Adam, 2 for bf16 params with fp32 states, 1 for double states next to bf16.
   static constexpr int bytes_per_slot = 64;
-  /// The same on fast memory (memory_speed, fast_memory_bytes_per_sm_cycle: the H200), for a
-  /// launch whose tensors average at least `fast_memory_min_chunks_per_tensor` chunks: 2 vectors
-  /// for fp32 Adam, each block taking its chunk in two iterations. On an H200 it took Adam fp32
-  /// from 90.9-91.2 / 96.7 / 96.1-96.4% of the copy to 93.1-93.4 / 97.5-97.6 / 98.1% on W1 / W2 /
-  /// W4, AdamW over bf16 from 90.9-91.1 / 95.5-95.6 / 96.2-96.4% to 91.2-91.4 / 96.6 / 97.0-97.1%;
-  /// on W3 (2000 tensors of 256 to 65536 elements, 5.8 chunks each) it lost 6-10 points on both
-  /// GPUs, and on the H100 1-2 points on W2 and W4 (docs/tuning.md, "The plain update's shape
-  /// by memory speed"). Where both give a kernel the same vectors per thread, one kernel is
-  /// compiled.
-  static constexpr int bytes_per_slot_fast_memory = 32;
+  /// The shape of an update that stores no quantized state on fast memory (memory_speed,
+  /// fast_memory_bytes_per_sm_cycle: the H200), for a launch whose tensors average at least
+  /// `fast_memory_min_chunks_per_tensor` chunks: one vector a thread (16 bytes of the binding's
+  /// narrowest slot, `vector_elements` elements) and a block iteration of 1024 elements: 256
+  /// threads for fp32 (Adam fp32: 4 vectors a thread in the default shape), 128 where a slot is
+  /// 16-bit (AdamW over bf16 parameters: 2), each block taking its chunk of 2048 in two
+  /// iterations. On an H200 it took Adam fp32 from 96.5-97.0 / 96.2-96.5% of the copy in the
+  /// default shape to 98.9 / 99.3% on W2 / W4 (128 threads of one vector: 97.6-97.8 /
+  /// 97.9-98.2%), AdamW over bf16 from 95.7 / 96.4% to 97.0-97.3 / 96.9-97.1%; on W3 (2000
+  /// tensors of 256 to 65536 elements, 5.8 chunks each) shapes of fewer bytes a thread lost
+  /// 6-13 points on both GPUs, and on the H100 1-2 points on W2 and W4 (docs/tuning.md, "The
+  /// plain update's shape by memory speed"). Where both shapes are the same kernel (bf16 beside
+  /// double states: one vector of 128 threads either way), one kernel is compiled.
+  static constexpr plain_shape plain_fast_update(int vector_elements) { return {1024 / vector_elements, 16}; }
   static constexpr std::int64_t fast_memory_min_chunks_per_tensor = 32;
   /// Bytes a lane of a reduction pass (a warp per chunk) loads per iteration, over all the
   /// slots the pass reads: vectors per lane = pass_bytes_per_lane / (vector width x the
