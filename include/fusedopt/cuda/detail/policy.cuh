@@ -75,13 +75,14 @@ struct default_policy {
   /// narrowest slot, `vector_elements` elements) and a block iteration of 1024 elements: 256
   /// threads for fp32 (Adam fp32: 4 vectors a thread in the default shape), 128 where a slot is
   /// 16-bit (AdamW over bf16 parameters: 2), each block taking its chunk of 2048 in two
-  /// iterations. On an H200 it took Adam fp32 from 96.5-97.0 / 96.2-96.5% of the copy in the
-  /// default shape to 98.9 / 99.3% on W2 / W4 (128 threads of one vector: 97.6-97.8 /
-  /// 97.9-98.2%), AdamW over bf16 from 95.7 / 96.4% to 97.0-97.3 / 96.9-97.1%; on W3 (2000
-  /// tensors of 256 to 65536 elements, 5.8 chunks each) shapes of fewer bytes a thread lost
-  /// 6-13 points on both GPUs, and on the H100 1-2 points on W2 and W4 (docs/tuning.md, "The
-  /// plain update's shape by memory speed"). Where both shapes are the same kernel (bf16 beside
-  /// double states: one vector of 128 threads either way), one kernel is compiled.
+  /// iterations. On H200s Adam fp32 ran W2 / W4 at 96.7-97.0 / 96.1-96.5% of the copy in the
+  /// default shape, 97.8-97.9 / 98.3% with 128 threads of two vectors (stop 36's fast shape)
+  /// and 99.4-99.6 / 99.8-100.0% in this one; AdamW over bf16 at 95.5-95.7 / 96.2-96.4%, and
+  /// 97.5-97.9 / 97.6-97.9% in this one. On W3 (2000 tensors of 256 to 65536 elements, 5.8
+  /// chunks each) shapes of fewer bytes a thread lost 6-13 points on both GPUs, and on the H100
+  /// 1-2 points on W2 and W4 (docs/tuning.md, "The plain update's shape by memory speed" and
+  /// "The fast shape's block size"). Where both shapes are the same kernel (bf16 beside double
+  /// states: one vector of 128 threads either way), one kernel is compiled.
   static constexpr plain_shape plain_fast_update(int vector_elements) { return {1024 / vector_elements, 16}; }
   static constexpr std::int64_t fast_memory_min_chunks_per_tensor = 32;
   /// Bytes a lane of a reduction pass (a warp per chunk) loads per iteration, over all the
