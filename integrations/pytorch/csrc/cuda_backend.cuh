@@ -43,6 +43,12 @@ struct cuda_backend {
   }
 };
 
+/// The CUDA backend compiling plans of one dtype only (families.hpp's compiles_dtype).
+template <dtype Only>
+struct cuda_backend_of : cuda_backend {
+  static constexpr dtype only_dtype = Only;
+};
+
 }  // namespace detail
 }  // namespace fusedopt_torch
 
@@ -52,5 +58,37 @@ struct cuda_backend {
   std::unique_ptr<plan> cuda_##plans(family f, dtype t, layout const& l, lists const& x, void* stream)    \
   {                                                                                                       \
     return plans##_plan<cuda_backend>(f, t, l, x, stream);                                                \
+  }                                                                                                       \
+  }
+
+/// The largest families (Adam, AdamW: their JIT build took minutes in one source) are compiled
+/// one dtype per source: cuda_<plans>.cu defines cuda_<plans> as a dispatch to
+/// cuda_<plans>_<dtype>, each the whole of cuda_<plans>_<dtype>.cu, so ninja compiles the four
+/// in parallel.
+#define FUSEDOPT_TORCH_CUDA_PLANS_DECLARE_ONE(plans, dt) \
+  std::unique_ptr<plan> cuda_##plans##_##dt(family, dtype, layout const&, lists const&, void*);
+#define FUSEDOPT_TORCH_CUDA_PLANS_BY_DTYPE(plans)                                                         \
+  namespace fusedopt_torch::detail {                                                                      \
+  FUSEDOPT_TORCH_CUDA_PLANS_DECLARE_ONE(plans, f32)                                                       \
+  FUSEDOPT_TORCH_CUDA_PLANS_DECLARE_ONE(plans, f64)                                                       \
+  FUSEDOPT_TORCH_CUDA_PLANS_DECLARE_ONE(plans, f16)                                                       \
+  FUSEDOPT_TORCH_CUDA_PLANS_DECLARE_ONE(plans, bf16)                                                      \
+  std::unique_ptr<plan> cuda_##plans(family f, dtype t, layout const& l, lists const& x, void* stream)    \
+  {                                                                                                       \
+    switch (t) {                                                                                          \
+      case dtype::f32: return cuda_##plans##_f32(f, t, l, x, stream);                                     \
+      case dtype::f64: return cuda_##plans##_f64(f, t, l, x, stream);                                     \
+      case dtype::f16: return cuda_##plans##_f16(f, t, l, x, stream);                                     \
+      case dtype::bf16: return cuda_##plans##_bf16(f, t, l, x, stream);                                   \
+    }                                                                                                     \
+    throw fusedopt::error("fusedopt_torch: unknown dtype");                                               \
+  }                                                                                                       \
+  }
+#define FUSEDOPT_TORCH_CUDA_PLANS_OF_DTYPE(plans, dt)                                                     \
+  namespace fusedopt_torch::detail {                                                                      \
+  FUSEDOPT_TORCH_CUDA_PLANS_DECLARE_ONE(plans, dt)                                                        \
+  std::unique_ptr<plan> cuda_##plans##_##dt(family f, dtype t, layout const& l, lists const& x, void* stream) \
+  {                                                                                                       \
+    return plans##_plan<cuda_backend_of<dtype::dt>>(f, t, l, x, stream);                                 \
   }                                                                                                       \
   }

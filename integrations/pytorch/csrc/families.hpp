@@ -45,17 +45,41 @@ struct tag {
   using type = T;
 };
 
-/// Calls `f(tag<T>{})` with the fusedopt element type of `t` (every call returns one type).
-template <class F>
+/// Whether backend B's plans are compiled for dtype `t`: every dtype, or only `B::only_dtype`
+/// where B names one (cuda_backend.cuh: the largest families are compiled one dtype per
+/// translation unit, so that ninja builds them in parallel).
+template <class B, class = void>
+struct compiles_dtype {
+  static constexpr bool of(dtype) { return true; }
+};
+template <class B>
+struct compiles_dtype<B, std::void_t<decltype(B::only_dtype)>> {
+  static constexpr bool of(dtype t) { return t == B::only_dtype; }
+};
+
+/// Calls `f(tag<T>{})` with the fusedopt element type of `t` (every call returns one type),
+/// for the dtypes backend B compiles (compiles_dtype).
+template <class B, class F>
 auto by_dtype(dtype t, F&& f) -> decltype(f(tag<float>{}))
 {
+  using compiled = compiles_dtype<B>;
   switch (t) {
-    case dtype::f32: return f(tag<float>{});
-    case dtype::f64: return f(tag<double>{});
-    case dtype::f16: return f(tag<fo::half>{});
-    case dtype::bf16: return f(tag<fo::bfloat16>{});
+    case dtype::f32:
+      if constexpr (compiled::of(dtype::f32)) { return f(tag<float>{}); }
+      break;
+    case dtype::f64:
+      if constexpr (compiled::of(dtype::f64)) { return f(tag<double>{}); }
+      break;
+    case dtype::f16:
+      if constexpr (compiled::of(dtype::f16)) { return f(tag<fo::half>{}); }
+      break;
+    case dtype::bf16:
+      if constexpr (compiled::of(dtype::bf16)) { return f(tag<fo::bfloat16>{}); }
+      break;
+    default:
+      throw fo::error("fusedopt_torch: unknown dtype");
   }
-  throw fo::error("fusedopt_torch: unknown dtype");
+  throw fo::error("fusedopt_torch: internal error: a plan function of one dtype called for another");
 }
 
 template <class T>
@@ -344,7 +368,7 @@ auto bind_with_states(lists const& x, std::index_sequence<K...>)
 template <class B, class Build, class... States>
 std::unique_ptr<plan> plan_of(dtype t, lists const& x, void* s, int reduction_capacity = 0)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<plan> {
+  return by_dtype<B>(t, [&](auto tg) -> std::unique_ptr<plan> {
     using T = typename decltype(tg)::type;
     using builder = builder_for<Build, T>;
     // fusedopt computes 8-bit states in float: no double parameters with them.
@@ -509,7 +533,7 @@ template <class B>
 std::unique_ptr<norm_plan> norm_plan_of(dtype t, std::vector<void const*> const& grads,
                                         std::vector<std::int64_t> const& sizes, void* s)
 {
-  return by_dtype(t, [&](auto tg) -> std::unique_ptr<norm_plan> {
+  return by_dtype<B>(t, [&](auto tg) -> std::unique_ptr<norm_plan> {
     return std::make_unique<norm_plan_impl<B, typename decltype(tg)::type>>(grads, sizes, s);
   });
 }

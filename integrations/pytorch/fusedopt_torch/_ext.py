@@ -36,7 +36,8 @@ def cuda_wanted():
 
 
 def sources(with_cuda):
-    """The extension's sources: binding and host plans (8-bit ones apart), plus one .cu per family with CUDA."""
+    """The extension's sources: binding and host plans (8-bit ones apart), plus, with CUDA, one .cu per
+    family (Adam and AdamW: one per dtype, and their dispatch)."""
     files = [CSRC / "binding.cpp", CSRC / "host_plans.cpp", CSRC / "host_8bit_plans.cpp"]
     if with_cuda:
         files += sorted(CSRC.glob("cuda_*.cu"))
