@@ -1,7 +1,8 @@
 /// @file cuda_families.hpp
 /// @brief One CUDA entry point per plan function of families.hpp (the 8-bit ones included), each
-/// defined in its own .cu (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>)) so that
-/// nvcc compiles them in parallel. No CUDA or torch types.
+/// defined in its own .cu (cuda_<plans>.cu, one line: FUSEDOPT_TORCH_CUDA_PLANS(<plans>); Adam's
+/// and AdamW's a dispatch to one .cu per dtype: cuda_backend.cuh) so that nvcc compiles them in
+/// parallel. No CUDA or torch types.
 #pragma once
 
 #include "plans.hpp"
