@@ -111,14 +111,6 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 #  pragma nv_diag_suppress 1407
 #endif
 
-/// The update: `rule` prepared once per thread for `step` with the results of its P reduction
-/// passes (prepare_final: device scalars and the results are read here, so a captured launch
-/// picks up new values; without passes it is the rule's own prepare; once the block's first
-/// chunk's loads are issued, process_first_chunk), then each block takes chunks `blockIdx.x`,
-/// `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of quantized states where the
-/// rule stores some: process_quantized, with the maps in shared memory). `FastMemory`: the
-/// policy's shape for fast memory (plain_fast_update; quantized_update's), chosen per
-/// launch by launch_update.
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
 /// stores quantized states counts on its shape's blocks per SM fitting at once
 /// (Policy::quantized_update; a policy needs it only for such rules).
@@ -139,6 +131,14 @@ inline constexpr int update_threads_v = ::fusedopt::detail::access<Rule, Bound>:
                                           ? Policy::block_threads
                                           : plain_shape_v<Policy, vector_width<Bound>::value, FastMemory>.block_threads;
 
+/// The update: `rule` prepared once per thread for `step` with the results of its P reduction
+/// passes (prepare_final: device scalars and the results are read here, so a captured launch
+/// picks up new values; without passes it is the rule's own prepare; once the block's first
+/// chunk's loads are issued, process_first_chunk), then each block takes chunks `blockIdx.x`,
+/// `blockIdx.x + gridDim.x`, ... of `table` (a warp per block of quantized states where the
+/// rule stores some: process_quantized, with the maps in shared memory). `FastMemory`: the
+/// policy's shape for fast memory (plain_fast_update; quantized_update's), chosen per
+/// launch by launch_update.
 template <class Policy, class Rule, class Bound, class Table, int P, bool FastMemory = false>
 FUSEDOPT_KERNEL void __launch_bounds__((update_threads_v<Policy, Rule, Bound, FastMemory>),
                                        (update_min_blocks<Policy, Rule, Bound, FastMemory>()))
