@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --probe | --w1 | --q8 [W [bf16]] | --launch [W] | --passes]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --plain | --probe | --w1 | --q8 [W [bf16]] | --launch [W] | --passes]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -924,6 +924,9 @@ int main(int argc, char** argv)
 {
   bool const tune = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
   bool const probing = argc > 1 && std::strcmp(argv[1], "--probe") == 0;
+  // --plain: the headline's Adam fp32 and AdamW bf16 rows only (no 8-bit cases), for builds or
+  // shapes (FUSEDOPT_GT_MEMORY) compared in turn.
+  bool const plain_only = argc > 1 && std::strcmp(argv[1], "--plain") == 0;
   cudaDeviceProp prop{};
   FUSEDOPT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
   double const copy = copy_bandwidth();
@@ -1000,6 +1003,7 @@ int main(int argc, char** argv)
       print({"adamw bf16/fp32 " + w.name, s, bytes, copy});
       if (tune) { variants(w.name + " adamw bf16", rule, lists, bytes, copy, pb, sms); }
     }
+    if (plain_only) { continue; }
     q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb);
     q8_case<fo::bfloat16>("adamw bf16/8-bit " + w.name, w.sizes, copy, pb);
   }
