@@ -4,7 +4,7 @@
 // (block size, unrolling, chunk size, block cap) on W3 and W4 for docs/tuning.md.
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90 -fmad=true -Iinclude -Ibuild/gpu/include -Ibench \
-//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --plain | --probe | --w1 | --q8 [W [bf16]] | --launch [W] | --passes]
+//        scripts/gpu-throughput.cu -o gpu-throughput && ./gpu-throughput [--variants | --plain | --shapes | --probe | --w1 | --q8 [W [bf16]] | --launch [W] | --passes]
 #include <fusedopt/fusedopt.cuh>
 
 #include <algorithm>
@@ -920,6 +920,39 @@ void variants(std::string const& prefix, Rule const& rule, Lists const& lists, d
   run("t256 b64 c4096", time_variant<policy<256, 64, true, true>>(rule, lists, 4096, 0, pb));
 }
 
+/// --shapes: Adam fp32 and AdamW over bf16 on W1-W4 in the default shape and in blocks of 64
+/// threads (the default's bytes a thread over half the elements a block: finer blocks at the
+/// same fixed work a thread), each shape timed twice in turn (A B A B).
+int shape_sweep(double copy)
+{
+  auto shapes = [&](std::string const& prefix, auto const& rule, auto const& lists, double bytes, int pb) {
+    auto run = [&](char const* label, double t) { print({prefix + " " + label, t, bytes, copy}); };
+    for (int round = 0; round < 2; ++round) {
+      run("t128 b64 c2048", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb));
+      run("t64 b64 c1024", time_variant<policy<64, 64, true, true>>(rule, lists, 1024, 0, pb));
+      run("t64 b64 c2048", time_variant<policy<64, 64, true, true>>(rule, lists, 2048, 0, pb));
+      run("t64 b32 c1024", time_variant<policy<64, 32, true, true>>(rule, lists, 1024, 0, pb));
+      run("t128 b32 c1024", time_variant<policy<128, 32, true, true>>(rule, lists, 1024, 0, pb));
+    }
+  };
+  for (auto const& w : fb::all_workloads()) {
+    int const pb = w.name == "W4" ? 10 : 50;
+    {
+      adam_memory<float, float> memory(w.sizes);
+      auto const lists = memory.lists();
+      fo::rules::adam const rule;
+      shapes(w.name + " adam fp32", rule, lists, bytes_of(rule, lists, memory.elements()), pb);
+    }
+    {
+      adam_memory<fo::bfloat16, float> memory(w.sizes);
+      auto const lists = memory.lists();
+      fo::rules::adamw const rule;
+      shapes(w.name + " adamw bf16", rule, lists, bytes_of(rule, lists, memory.elements()), pb);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv)
 {
   bool const tune = argc > 1 && std::strcmp(argv[1], "--variants") == 0;
@@ -936,6 +969,7 @@ int main(int argc, char** argv)
   if (probing) { return probe(copy) + eviction_sweep(copy); }
   if (argc > 1 && std::strcmp(argv[1], "--w1") == 0) { return w1_ceiling(copy, prop.multiProcessorCount); }
   if (argc > 1 && std::strcmp(argv[1], "--passes") == 0) { return pass_sweep(copy); }
+  if (argc > 1 && std::strcmp(argv[1], "--shapes") == 0) { return shape_sweep(copy); }
   // --launch W2: that workload alone.
   if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy, argc > 2 ? argv[2] : nullptr); }
   if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
