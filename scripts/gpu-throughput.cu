@@ -920,37 +920,20 @@ void variants(std::string const& prefix, Rule const& rule, Lists const& lists, d
   run("t256 b64 c4096", time_variant<policy<256, 64, true, true>>(rule, lists, 4096, 0, pb));
 }
 
-/// --shapes: Adam fp32 and AdamW over bf16 on W1-W4 in the default shape and in blocks of 64
-/// threads (the default's bytes a thread over half the elements a block: finer blocks at the
-/// same fixed work a thread), each shape timed twice in turn (A B A B).
-int shape_sweep(double copy)
+/// --shapes: the default shape against blocks of 64 threads (the default's bytes a thread over
+/// half the elements a block: finer blocks at the same fixed work a thread) on one workload,
+/// each shape timed twice in turn (A B A B).
+template <class Rule, class Lists>
+void shapes(std::string const& prefix, Rule const& rule, Lists const& lists, double bytes, double copy, int pb)
 {
-  auto shapes = [&](std::string const& prefix, auto const& rule, auto const& lists, double bytes, int pb) {
-    auto run = [&](char const* label, double t) { print({prefix + " " + label, t, bytes, copy}); };
-    for (int round = 0; round < 2; ++round) {
-      run("t128 b64 c2048", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb));
-      run("t64 b64 c1024", time_variant<policy<64, 64, true, true>>(rule, lists, 1024, 0, pb));
-      run("t64 b64 c2048", time_variant<policy<64, 64, true, true>>(rule, lists, 2048, 0, pb));
-      run("t64 b32 c1024", time_variant<policy<64, 32, true, true>>(rule, lists, 1024, 0, pb));
-      run("t128 b32 c1024", time_variant<policy<128, 32, true, true>>(rule, lists, 1024, 0, pb));
-    }
-  };
-  for (auto const& w : fb::all_workloads()) {
-    int const pb = w.name == "W4" ? 10 : 50;
-    {
-      adam_memory<float, float> memory(w.sizes);
-      auto const lists = memory.lists();
-      fo::rules::adam const rule;
-      shapes(w.name + " adam fp32", rule, lists, bytes_of(rule, lists, memory.elements()), pb);
-    }
-    {
-      adam_memory<fo::bfloat16, float> memory(w.sizes);
-      auto const lists = memory.lists();
-      fo::rules::adamw const rule;
-      shapes(w.name + " adamw bf16", rule, lists, bytes_of(rule, lists, memory.elements()), pb);
-    }
+  auto run = [&](char const* label, double t) { print({prefix + " " + label, t, bytes, copy}); };
+  for (int round = 0; round < 2; ++round) {
+    run("t128 b64 c2048", time_variant<policy<128, 64, true, true>>(rule, lists, 2048, 0, pb));
+    run("t64 b64 c1024", time_variant<policy<64, 64, true, true>>(rule, lists, 1024, 0, pb));
+    run("t64 b64 c2048", time_variant<policy<64, 64, true, true>>(rule, lists, 2048, 0, pb));
+    run("t64 b32 c1024", time_variant<policy<64, 32, true, true>>(rule, lists, 1024, 0, pb));
+    run("t128 b32 c1024", time_variant<policy<128, 32, true, true>>(rule, lists, 1024, 0, pb));
   }
-  return 0;
 }
 
 int main(int argc, char** argv)
@@ -959,7 +942,9 @@ int main(int argc, char** argv)
   bool const probing = argc > 1 && std::strcmp(argv[1], "--probe") == 0;
   // --plain: the headline's Adam fp32 and AdamW bf16 rows only (no 8-bit cases), for builds or
   // shapes (FUSEDOPT_GT_MEMORY) compared in turn.
-  bool const plain_only = argc > 1 && std::strcmp(argv[1], "--plain") == 0;
+  // --shapes: the headline's rows, each workload's followed by shapes().
+  bool const shaping = argc > 1 && std::strcmp(argv[1], "--shapes") == 0;
+  bool const plain_only = shaping || (argc > 1 && std::strcmp(argv[1], "--plain") == 0);
   cudaDeviceProp prop{};
   FUSEDOPT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
   double const copy = copy_bandwidth();
@@ -969,7 +954,6 @@ int main(int argc, char** argv)
   if (probing) { return probe(copy) + eviction_sweep(copy); }
   if (argc > 1 && std::strcmp(argv[1], "--w1") == 0) { return w1_ceiling(copy, prop.multiProcessorCount); }
   if (argc > 1 && std::strcmp(argv[1], "--passes") == 0) { return pass_sweep(copy); }
-  if (argc > 1 && std::strcmp(argv[1], "--shapes") == 0) { return shape_sweep(copy); }
   // --launch W2: that workload alone.
   if (argc > 1 && std::strcmp(argv[1], "--launch") == 0) { return launch_sweep(copy, argc > 2 ? argv[2] : nullptr); }
   if (argc > 1 && std::strcmp(argv[1], "--q8") == 0) {
@@ -1025,6 +1009,7 @@ int main(int argc, char** argv)
                     host[host.size() / 2] * 1e6);
       }
       if (tune) { variants(w.name + " adam fp32", rule, lists, bytes, copy, pb, sms); }
+      if (shaping) { shapes(w.name + " adam fp32", rule, lists, bytes, copy, pb); }
     }
     {
       adam_memory<fo::bfloat16, float> memory(w.sizes);
@@ -1036,6 +1021,7 @@ int main(int argc, char** argv)
       double const s = time_gpu([&] { plan.run(rule, fo::step_info{timed_step}); }, pb);
       print({"adamw bf16/fp32 " + w.name, s, bytes, copy});
       if (tune) { variants(w.name + " adamw bf16", rule, lists, bytes, copy, pb, sms); }
+      if (shaping) { shapes(w.name + " adamw bf16", rule, lists, bytes, copy, pb); }
     }
     if (plain_only) { continue; }
     q8_case<float>("adamw fp32/8-bit " + w.name, w.sizes, copy, pb);
