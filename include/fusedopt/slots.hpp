@@ -73,6 +73,18 @@ FUSEDOPT_MEMORY_SLOT(square_avg);       ///< running average of squared gradient
 FUSEDOPT_MEMORY_SLOT(acc_delta);        ///< running average of squared updates (Adadelta)
 FUSEDOPT_MEMORY_SLOT(grad_avg);         ///< running average of gradients (centered RMSprop)
 FUSEDOPT_REGISTER_SLOT(update);         ///< the step direction flowing from gradient to parameter
+// The states of the optimizers of rules/rprop.hpp ... rules/prodigy.hpp, named after their
+// references' state keys (docs/rules.md, "More optimizers").
+FUSEDOPT_MEMORY_SLOT(prev);             ///< the previous step's gradient, 0 where its sign flipped (Rprop)
+FUSEDOPT_MEMORY_SLOT(step_size);        ///< per-element step size (Rprop)
+FUSEDOPT_MEMORY_SLOT(ax);               ///< the averaged parameter (ASGD)
+FUSEDOPT_MEMORY_SLOT(z);                ///< Schedule-Free's z sequence (the parameter holds y while training)
+FUSEDOPT_MEMORY_SLOT(exp_avg_slow);     ///< slow EMA of gradients (AdEMAMix; its fast EMA is exp_avg)
+FUSEDOPT_MEMORY_SLOT(exp_avg_diff);     ///< EMA of gradient differences (Adan)
+FUSEDOPT_MEMORY_SLOT(neg_pre_grad);     ///< the previous step's gradient, negated (Adan)
+FUSEDOPT_MEMORY_SLOT(s);                ///< Prodigy's EMA of d-weighted gradients
+FUSEDOPT_MEMORY_SLOT(p0);               ///< the parameter before the first step (Prodigy)
+FUSEDOPT_REGISTER_SLOT(tensor_lr);      ///< a learning rate formed per tensor by a reducing block (StableAdamW)
 }  // namespace slot
 
 /// @brief Whether slot `S` may be bound to `std::int16_t` lists. False for every slot but

@@ -245,6 +245,32 @@ using scale_by_decayed_lr = scale_by_scheduled_lr<inverse_time_decay>;
 /// @brief update *= -lr / (1 - beta^step) (Adamax): `scale_by_bias_corrected_lr{lr, {beta}}`.
 using scale_by_bias_corrected_lr = scale_by_scheduled_lr<bias_corrected>;
 
+/// @brief Weight decay added to the direction (Optax's add_decayed_weights): update +=
+/// weight_decay * param, so that the learning-rate block scales it with the update (AdEMAMix,
+/// Schedule-Free AdamW's decay "at y"). Nothing is added when weight_decay is 0.
+struct add_decayed_weights {
+  scalar<double> weight_decay{0.0};
+  using reads = slots<slot::param_t>;
+  using writes = slots<>;
+
+  struct prepared {
+    double weight_decay;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      auto const wd = static_cast<detail::value_t<E>>(weight_decay);
+      e[slot::update] = math::select(weight_decay != 0, e[slot::update] + wd * e[slot::param], e[slot::update]);
+    }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {weight_decay.get()}; }
+
+  template <class Bound>
+  void validate(Bound) const
+  {
+    detail::expect_range("weight_decay", weight_decay, detail::non_negative);
+  }
+};
+
 /// @brief param += update.
 struct apply_update {
   using reads = slots<slot::param_t>;

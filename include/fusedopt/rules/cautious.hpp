@@ -1,0 +1,231 @@
+/// @file rules/cautious.hpp
+/// @brief Cautious optimizers (Liang et al. 2024, "Cautious Optimizers: Improving Training with
+/// One Line of Code"; kyleliang919/C-Optim's C-AdamW) and Cautious Weight Decay (Chen et al.
+/// 2025, arXiv 2510.12402), as blocks and as modifiers of any rule whose chain has a
+/// learning-rate block.
+///
+/// Both act on the direction a rule produces in `update` before its learning-rate block
+/// scales it (update then points along the gradient: the step is -lr update):
+/// - `cautious_mask` keeps update only where it agrees in sign with the gradient (update *
+///   grad > 0) and scales what it keeps by 1 / max(mean of the mask, 1e-3), the mean taken over
+///   each tensor: a reduction pass (per-tensor counts), as LAMB's trust ratio;
+/// - `cautious_decay` decays the parameter only where update and parameter agree in sign
+///   (update * param >= 0): param *= 1 - lr weight_decay there. Elementwise.
+/// `cautious{rule}` and `cautious_weight_decay{rule, weight_decay}` insert them into `rule`'s
+/// chain in front of its first learning-rate block (scale_by_scheduled_lr, or a block for which
+/// detail::is_learning_rate_block is specialised), so `cautious{adamw{...}}` is C-AdamW and
+/// `cautious{lion{...}}` C-Lion; give the rule itself a weight_decay of 0 under
+/// cautious_weight_decay.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "../chain.hpp"
+#include "../detail/rule_traits.hpp"
+#include "../reduce.hpp"
+#include "blocks.hpp"
+#include "chained.hpp"
+
+FUSEDOPT_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// Whether a chain part scales `update` into the step (the position the cautious modifiers
+/// take: in front of it). Specialise it (true_type) for a learning-rate block of your own.
+template <class Part>
+struct is_learning_rate_block : std::false_type {};
+template <class Schedule>
+struct is_learning_rate_block<rules::scale_by_scheduled_lr<Schedule>> : std::true_type {};
+
+/// The chain a rule is made of: a chain itself, a named optimizer's as_chain(), or a
+/// one-part chain of any other rule.
+template <class Rule>
+FUSEDOPT_HOST_DEVICE auto chain_of(Rule const& rule)
+{
+  if constexpr (is_chain<Rule>::value) {
+    return rule;
+  } else if constexpr (is_named_v<Rule>) {
+    return rule.as_chain();
+  } else {
+    return chain(rule);
+  }
+}
+template <class Rule>
+using chain_of_t = decltype(chain_of(std::declval<Rule const&>()));
+
+/// `Chain` with `Block` inserted in front of its first learning-rate block.
+template <class Chain, class Block>
+struct insert_before_lr;
+template <class... Parts, class Block>
+struct insert_before_lr<chain_rule<Parts...>, Block> {
+  static constexpr std::size_t position()
+  {
+    constexpr bool found[] = {is_learning_rate_block<Parts>::value...};
+    std::size_t k = 0;
+    while (k != sizeof...(Parts) && !found[k]) { ++k; }
+    return k;
+  }
+  static constexpr std::size_t at = position();
+  static_assert(at != sizeof...(Parts),
+                "fusedopt: a cautious modifier goes in front of the rule's learning-rate block, and this rule's "
+                "chain has none (scale_by_scheduled_lr, or a block marked by detail::is_learning_rate_block); "
+                "chain the block (cautious_mask, cautious_decay) after the rule's direction yourself");
+  using parts = std::tuple<Parts...>;
+
+  template <std::size_t... Before, std::size_t... After>
+  static auto type_of(std::index_sequence<Before...>, std::index_sequence<After...>)
+    -> chain_rule<std::tuple_element_t<Before, parts>..., Block, std::tuple_element_t<at + After, parts>...>;
+  using type = decltype(type_of(std::make_index_sequence<at>{}, std::make_index_sequence<sizeof...(Parts) - at>{}));
+
+  template <std::size_t... Before, std::size_t... After>
+  FUSEDOPT_HOST_DEVICE static type insert(chain_rule<Parts...> const& c, Block const& block,
+                                          std::index_sequence<Before...>, std::index_sequence<After...>)
+  {
+    return chain(c.template get<Before>()..., block, c.template get<at + After>()...);
+  }
+  FUSEDOPT_HOST_DEVICE static type insert(chain_rule<Parts...> const& c, Block const& block)
+  {
+    return insert(c, block, std::make_index_sequence<at>{}, std::make_index_sequence<sizeof...(Parts) - at>{});
+  }
+};
+template <class Rule, class Block>
+using with_block_before_lr_t = typename insert_before_lr<chain_of_t<Rule>, Block>::type;
+
+}  // namespace detail
+
+namespace rules {
+
+/// @brief C-AdamW's mask on any direction: update *= (update * grad > 0) / max(mean, min_mean),
+/// mean being the fraction of the tensor's elements kept (1e-3 is C-Optim's and timm's clamp;
+/// the paper's first form divided by (kept + 1) / numel). The counts come from a reduction pass
+/// that runs the chain up to this block on registers (it reads what the parts before it read).
+struct cautious_mask {
+  scalar<double> min_mean{1e-3};
+
+  /// Accumulator 0: elements kept; accumulator 1: elements (per tensor).
+  using reduction = fusedopt::reduction<reduce_op::sum, reduce_op::sum>;
+  using reads = slots<slot::grad_t>;
+  using writes = slots<>;
+
+  struct count {
+    template <class E, class Acc>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
+    {
+      using A = std::remove_reference_t<decltype(acc[0])>;
+      acc[0] += e[slot::update] * e[slot::grad] > 0 ? A(1) : A(0);
+      acc[1] += A(1);
+    }
+  };
+
+  /// Keeps the agreeing part of update, scaled by the tensor's factor.
+  struct masked {
+    double scale;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      using T = typename E::value_type;
+      T const u = e[slot::update];
+      e[slot::update] = u * e[slot::grad] > T(0) ? u * static_cast<T>(scale) : T(0);
+    }
+  };
+
+  struct prepared {
+    reduced counts;
+    double min_mean;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      for_tensor(e.tensor())(e);
+    }
+    FUSEDOPT_HOST_DEVICE masked for_tensor(std::int64_t tensor) const
+    {
+      double const elements = counts.tensor(tensor, 1);
+      double const mean = elements > 0 ? counts.tensor(tensor, 0) / elements : 0.0;
+      return {1.0 / (mean > min_mean ? mean : min_mean)};
+    }
+  };
+
+  FUSEDOPT_HOST_DEVICE count prepare_reduce(step_info const&) const { return {}; }
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const { return {r, min_mean.get()}; }
+
+  template <class Bound>
+  void validate(Bound) const
+  {
+    detail::expect_range("cautious: min_mean", min_mean, detail::positive);
+  }
+};
+
+/// @brief Cautious Weight Decay: param *= 1 - lr * weight_decay where update * param >= 0 (the
+/// paper's mask 1[u x >= 0]), param unchanged elsewhere. Placed before the learning-rate block,
+/// where update is the direction u of the step x -= lr (u + weight_decay mask x).
+struct cautious_decay {
+  scalar<double> lr{1e-3};
+  scalar<double> weight_decay{1e-2};
+  using reads = slots<slot::param_t>;
+  using writes = slots<slot::param_t>;
+
+  struct prepared {
+    double factor;
+    template <class E>
+    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
+    {
+      using T = typename E::value_type;
+      T const p = e[slot::param];
+      e[slot::param] = e[slot::update] * p >= T(0) ? p * static_cast<T>(factor) : p;
+    }
+  };
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {1.0 - lr.get() * weight_decay.get()}; }
+
+  template <class Bound>
+  void validate(Bound) const
+  {
+    detail::expect_range("cautious weight decay: weight_decay", weight_decay, detail::non_negative);
+  }
+};
+
+/// @brief `rule` with cautious_mask in front of its learning-rate block (C-AdamW for
+/// `cautious{adamw{...}}`). One reduction pass more than `rule`: it reads what the parts of
+/// the rule before the mask read (for AdamW with weight decay: param, grad, exp_avg,
+/// exp_avg_sq) and stores nothing.
+template <class Rule>
+struct cautious : chained<cautious<Rule>, detail::with_block_before_lr_t<Rule, cautious_mask>> {
+  Rule rule{};
+  scalar<double> min_mean{1e-3};  ///< lower clamp of the mask's mean
+
+  cautious() = default;
+  /// @brief Wraps `r` (CTAD: `rules::cautious{rules::adamw{...}}`).
+  FUSEDOPT_HOST_DEVICE constexpr explicit cautious(Rule r, scalar<double> clamp = 1e-3) : rule(r), min_mean(clamp) {}
+
+  FUSEDOPT_HOST_DEVICE detail::with_block_before_lr_t<Rule, cautious_mask> as_chain() const
+  {
+    return detail::insert_before_lr<detail::chain_of_t<Rule>, cautious_mask>::insert(detail::chain_of(rule),
+                                                                                      cautious_mask{min_mean});
+  }
+};
+
+/// @brief `rule` with cautious_decay in front of its learning-rate block, whose `lr` it uses.
+/// Elementwise: no pass and no memory traffic beyond `rule`'s (param is read and written by
+/// every rule). Set `rule`'s own weight decay to 0.
+template <class Rule>
+struct cautious_weight_decay : chained<cautious_weight_decay<Rule>, detail::with_block_before_lr_t<Rule, cautious_decay>> {
+  Rule rule{};
+  scalar<double> weight_decay{1e-2};
+
+  cautious_weight_decay() = default;
+  /// @brief Wraps `r` (CTAD: `rules::cautious_weight_decay{rules::adamw{...}, 0.1}`).
+  FUSEDOPT_HOST_DEVICE constexpr cautious_weight_decay(Rule r, scalar<double> wd) : rule(r), weight_decay(wd) {}
+
+  FUSEDOPT_HOST_DEVICE detail::with_block_before_lr_t<Rule, cautious_decay> as_chain() const
+  {
+    using insertion = detail::insert_before_lr<detail::chain_of_t<Rule>, cautious_decay>;
+    auto const c = detail::chain_of(rule);
+    return insertion::insert(c, cautious_decay{c.template get<insertion::at>().lr, weight_decay});
+  }
+};
+
+}  // namespace rules
+FUSEDOPT_NAMESPACE_END
