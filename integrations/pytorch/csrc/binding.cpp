@@ -1,5 +1,10 @@
 /// @file binding.cpp
-/// @brief fusedopt_torch._C: turns lists of at::Tensor into fusedopt plans and runs them.
+/// @brief fusedopt_torch's core: turns lists of at::Tensor into fusedopt plans and runs them.
+///
+/// The core has no kernels: it loads *units* (shared libraries that fusedopt_torch/_units.py
+/// compiles on demand, or setup.py ahead of time; plans.hpp's unit_api) and makes plans
+/// through them. Each engine has a provider, a Python callable that returns the unit for a
+/// (device, dtype, layout) it meets, compiling it the first time.
 ///
 /// One `engine` per Python optimizer. It keeps, per parameter group, the parameters, their
 /// state tensors (the very tensors of the Python optimizer's `state`, shared) and step counts,
@@ -11,7 +16,17 @@
 /// change of which parameters have a gradient rebuilds that group's plans; a parameter without
 /// state or a changed layout (amsgrad, momentum, centered, clipping) sends the work back to
 /// Python.
-#include <torch/extension.h>
+#if defined(FUSEDOPT_TORCH_FULL_HEADERS)
+#  include <torch/extension.h>
+#else
+// What the core uses of torch: ATen, the autograd variable and torch's pybind11 casters, not
+// torch/extension.h's C++ frontend (nn, optim, data, serialize), which the core does not use and
+// whose parsing took most of its compile time (docs/decisions.md, "fusedopt_torch compiles on
+// demand"). _ext.py falls back to torch/extension.h where a torch lacks one of these.
+#  include <ATen/ATen.h>
+#  include <torch/csrc/autograd/python_variable.h>
+#  include <torch/csrc/utils/pybind.h>
+#endif
 
 #include <ATen/Parallel.h>
 
@@ -22,6 +37,9 @@
 #endif
 
 #include <fusedopt/error.hpp>
+#include <fusedopt/rules/nadam.hpp>
+
+#include <dlfcn.h>
 
 #include <array>
 #include <chrono>
@@ -74,10 +92,12 @@ template <class... Parts>
     if (!(condition)) { ::fusedopt_torch::fail(__VA_ARGS__); } \
   } while (0)
 
-/// The structural options of a family's hyperparameters (must agree with the classes' _state_keys).
-layout layout_of(family f, hyper const& h)
+/// The structural options of a family's hyperparameters (must agree with the classes' _state_keys);
+/// `float_states`: a user rule's dtype policy.
+layout layout_of(family f, hyper const& h, std::uint32_t float_states)
 {
   layout l;
+  l.float_states = f == family::user ? float_states : 0;
   l.amsgrad = (f == family::adam || f == family::adamw) && h.amsgrad;
   l.momentum = (f == family::sgd && h.momentum != 0.0) || (f == family::rmsprop && h.momentum > 0.0);
   l.centered = f == family::rmsprop && h.centered;
@@ -140,9 +160,12 @@ struct bucket {
   // refreshed from the tensors every step in stream order, and NAdam's product under
   // capturable=True, which the step advances there (mu_on_device: b.mu_product is stale).
   at::Tensor scalars;
-  std::array<at::Tensor, 4> scalar_views;
+  // Views of scalars' first four, then of user hyperparameters given as Tensors (user rules).
+  std::array<at::Tensor, 4 + hyper::max_user> scalar_views;
   bool mu_on_device = false;
   lists tensors;             // the addresses the plan is bound to (members in order)
+  dtype element = dtype::f32;  // the plan's element type and layout (the unit's key)
+  layout lay;
   double mu_product = 1.0;   // NAdam: the members' state['mu_product'] before the next step
   std::unique_ptr<plan> p;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)
@@ -169,12 +192,16 @@ struct group_data {
   bool built = false;
 };
 
-void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* what, std::size_t index)
+/// Checks that `t` (the gradient or a state of parameter `p`) has p's device, shape and strides,
+/// and p's dtype (or `dtype` where given: a user rule's float32 state).
+void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* what, std::size_t index,
+                       c10::optional<at::ScalarType> dtype = c10::nullopt)
 {
   FUSEDOPT_TORCH_CHECK(t.defined(), "fusedopt_torch: parameter ", index, ": ", what, " is undefined");
   FUSEDOPT_TORCH_CHECK(!t.is_sparse(), "fusedopt_torch does not support sparse gradients (parameter ", index, ")");
-  FUSEDOPT_TORCH_CHECK(t.scalar_type() == p.scalar_type(), "fusedopt_torch: parameter ", index, " is ", p.scalar_type(),
-              " but its ", what, " is ", t.scalar_type());
+  auto const expected = dtype ? *dtype : p.scalar_type();
+  FUSEDOPT_TORCH_CHECK(t.scalar_type() == expected, "fusedopt_torch: parameter ", index, " is ", p.scalar_type(),
+              " but its ", what, " is ", t.scalar_type(), dtype ? text(" (its rule keeps it in ") + text(expected) + ")" : "");
   FUSEDOPT_TORCH_CHECK(t.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(), " but its ", what,
               " is on ", t.device());
   FUSEDOPT_TORCH_CHECK(t.sizes() == p.sizes(), "fusedopt_torch: parameter ", index, " has shape ", p.sizes(), " but its ",
@@ -211,14 +238,44 @@ void check_quantized_state(at::Tensor const& p, at::Tensor const& s, std::size_t
   check_quantized_bytes(s, p.numel(), "fusedopt_torch: parameter ", index);
 }
 
-/// A state of parameter `p`: 8-bit states or a tensor of the parameter's layout.
-void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index)
+/// A state of parameter `p`: 8-bit states or a tensor of the parameter's layout (of float32
+/// where `in_float`: a user rule's state kept in float32).
+void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index, bool in_float = false)
 {
   if (holds_quantized(s)) {
     check_quantized_state(p, s, index);
+  } else if (in_float) {
+    check_same_layout(p, s, "state", index, at::kFloat);
   } else {
     check_same_layout(p, s, "state", index);
   }
+}
+
+/// The unit_api of a unit's address (as `load_unit` returns it).
+unit_api const& unit_at(std::uintptr_t address)
+{
+  FUSEDOPT_TORCH_CHECK(address != 0, "fusedopt_torch: internal error: no unit");
+  return *reinterpret_cast<unit_api const*>(address);
+}
+
+/// `_C.load_unit(path)`: loads a unit (a shared library of kernels) and returns the address of
+/// its unit_api, checked for this core's ABI. Units are never unloaded: their plans may live
+/// until the process ends.
+std::uintptr_t load_unit(std::string const& path)
+{
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    char const* why = ::dlerror();
+    fail("fusedopt_torch: cannot load the unit ", path, ": ", why != nullptr ? why : "unknown error");
+  }
+  auto const entry = reinterpret_cast<unit_entry>(::dlsym(handle, unit_entry_point));
+  FUSEDOPT_TORCH_CHECK(entry != nullptr, "fusedopt_torch: ", path, " is not a fusedopt_torch unit (no ", unit_entry_point,
+                       ")");
+  unit_api const* api = entry();
+  FUSEDOPT_TORCH_CHECK(api != nullptr && api->abi == unit_abi, "fusedopt_torch: the unit ", path,
+                       " was built for another version of fusedopt_torch (unit ABI ", api != nullptr ? api->abi : 0u,
+                       ", this core's ", unit_abi, "): delete it from the cache and run again");
+  return reinterpret_cast<std::uintptr_t>(api);
 }
 
 /// Host time of the engine's steps by phase, summed (bench/step_probe.py and bench/train_loop.py
@@ -252,7 +309,18 @@ class phase_clock {
 
 class engine {
  public:
-  explicit engine(family f) : family_(f) {}
+  /// An engine of family `f` whose plans come from the units `provider(device, dtype, layout
+  /// bits, float_states, amp)` returns (a unit_api address, `load_unit`'s result): device -1 for
+  /// the CPU, dtype and layout as plans.hpp's, `amp` true when the plan must take GradScaler's
+  /// inputs. Called when a bucket's plan is made, never on a step's usual path. `amp`: whether
+  /// the optimizer takes GradScaler's fused protocol (supports_amp, and a user rule's spec).
+  engine(family f, py::object provider, bool amp)
+      : family_(f), provider_(std::move(provider)), amp_(amp && supports_amp(f))
+  {
+  }
+
+  /// A user rule's dtype policy: bit k set where its state k is kept in float32.
+  void set_float_states(std::uint32_t mask) { float_states_ = mask; }
 
   /// Replaces every group: parameters, state tensors (None: no state yet) and step counts.
   void set_groups(std::vector<std::tuple<std::vector<at::Tensor>, std::vector<c10::optional<std::vector<at::Tensor>>>,
@@ -276,7 +344,9 @@ class engine {
                     " is not dense (fusedopt steps the memory of each tensor as one flat array)");
         dtype_of(params[i]);
         if (states[i]) {
-          for (auto const& s : *states[i]) { check_state(params[i], s, i); }
+          for (std::size_t k = 0; k < states[i]->size(); ++k) {
+            check_state(params[i], (*states[i])[k], i, in_float(k));
+          }
           d.states[i] = *states[i];
           d.has_state[i] = 1;
         }
@@ -293,11 +363,22 @@ class engine {
   /// when it is a tensor (read on the device at every step, without synchronising), else None.
   /// `betas`: per group, Tensor betas (beta1, beta2) read on the device likewise, else None.
   /// `on_device`: keep the step counts (and NAdam's mu_product) in the buckets' memory from now
-  /// on (capturable=True).
+  /// on (capturable=True). `user_tensors`: per group, a user rule's hyperparameters given as
+  /// Tensors, (index in hyper::user, tensor), read on the device likewise.
   bool step(std::vector<hyper> const& hypers, c10::optional<at::Tensor> const& grad_scale,
             c10::optional<at::Tensor> const& found_inf, std::vector<c10::optional<at::Tensor>> const& lrs,
-            bool on_device, std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>> const& betas)
+            bool on_device, std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>> const& betas,
+            std::vector<std::vector<std::tuple<int, at::Tensor>>> const& user_tensors)
   {
+    FUSEDOPT_TORCH_CHECK(user_tensors.empty() || user_tensors.size() == hypers.size(), "fusedopt_torch: ",
+                         user_tensors.size(), " lists of tensor hyperparameters for ", hypers.size(), " groups");
+    for (auto const& group : user_tensors) {
+      for (auto const& [index, t] : group) {
+        FUSEDOPT_TORCH_CHECK(index >= 0 && index < hyper::max_user, "fusedopt_torch: hyperparameter index ", index,
+                             " out of range");
+        check_tensor_hyper(&t, "hyperparameter");
+      }
+    }
     FUSEDOPT_TORCH_CHECK(lrs.empty() || lrs.size() == hypers.size(), "fusedopt_torch: ", lrs.size(), " lrs for ",
                          hypers.size(), " groups");
     FUSEDOPT_TORCH_CHECK(betas.empty() || betas.size() == hypers.size(), "fusedopt_torch: ", betas.size(),
@@ -311,8 +392,7 @@ class engine {
     }
     bool const amp = (grad_scale && grad_scale->defined()) || (found_inf && found_inf->defined());
     if (amp) {
-      FUSEDOPT_TORCH_CHECK(supports_amp(family_),
-                           "fusedopt_torch: this optimizer does not take GradScaler's grad_scale and found_inf");
+      FUSEDOPT_TORCH_CHECK(amp_, "fusedopt_torch: this optimizer does not take GradScaler's grad_scale and found_inf");
       check_amp_tensor(grad_scale, "grad_scale");
       check_amp_tensor(found_inf, "found_inf");
     }
@@ -325,7 +405,7 @@ class engine {
       hyper_[g] = hypers[g];
       hyper_[g].lr_pointer = nullptr;  // set per bucket from a tensor lr
       hyper_[g].mu_product = 1.0;      // set per bucket (NAdam)
-      layout const l = layout_of(family_, hyper_[g]);
+      layout const l = layout_of(family_, hyper_[g], float_states_);
       auto& d = groups_[g];
       if (!d.layout_known || l != d.lay) {
         // States were created by Python for the layout of its last rebuild: ask again.
@@ -345,6 +425,20 @@ class engine {
         rebind(g);
       }
     }
+    if (amp && !amp_seen_) {
+      // The first scaled step: plans made without GradScaler's kernel are made again from a
+      // unit that has it (compiled now where needed), before any bucket runs, so that a failed
+      // compile changes nothing.
+      for (auto& d : groups_) {
+        for (auto& b : d.buckets) {
+          if (!b.p->takes_amp()) {
+            times_.table_uploads += static_cast<std::int64_t>(b.p->table_uploads());
+            b.p = make_plan(b, b.element, b.lay, b.tensors, true);
+          }
+        }
+      }
+      amp_seen_ = true;
+    }
     if (amp || on_device) {
       // From now on every bucket keeps its count in its own memory: a skipped step is only
       // known there, and a captured step must advance its own count. Reading a count back
@@ -361,6 +455,7 @@ class engine {
         tensors.beta1 = &std::get<0>(*betas[g]);
         tensors.beta2 = &std::get<1>(*betas[g]);
       }
+      if (!user_tensors.empty()) { tensors.user = &user_tensors[g]; }
       run(g, amp ? &grad_scale : nullptr, amp ? &found_inf : nullptr, tensors);
     }
     times_.launch_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(launched_ - entry).count();
@@ -474,10 +569,44 @@ class engine {
                              " must be 8-bit states as its first state is");
         check_quantized_state(d.params[i], states[k], i);
       } else {
-        check_same_layout(d.params[i], states[k], "state", i);
+        check_state(d.params[i], states[k], i, in_float(k));
       }
     }
     return quantized;
+  }
+
+  /// Whether state k is kept in float32 (a user rule's dtype policy).
+  [[nodiscard]] bool in_float(std::size_t k) const
+  {
+    return family_ == family::user && k < 32 && ((float_states_ >> k) & 1u) != 0;
+  }
+
+  /// A plan of bucket `b` over `x` from the unit the provider gives (compiling it the first
+  /// time), with GradScaler's kernel where `amp`.
+  std::unique_ptr<plan> make_plan(bucket const& b, dtype t, layout const& l, lists const& x, bool amp)
+  {
+    std::uintptr_t address = 0;
+    {
+      py::gil_scoped_acquire gil;
+      address = provider_(b.device, static_cast<int>(t), l.bits(), l.float_states, amp).cast<std::uintptr_t>();
+    }
+    unit_api const& unit = unit_at(address);
+    FUSEDOPT_TORCH_CHECK(unit.make_plan != nullptr, "fusedopt_torch: internal error: the unit makes no plans");
+    std::string error;
+    plan* made = nullptr;
+    if (b.device < 0) {
+      int threads = at::get_num_threads();
+      made = unit.make_plan(family_, t, l, x, &threads, &error);
+    } else {
+#if defined(FUSEDOPT_TORCH_WITH_CUDA)
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
+      made = unit.make_plan(family_, t, l, x, at::cuda::getCurrentCUDAStream(b.device).stream(), &error);
+#else
+      fail("fusedopt_torch was built without CUDA; parameters are on cuda:", b.device);
+#endif
+    }
+    FUSEDOPT_TORCH_CHECK(made != nullptr, error);
+    return std::unique_ptr<plan>(made);
   }
 
   void rebuild(std::size_t g)
@@ -529,23 +658,12 @@ class engine {
         x.grad.push_back(p.grad().data_ptr());
         for (std::size_t k = 0; k < states; ++k) { x.states[k].push_back(d.states[u][k].data_ptr()); }
       }
-      auto const t = static_cast<dtype>(std::get<1>(key));
-      layout l = d.lay;
-      l.quantized = std::get<4>(key);
-      try {
-        if (b.device < 0) {
-          b.p = make_host_plan(family_, t, l, x, at::get_num_threads());
-        } else {
-#if defined(FUSEDOPT_TORCH_WITH_CUDA)
-          c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(b.device));
-          b.p = make_cuda_plan(family_, t, l, x, at::cuda::getCurrentCUDAStream(b.device).stream());
-#else
-          fail("fusedopt_torch was built without CUDA; parameters are on cuda:", b.device);
-#endif
-        }
-      } catch (fusedopt::error const& e) {
-        fail(e.what());
-      }
+      b.element = static_cast<dtype>(std::get<1>(key));
+      b.lay = d.lay;
+      b.lay.quantized = std::get<4>(key);
+      // GradScaler's kernel only once a scaled step needs it (run() makes the plan again then):
+      // an optimizer that is never scaled compiles and loads no more than it runs.
+      b.p = make_plan(b, b.element, b.lay, x, amp_seen_);
       b.tensors = std::move(x);
       d.buckets.push_back(std::move(b));
     }
@@ -630,7 +748,7 @@ class engine {
         }
 #endif
         rebound = (!params_moved && b.p->rebind_gradients(b.tensors, stream)) || b.p->rebind(b.tensors, stream);
-      } catch (fusedopt::error const& e) {
+      } catch (std::exception const& e) {
         fail(e.what());
       }
       if (!rebound) {
@@ -667,7 +785,11 @@ class engine {
     at::Tensor const* lr = nullptr;
     at::Tensor const* beta1 = nullptr;
     at::Tensor const* beta2 = nullptr;
-    [[nodiscard]] bool any() const { return lr != nullptr || beta1 != nullptr || beta2 != nullptr; }
+    std::vector<std::tuple<int, at::Tensor>> const* user = nullptr;  // (index in hyper::user, tensor)
+    [[nodiscard]] bool any() const
+    {
+      return lr != nullptr || beta1 != nullptr || beta2 != nullptr || (user != nullptr && !user->empty());
+    }
   };
 
   static void check_tensor_hyper(at::Tensor const* t, char const* name)
@@ -705,6 +827,10 @@ class engine {
       } catch (fusedopt::error const& e) {
         // Options the rule rejects (checked before anything is written): torch raises ValueError.
         throw py::value_error(e.what());
+      } catch (py::error_already_set const&) {
+        throw;
+      } catch (std::exception const& e) {
+        fail(e.what());  // a unit's exception of a type the core does not know as fusedopt::error
       }
       b.step = next;  // not read while b.counter is set
       if (family_ == family::nadam && !b.mu_on_device) { b.mu_product = advance_mu_product(b.mu_product, hyper_[g], next); }
@@ -737,8 +863,9 @@ class engine {
     bucket_hyper_.mu_product = b.mu_product;
     if (!tensors.any() && !mu_on_device) { return bucket_hyper_; }
     if (!b.scalars.defined()) {
-      b.scalars = at::empty({4}, at::TensorOptions().dtype(at::kDouble).device(device_of(b)));
-      for (std::int64_t k = 0; k < 4; ++k) { b.scalar_views[static_cast<std::size_t>(k)] = b.scalars.select(0, k); }
+      auto const n = static_cast<std::int64_t>(b.scalar_views.size());
+      b.scalars = at::empty({n}, at::TensorOptions().dtype(at::kDouble).device(device_of(b)));
+      for (std::int64_t k = 0; k < n; ++k) { b.scalar_views[static_cast<std::size_t>(k)] = b.scalars.select(0, k); }
     }
     double* const memory = b.scalars.data_ptr<double>();
     // Each value copied in stream order (a captured copy reads the tensor at every replay);
@@ -753,6 +880,13 @@ class engine {
       b.scalar_views[2].copy_(scalar(*tensors.beta2));
       bucket_hyper_.beta1_pointer = memory + 1;
       bucket_hyper_.beta2_pointer = memory + 2;
+    }
+    if (tensors.user != nullptr) {
+      for (auto const& [index, t] : *tensors.user) {
+        auto const k = static_cast<std::size_t>(index);
+        b.scalar_views[4 + k].copy_(scalar(t));
+        bucket_hyper_.user_pointers[k] = memory + 4 + k;
+      }
     }
     if (mu_on_device) {
       if (!b.mu_on_device) {
@@ -772,6 +906,10 @@ class engine {
   }
 
   family family_;
+  py::object provider_;               // (device, dtype, layout bits, float_states, amp) -> unit address
+  bool amp_ = false;                  // takes GradScaler's fused protocol
+  bool amp_seen_ = false;             // a scaled step ran: plans are made with GradScaler's kernel
+  std::uint32_t float_states_ = 0;    // a user rule's states kept in float32 (bit k: state k)
   std::vector<group_data> groups_;
   hyper bucket_hyper_;
   bool mu_single_ = true;
@@ -793,6 +931,9 @@ class engine {
 /// one view per tensor (FusedOptimizer.clip_grad_norm_).
 class grad_norm {
  public:
+  /// Norm plans from the units `provider(device, dtype)` returns (a unit_api address).
+  explicit grad_norm(py::object provider) : provider_(std::move(provider)) {}
+
   /// The L2 norm (`inf`: the largest magnitude) of every element of `grads`, as a 0-d float64
   /// tensor on their device (squares computed in float, summed in double; float64, so that the
   /// norm of float16 gradients GradScaler has scaled does not overflow), enqueued on the
@@ -837,20 +978,23 @@ class grad_norm {
       bool const moved = next_pointers_ != pointers_ || next_sizes_ != sizes_;
       if (plan_ && moved && !plan_->rebind(next_pointers_, next_sizes_, stream)) { plan_.reset(); }
       if (!plan_) {
-        if (device < 0) {
-          plan_ = make_host_norm_plan(*t, next_pointers_, next_sizes_, at::get_num_threads());
-        } else {
-#if defined(FUSEDOPT_TORCH_WITH_CUDA)
-          plan_ = make_cuda_norm_plan(*t, next_pointers_, next_sizes_, stream);
-#endif
-        }
+        unit_api const& unit = unit_at(provider_(device, static_cast<int>(*t)).cast<std::uintptr_t>());
+        FUSEDOPT_TORCH_CHECK(unit.make_norm_plan != nullptr, "fusedopt_torch: internal error: the unit makes no norm plans");
+        std::string error;
+        int threads = at::get_num_threads();
+        norm_plan* made = unit.make_norm_plan(*t, next_pointers_, next_sizes_, device < 0 ? &threads : stream, &error);
+        FUSEDOPT_TORCH_CHECK(made != nullptr, error);
+        plan_.reset(made);
         device_ = device;
         dtype_ = *t;
       }
       pointers_.swap(next_pointers_);
       sizes_.swap(next_sizes_);
       plan_->run(inf, total.data_ptr<double>(), stream);
-    } catch (fusedopt::error const& e) {
+    } catch (py::error_already_set const&) {
+      plan_.reset();
+      throw;
+    } catch (std::exception const& e) {
       plan_.reset();
       throw std::runtime_error(std::string("fusedopt_torch: gradient norm: ") + e.what());
     }
@@ -858,6 +1002,7 @@ class grad_norm {
   }
 
  private:
+  py::object provider_;
   std::unique_ptr<norm_plan> plan_;
   int device_ = -1;
   dtype dtype_ = dtype::f32;
@@ -881,6 +1026,17 @@ inline hyper hyper_of(py::kwargs const& fields)
     if (THPVariable_Check(value.ptr())) { continue; }
     std::string const name = py::str(key);
     bool found = false;
+    if (name == "user") {
+      // A user rule's hyperparameters in its spec's order (Tensors: 0 here, read on the device).
+      auto const values = value.cast<py::sequence>();
+      FUSEDOPT_TORCH_CHECK(values.size() <= static_cast<std::size_t>(hyper::max_user), "fusedopt_torch: a rule takes at most ",
+                           hyper::max_user, " hyperparameters, not ", values.size());
+      for (std::size_t k = 0; k < values.size(); ++k) {
+        py::object const v = values[k];
+        h.user[k] = THPVariable_Check(v.ptr()) ? 0.0 : v.cast<double>();
+      }
+      continue;
+    }
 #define FUSEDOPT_TORCH_NUMBER(field)                  \
   if (!found && name == #field) {                     \
     h.field = value.cast<double>();                   \
@@ -900,29 +1056,49 @@ inline hyper hyper_of(py::kwargs const& fields)
   return h;
 }
 
-/// `_C.quantize_state(values, state, is_signed)`: stores `values` (any floating dtype, shape
-/// and device) into the 8-bit `state` (of values.numel() elements, on any device) with the bits
-/// a step would store. On the host backend: a CUDA state makes a round trip through host
-/// memory (loading a state_dict, not a step).
-void quantize_state_into(at::Tensor const& values, at::Tensor state, bool is_signed)
+/// `_C.quantize_state(values, state, is_signed, unit)`: stores `values` (any floating dtype,
+/// shape and device) into the 8-bit `state` (of values.numel() elements, on any device) with the
+/// bits a step would store, through the host unit at `unit` (its quantizer). A CUDA state makes
+/// a round trip through host memory (loading a state_dict, not a step).
+void quantize_state_into(at::Tensor const& values, at::Tensor state, bool is_signed, std::uintptr_t unit)
 {
   auto const n = values.numel();
   check_quantized_bytes(state, n, "fusedopt_torch: quantize_state");
+  auto const& api = unit_at(unit);
+  FUSEDOPT_TORCH_CHECK(api.quantize_state != nullptr, "fusedopt_torch: internal error: the unit has no quantizer");
   auto const source = values.detach().to(at::kCPU, at::kFloat).contiguous();
   auto target = state.to(at::kCPU).contiguous();
-  quantize_state(source.data_ptr<float>(), n, target.data_ptr(), is_signed, at::get_num_threads());
+  std::string error;
+  FUSEDOPT_TORCH_CHECK(api.quantize_state(source.data_ptr<float>(), n, target.data_ptr(), is_signed,
+                                          at::get_num_threads(), &error),
+                       error);
   if (!target.is_same(state)) { state.copy_(target); }
 }
 
-/// `_C.dequantize_state(state, numel, is_signed)`: the float32 values of an 8-bit state, as a
-/// step reads them, on the state's device.
-at::Tensor dequantize_state_of(at::Tensor const& state, std::int64_t numel, bool is_signed)
+/// `_C.dequantize_state(state, numel, is_signed, unit)`: the float32 values of an 8-bit state,
+/// as a step reads them, on the state's device.
+at::Tensor dequantize_state_of(at::Tensor const& state, std::int64_t numel, bool is_signed, std::uintptr_t unit)
 {
   check_quantized_bytes(state, numel, "fusedopt_torch: dequantize_state");
+  auto const& api = unit_at(unit);
+  FUSEDOPT_TORCH_CHECK(api.dequantize_state != nullptr, "fusedopt_torch: internal error: the unit has no quantizer");
   auto const source = state.detach().to(at::kCPU).contiguous();
   auto values = at::empty({numel}, at::TensorOptions().dtype(at::kFloat));
-  dequantize_state(source.data_ptr(), numel, values.data_ptr<float>(), is_signed, at::get_num_threads());
+  std::string error;
+  FUSEDOPT_TORCH_CHECK(api.dequantize_state(source.data_ptr(), numel, values.data_ptr<float>(), is_signed,
+                                            at::get_num_threads(), &error),
+                       error);
   return values.to(state.device());
+}
+
+double nadam_mu(double beta1, double momentum_decay, std::int64_t t)
+{
+  return fusedopt::rules::scale_by_nadam::mu(beta1, momentum_decay, t);
+}
+
+double nadam_advanced(double product, double mu, bool single)
+{
+  return fusedopt::rules::advance_mu_product::advanced(product, mu, single);
 }
 
 }  // namespace fusedopt_torch
@@ -931,13 +1107,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {
   namespace py = pybind11;
   using fusedopt_torch::engine;
-  m.doc() = "fusedopt_torch._C: fused optimizer steps on fusedopt plans";
+  m.doc() = "fusedopt_torch's core: fused optimizer steps on fusedopt plans from units of kernels";
   using fusedopt_torch::family;
   using fusedopt_torch::hyper;
   py::enum_<family> families(m, "Family");
 #define FUSEDOPT_TORCH_VALUE(name, plans) families.value(#name, family::name);
   FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_VALUE)
 #undef FUSEDOPT_TORCH_VALUE
+  families.value("user", family::user);
   // The hyperparameters by name (plans.hpp's hyper); the pointers and mu_product are the engine's.
   py::class_<hyper> hypers(m, "Hyper");
   hypers.def(py::init<>());
@@ -949,12 +1126,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
                     "A Hyper with the given fields set (one call: what step() builds per group and step); "
                     "tensors are skipped, as the engine reads them on the device");
   py::class_<engine>(m, "Engine")
-    .def(py::init<family>(), py::arg("family"))
+    .def(py::init<family, py::object, bool>(), py::arg("family"), py::arg("provider"), py::arg("amp"))
+    .def("set_float_states", &engine::set_float_states, py::arg("mask"))
     .def("set_groups", &engine::set_groups, py::arg("groups"))
     .def("step", &engine::step, py::arg("hypers"), py::arg("grad_scale") = py::none(),
          py::arg("found_inf") = py::none(), py::arg("lrs") = std::vector<c10::optional<at::Tensor>>{},
          py::arg("on_device") = false,
-         py::arg("betas") = std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>>{})
+         py::arg("betas") = std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>>{},
+         py::arg("user_tensors") = std::vector<std::vector<std::tuple<int, at::Tensor>>>{})
     .def("steps", &engine::steps)
     .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
     .def("mu_products", &engine::mu_products)
@@ -963,12 +1142,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("host_times", &engine::host_times)
     .def("plans", &engine::plans);
   py::class_<fusedopt_torch::grad_norm>(m, "GradNorm")
-    .def(py::init<>())
+    .def(py::init<py::object>(), py::arg("provider"))
     .def("compute", &fusedopt_torch::grad_norm::compute, py::arg("grads"), py::arg("inf") = false);
   m.def("quantize_state", &fusedopt_torch::quantize_state_into, py::arg("values"), py::arg("state"),
-        py::arg("is_signed"));
+        py::arg("is_signed"), py::arg("unit"));
   m.def("dequantize_state", &fusedopt_torch::dequantize_state_of, py::arg("state"), py::arg("numel"),
-        py::arg("is_signed"));
+        py::arg("is_signed"), py::arg("unit"));
+  m.def("load_unit", &fusedopt_torch::load_unit, py::arg("path"),
+        "Loads a unit of kernels (a shared library) and returns the address of its entry points");
+  m.attr("unit_abi") = fusedopt_torch::unit_abi;
+  m.attr("max_user_hyperparameters") = fusedopt_torch::hyper::max_user;
   m.def("quantized_state_bytes", &fusedopt_torch::quantized_state_bytes, py::arg("numel"));
   m.attr("quantized_block_elements") = fusedopt_torch::quantized_block_elements;
 #if defined(FUSEDOPT_TORCH_WITH_CUDA)

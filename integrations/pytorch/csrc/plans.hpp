@@ -1,15 +1,17 @@
 /// @file plans.hpp
-/// @brief The small interface between the torch binding and fusedopt's kernels.
+/// @brief The small interface between the torch binding (the core) and fusedopt's kernels (units).
 ///
 /// Nothing here knows torch or CUDA: tensors are raw pointers and sizes, the stream is a
-/// `void*` (a `cudaStream_t`), hyperparameters a plain struct. The kernel instantiations live in
-/// one `.cu` file per optimizer family (compiled by nvcc, in CI too, without torch) and in
-/// `host_plans.cpp` (the host backend, for CPU tensors); `binding.cpp` alone includes torch.
+/// `void*` (a `cudaStream_t`), hyperparameters a plain struct. The kernels live in *units*:
+/// shared libraries compiled on demand (fusedopt_torch/_units.py generates their source) or
+/// ahead of time (setup.py), each exporting `fusedopt_torch_unit()` (unit_api below). The core,
+/// `binding.cpp`, alone includes torch; it loads units with dlopen and makes plans through them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace fusedopt_torch {
@@ -18,7 +20,8 @@ namespace fusedopt_torch {
 enum class dtype : int { f32 = 0, f64 = 1, f16 = 2, bf16 = 3 };
 
 /// @brief The optimizer families, once: X(name, plans) for each, where `plans` names the plan
-/// functions that serve it (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu).
+/// function that serves it (`<plans>_plan` in families.hpp). After them, `user`: a rule written
+/// by the user (fusedopt_torch.rule), whose unit brings its own plan function (user_rule.hpp).
 /// Python sees them as fusedopt_torch._C.Family.<name>.
 #define FUSEDOPT_TORCH_FAMILIES(X) \
   X(sgd, sgd)                      \
@@ -37,6 +40,7 @@ enum class family : int {
 #define FUSEDOPT_TORCH_ENUM(name, plans) name,
   FUSEDOPT_TORCH_FAMILIES(FUSEDOPT_TORCH_ENUM)
 #undef FUSEDOPT_TORCH_ENUM
+  user,
 };
 
 /// @brief Every hyperparameter any family reads, with torch's names; a family ignores the others.
@@ -85,6 +89,12 @@ struct hyper {
   /// state (rules::with_kahan; a layout), or stochastic rounding of bfloat16 parameters.
   bool kahan = false;
   bool stochastic_rounding = false;
+  /// A user rule's hyperparameters, in the order its spec declares them (user_rule.hpp): a
+  /// number (bools and integers as doubles), or, where `user_pointers[k]` is set, a double in
+  /// the plan's memory refreshed from a Tensor every step (as lr_pointer).
+  static constexpr int max_user = 32;
+  double user[max_user] = {};
+  double const* user_pointers[max_user] = {};
 };
 
 /// @brief The fields of `hyper` Python sets, by name: X(field) for the numbers, then for the
@@ -107,11 +117,23 @@ struct layout {
   /// The moments (exp_avg, exp_avg_sq, momentum_buffer) as 8-bit blockwise states
   /// (FUSEDOPT_TORCH_QUANTIZED_FAMILIES): set per bucket, from its parameters' state tensors.
   bool quantized = false;
+  /// A user rule's states kept in float32 whatever the parameter's dtype: bit k for state k
+  /// (the rule's dtype policy, fusedopt_torch.State(dtype="float32")).
+  std::uint32_t float_states = 0;
+
+  /// The options above as bits (amsgrad 1, momentum 2, centered 4, clip 8, kahan 16,
+  /// quantized 32): what a unit compiled for one layout is keyed by (float_states apart).
+  [[nodiscard]] constexpr std::uint32_t bits() const
+  {
+    return (amsgrad ? 1u : 0u) | (momentum ? 2u : 0u) | (centered ? 4u : 0u) | (clip ? 8u : 0u) |
+           (kahan ? 16u : 0u) | (quantized ? 32u : 0u);
+  }
+  static constexpr std::uint32_t amsgrad_bit = 1, momentum_bit = 2, centered_bit = 4, clip_bit = 8, kahan_bit = 16,
+                                 quantized_bit = 32;
 
   friend bool operator==(layout const& a, layout const& b)
   {
-    return a.amsgrad == b.amsgrad && a.momentum == b.momentum && a.centered == b.centered && a.clip == b.clip &&
-           a.kahan == b.kahan && a.quantized == b.quantized;
+    return a.bits() == b.bits() && a.float_states == b.float_states;
   }
   friend bool operator!=(layout const& a, layout const& b) { return !(a == b); }
 };
@@ -144,21 +166,10 @@ struct amp_inputs {
   [[nodiscard]] bool any() const { return grad_scale != nullptr || found_inf != nullptr; }
 };
 
-/// @brief The families whose moments may be stored as 8-bit blockwise states (layout::quantized):
-/// X(name, plans) for each, where `plans` names their plan functions as FUSEDOPT_TORCH_FAMILIES
-/// does (`<plans>_plan` in families.hpp, `cuda_<plans>` in cuda_<plans>.cu).
-#define FUSEDOPT_TORCH_QUANTIZED_FAMILIES(X) \
-  X(sgd, sgd8bit)                            \
-  X(adam, adam8bit)                          \
-  X(adamw, adamw8bit)                        \
-  X(lion, lion8bit)
-
-/// @brief Whether family `f` has plans with 8-bit moments.
+/// @brief Whether family `f` has plans with 8-bit moments (layout::quantized).
 constexpr bool supports_quantized_states(family f)
 {
-#define FUSEDOPT_TORCH_IS(name, plans) f == family::name ||
-  return FUSEDOPT_TORCH_QUANTIZED_FAMILIES(FUSEDOPT_TORCH_IS) false;
-#undef FUSEDOPT_TORCH_IS
+  return f == family::sgd || f == family::adam || f == family::adamw || f == family::lion;
 }
 
 /// @brief Elements per block of an 8-bit state, and the bytes of a state of n elements:
@@ -175,23 +186,14 @@ constexpr std::int64_t quantized_state_bytes(std::int64_t elements)
   return (4 * quantized_blocks(elements) + 255) / 256 * 256 + quantized_blocks(elements) * quantized_block_elements;
 }
 
-/// @brief Stores `n` floats as an 8-bit state (`is_signed`: the signed map of
-/// first moments, else the unsigned map of second moments) with the bits a step would store:
-/// the library's quantizer, run by the host backend (a block with a non-finite value keeps the
-/// state's previous bits). Defined in host_8bit_plans.cpp.
-void quantize_state(float const* values, std::int64_t n, void* state, bool is_signed, int threads);
-
-/// @brief The `n` values of an 8-bit state, as a step reads them. Defined in
-/// host_8bit_plans.cpp.
-void dequantize_state(void const* state, std::int64_t n, float* values, bool is_signed, int threads);
-
 /// @brief The families that take `kahan` and `stochastic_rounding` for low-precision parameters.
 constexpr bool supports_low_precision(family f) { return f == family::adam || f == family::adamw; }
 
-/// @brief The families torch gives `_step_supports_amp_scaling` (its fused optimizers).
+/// @brief The families torch gives `_step_supports_amp_scaling` (its fused optimizers), and
+/// user rules (their spec says whether; the engine is told so by Python).
 constexpr bool supports_amp(family f)
 {
-  return f == family::sgd || f == family::adam || f == family::adamw || f == family::adagrad;
+  return f == family::sgd || f == family::adam || f == family::adamw || f == family::adagrad || f == family::user;
 }
 
 /// @brief A plan over lists of fixed geometry (sizes, dtype, alignment): run it once per step,
@@ -216,6 +218,9 @@ class plan {
   /// @brief Uploads of the plan's address table so far (CUDA; a rebind to a recently bound
   /// address set costs none: fusedopt::cuda::options::address_tables).
   [[nodiscard]] virtual std::uint64_t table_uploads() const = 0;
+  /// @brief Whether run() takes amp_inputs: the unit compiled the rule's GradScaler kernel too
+  /// (a plan without it is made again from a unit with it at the first scaled step).
+  [[nodiscard]] virtual bool takes_amp() const = 0;
 };
 
 /// @brief The norm of every element of one list of gradients of one dtype
@@ -232,30 +237,45 @@ class norm_plan {
   virtual bool rebind(std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes, void* stream) = 0;
 };
 
-/// @brief A host-backend norm plan over `grads` (CPU memory) on `threads` threads. Defined in host_plans.cpp.
-std::unique_ptr<norm_plan> make_host_norm_plan(dtype t, std::vector<void const*> const& grads,
-                                               std::vector<std::int64_t> const& sizes, int threads);
-
-/// @brief A CUDA norm plan over `grads` on the current device, built on `stream`. Defined in
-/// cuda_norm.cu, only when the CUDA sources are compiled.
-std::unique_ptr<norm_plan> make_cuda_norm_plan(dtype t, std::vector<void const*> const& grads,
-                                               std::vector<std::int64_t> const& sizes, void* stream);
-
 /// @brief NAdam's momentum coefficient of step `t`, mu_t = beta1 (1 - 0.5 * 0.96^(t momentum_decay)),
-/// with the bits the NAdam rule uses (rules::scale_by_nadam::mu). Defined in host_plans.cpp.
+/// with the bits the NAdam rule uses (rules::scale_by_nadam::mu). Defined in binding.cpp.
 double nadam_mu(double beta1, double momentum_decay, std::int64_t t);
 
 /// @brief torch's `mu_product *= mu` (rules::advance_mu_product::advanced): `product * mu`,
-/// rounded to float when `single`. Defined in host_plans.cpp.
+/// rounded to float when `single`. Defined in binding.cpp.
 double nadam_advanced(double product, double mu, bool single);
 
-/// @brief A host-backend plan (CPU memory) run on `threads` OpenMP threads (torch's
-/// `torch.get_num_threads()`). @throws fusedopt::error on invalid lists, or layout::quantized
-/// for a family without 8-bit states.
-std::unique_ptr<plan> make_host_plan(family f, dtype t, layout const& l, lists const& tensors, int threads);
+// ---- units ------------------------------------------------------------------------------------
 
-/// @brief A CUDA plan on the current device (device memory), built on `stream`.
-/// Defined only when the CUDA sources are compiled (fusedopt_torch built with CUDA).
-std::unique_ptr<plan> make_cuda_plan(family f, dtype t, layout const& l, lists const& tensors, void* stream);
+/// @brief The version of unit_api: a unit of another version is refused when loaded.
+constexpr std::uint32_t unit_abi = 1;
+
+/// @brief What a unit exports (`extern "C" unit_api const* fusedopt_torch_unit()`): the
+/// entry points it compiled, null for the others. Errors come back as text in `*error` (a null
+/// result), never as exceptions across the library boundary; a plan's own methods throw
+/// fusedopt::error, which the core catches (units and core share the C++ runtime).
+/// `context` is the `cudaStream_t` for CUDA units, a pointer to the thread count for host units.
+struct unit_api {
+  std::uint32_t abi = unit_abi;
+  /// A plan over `tensors` (a host plan: CPU memory, on `*static_cast<int*>(context)` threads;
+  /// a CUDA plan: the current device's memory, built on the stream).
+  plan* (*make_plan)(family f, dtype t, layout const& l, lists const& tensors, void* context,
+                     std::string* error) = nullptr;
+  /// The norm plan of clip_grad_norm_ over `grads`.
+  norm_plan* (*make_norm_plan)(dtype t, std::vector<void const*> const& grads, std::vector<std::int64_t> const& sizes,
+                               void* context, std::string* error) = nullptr;
+  /// Stores `n` floats as an 8-bit state (`is_signed`: the signed map of first moments, else the
+  /// unsigned map of second moments) with the bits a step would store: the library's quantizer,
+  /// run by the host backend. False, with `*error` set, on failure.
+  bool (*quantize_state)(float const* values, std::int64_t n, void* state, bool is_signed, int threads,
+                         std::string* error) = nullptr;
+  /// The `n` values of an 8-bit state, as a step reads them.
+  bool (*dequantize_state)(void const* state, std::int64_t n, float* values, bool is_signed, int threads,
+                           std::string* error) = nullptr;
+};
+
+/// @brief The name of the function every unit exports.
+constexpr char const* unit_entry_point = "fusedopt_torch_unit";
+using unit_entry = unit_api const* (*)();
 
 }  // namespace fusedopt_torch

@@ -1,27 +1,32 @@
-"""fusedopt_torch: drop-in torch.optim optimizers running fused fusedopt steps.
+"""fusedopt_torch: drop-in torch.optim optimizers running fused fusedopt steps, and optimizers of
+your own written as a few lines of C++ (fusedopt_torch.rule).
 
     import fusedopt_torch
     opt = fusedopt_torch.AdamW(model.parameters(), lr=3e-4)   # torch.optim.AdamW's arguments
 
 CUDA tensors step through fusedopt's CUDA backend (one launch per parameter group and dtype,
-plans cached across steps), CPU tensors through its host backend. See docs/pytorch.md.
+plans cached across steps), CPU tensors through its host backend. Importing compiles nothing:
+the first step compiles (or loads from the cache) the kernels of the dtypes it meets. See
+docs/pytorch.md.
 """
 
 from .optimizers import (LAMB, SGD, SGD8bit, Adadelta, Adagrad, Adam, Adam8bit, Adamax, AdamW,  # noqa: F401
                          AdamW8bit, FusedOptimizer, Lion, Lion8bit, NAdam, RAdam, RMSprop, dequantize_state,
                          quantize_state)
 from . import _ext
+from .rules import RuleCompileError, RuleOptimizer, State, rule  # noqa: F401
 
 
 def extension():
-    """The compiled extension module (built on first use)."""
+    """The core module (loaded, or compiled into the cache, on first use)."""
     return _ext.load()
 
 
 def with_cuda():
-    """Whether the extension was built with its CUDA kernels."""
+    """Whether the core was built with CUDA (its kernels are compiled on demand)."""
     return bool(_ext.load().with_cuda)
 
 
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta", "LAMB", "Lion",
-           "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state", "extension", "with_cuda"]
+           "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state", "extension", "with_cuda", "rule", "State", "RuleOptimizer",
+           "RuleCompileError"]

@@ -22,6 +22,16 @@ from torch.optim import Optimizer
 
 from . import _ext
 
+# The frameworks that read _step_supports_amp_scaling only to refuse gradient clipping (see the property).
+_UNSCALING_FRAMEWORKS = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+
+# csrc/plans.hpp's layout bits, by option.
+_LAYOUT = {"amsgrad": 1, "momentum": 2, "centered": 4, "clip": 8, "kahan": 16, "quantized": 32}
+
+# csrc/plans.hpp's dtype of a parameter's (real) dtype.
+_DTYPE_INDEX = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+
+
 def _hyper(group, **fields):
     """The group's hyperparameters as the extension's Hyper (csrc/plans.hpp's `hyper`), by field
     name, in one call (`_C.Hyper.of`): lr from the group, the low-precision options where the
@@ -221,10 +231,11 @@ class FusedOptimizer(Optimizer):
     _step_key = "step"
     _mu_key = None  # NAdam: 'mu_product', a per-parameter scalar state the engine keeps per bucket
     _sparse_error = None  # torch's message for sparse gradients; None: torch supports them, fusedopt does not
-    # GradScaler's fused protocol (SGD, Adam, AdamW, Adagrad, as torch's fused optimizers): the
-    # scaler sets self.grad_scale and self.found_inf and calls step(); the kernel divides the
-    # gradients by grad_scale and skips the step where found_inf is set, on the device.
-    _step_supports_amp_scaling = False
+    # GradScaler's fused protocol (SGD, Adam, AdamW, Adagrad, as torch's fused optimizers, and user
+    # rules): the scaler sets self.grad_scale and self.found_inf and calls step(); the kernel
+    # divides the gradients by grad_scale and skips the step where found_inf is set, on the device.
+    # What GradScaler sees is the property _step_supports_amp_scaling (the `fused` option).
+    _amp_protocol = False
     _elementwise = True  # False: the rule needs whole tensors (LAMB's trust ratios), so no DTensor shards
 
     def __init__(self, params, defaults):
@@ -238,7 +249,40 @@ class FusedOptimizer(Optimizer):
         self._pending_clip = None  # (norm in float32, max_norm) of clip_grad_norm_, applied by the next step
         self._grad_norm = None  # the extension's GradNorm of clip_grad_norm_, made at its first call
         super().__init__(params, defaults)
-        self._make_engine(self._wanted_family())
+        # The engine (and the core it needs) is made at the first step: nothing is compiled or
+        # loaded before, and the first step compiles the units it needs beside the core.
+
+    @property
+    def _step_supports_amp_scaling(self):
+        """Whether this optimizer takes GradScaler's fused protocol (torch's attribute, read by
+        GradScaler and by frameworks). ``fused=True``: yes, as torch's fused optimizers; ``fused=False``:
+        no, as torch's foreach ones (GradScaler unscales the gradients and synchronises to check
+        them); ``fused=None`` (the default): yes for GradScaler, while to PyTorch Lightning the
+        optimizer reports that it does not unscale internally, so that Lightning's AMP plugin
+        unscales the gradients itself where it clips them (it refuses gradient clipping with an
+        optimizer that unscales internally), then still steps through the fused protocol, with
+        Lightning's found_inf and no synchronisation (docs/pytorch.md, "Mixed precision and
+        gradient clipping in Lightning")."""
+        if not self._amp_protocol:
+            return False
+        fused = self.defaults.get("fused")
+        if fused is None:
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            return not caller.startswith(_UNSCALING_FRAMEWORKS)
+        return bool(fused)
+
+    def _provider(self, family):
+        """The provider of the engine's units (_ext.Provider): the built-in family's."""
+        return _ext.builtin_provider(family)
+
+    def _layout_bits(self, group, p):
+        """The layout (csrc/plans.hpp's bits) the engine will ask a unit for p of `group`: what the
+        first step compiles beside the core. A guess that misses costs only time."""
+        return 0
+
+    def _tensor_hypers(self, group):
+        """A user rule's hyperparameters given as Tensors: [(index, tensor)] (built-ins: none)."""
+        return None
 
     # ---- what subclasses define ---------------------------------------------------------------
 
@@ -279,19 +323,24 @@ class FusedOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        hypers = [self._hyper(g) for g in self.param_groups]
         family = self._wanted_family()
         if family != self._engine_family:
+            if self._engine is None:
+                self._prefetch_units(family)
             self._make_engine(family)
+        hypers = [self._hyper(g) for g in self.param_groups]
         grad_scale = found_inf = None
         # Hyperparameters given as tensors, read on the device (no synchronisation, capturable).
-        lrs, betas = [], []
+        lrs, betas, user_tensors = [], [], []
         for g in self.param_groups:
-            lr, b = g["lr"], g.get("betas")
+            lr, b = g.get("lr"), g.get("betas")
             lrs.append(lr if isinstance(lr, torch.Tensor) else None)
             betas.append(b if b is not None and isinstance(b[0], torch.Tensor) else None)
+            user_tensors.append(self._tensor_hypers(g) or [])
+        if not any(user_tensors):
+            user_tensors = []
         on_device = any(g.get("capturable", False) for g in self.param_groups)
-        if self._step_supports_amp_scaling:
+        if self._amp_protocol:
             grad_scale = getattr(self, "grad_scale", None)
             found_inf = getattr(self, "found_inf", None)
         clip, self._pending_clip = self._pending_clip, None
@@ -301,7 +350,7 @@ class FusedOptimizer(Optimizer):
             done = False
             if not self._dirty and (not self._views or self._sync_in()):
                 try:
-                    done = self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas)
+                    done = self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas, user_tensors)
                 except RuntimeError:
                     # A gradient of another layout than its parameter's, or a sparse one: nothing
                     # was written (the engine checks every tensor before it runs a plan).
@@ -311,7 +360,7 @@ class FusedOptimizer(Optimizer):
                 self._rebuild()
                 if self._views and not self._sync_in():
                     raise RuntimeError("fusedopt_torch: internal error: a rebuilt proxy refused its gradient")
-                if not self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas):
+                if not self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas, user_tensors):
                     raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
             if self._views:
                 self._sync_out()
@@ -341,7 +390,7 @@ class FusedOptimizer(Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         # Double gradients: the protocol's divisor is a float, torch clips them in double.
         double = (torch.float64, torch.complex128)
-        if not self._step_supports_amp_scaling or any(_is_dtensor(g) or g.dtype in double for g in grads):
+        if not self._amp_protocol or any(_is_dtensor(g) or g.dtype in double for g in grads):
             params = [p for g in self.param_groups for p in g["params"]]
             kwargs = {} if foreach is None else {"foreach": foreach}  # torch before 2.0 has no foreach
             return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
@@ -364,7 +413,7 @@ class FusedOptimizer(Optimizer):
         tensor (0.8-1.3 ms of host time for GPT-2 small's 148 gradients on the H200)."""
         if norm_type in (2.0, float("inf")) and all(type(g) is torch.Tensor and not g.is_complex() for g in grads):
             if self._grad_norm is None:
-                self._grad_norm = _ext.load().GradNorm()
+                self._grad_norm = _ext.load().GradNorm(_ext.norm_provider())
             total = self._grad_norm.compute(grads, norm_type == float("inf"))  # float64
             if total is not None:
                 _check_finite_norm(total, norm_type, error_if_nonfinite)
@@ -398,8 +447,6 @@ class FusedOptimizer(Optimizer):
         self._views, self._param_of = [], {}
         self._engine_ahead = False
         self._dirty = True
-        if self._engine is None and self._family is not None:
-            self._make_engine(self._wanted_family())
 
     def __getstate__(self):
         self._pull_steps()
@@ -412,19 +459,39 @@ class FusedOptimizer(Optimizer):
 
     def plan_rebuilds(self):
         """How many times plans were built (one per group whose set of parameters with a gradient changed)."""
-        return self._engine.rebuilds()
+        return self._engine.rebuilds() if self._engine is not None else 0
 
     def plan_rebinds(self):
         """How many times a group's plans followed moved tensors (new gradients under set_to_none=True)."""
-        return self._engine.rebinds()
+        return self._engine.rebinds() if self._engine is not None else 0
 
     def _make_engine(self, family):
         if self._engine is not None:
             self._pull_steps()
-        self._engine = _ext.load().Engine(getattr(_ext.load().Family, family))
+        core = _ext.load()
+        self._engine = core.Engine(getattr(core.Family, family), self._provider(family), self._amp_protocol)
         self._engine_family = family
         self._engine_ahead = False
         self._dirty = True
+
+    def _prefetch_units(self, family):
+        """Starts compiling, in the background, the units the first step will ask for (each
+        (device, dtype, layout) of the parameters with a gradient): the core, when it must be
+        compiled too, compiles meanwhile."""
+        provider = self._provider(family)
+        amp = self._amp_protocol and getattr(self, "grad_scale", None) is not None
+        seen = set()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None or not (p.is_cuda or p.is_cpu):
+                    continue
+                dtype = _DTYPE_INDEX.get(_engine_view(p).dtype)
+                if dtype is None:
+                    continue
+                key = (p.get_device() if p.is_cuda else -1, dtype, self._layout_bits(group, p))
+                if key not in seen:
+                    seen.add(key)
+                    provider.prefetch(*key, amp=amp)
 
     def _get_step(self, p, group, state):
         if self._step_key is not None:
@@ -567,7 +634,8 @@ class FusedOptimizer(Optimizer):
                 s = state[k]
                 # 8-bit states (uint8) are flat storage, with no strides to match.
                 if s.dtype != torch.uint8 and _engine_view(s).stride() != proxy.stride():
-                    fresh = torch.empty_like(p) if dense else torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                    fresh = (torch.empty_like(p, dtype=s.dtype) if dense
+                             else torch.empty(p.shape, dtype=s.dtype, device=p.device))
                     state[k] = fresh.copy_(s)
         if proxy is not p:
             grad_buffer = None if (dense and grad_ok) else torch.empty_like(proxy)
@@ -652,7 +720,7 @@ class SGD(FusedOptimizer):
 
     _family = "sgd"
     _step_key = None
-    _step_supports_amp_scaling = True
+    _amp_protocol = True
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
                  foreach=None, differentiable=False, fused=None):
@@ -671,6 +739,9 @@ class SGD(FusedOptimizer):
 
     def _state_keys(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _layout_bits(self, group, p):
+        return _LAYOUT["momentum"] if group["momentum"] != 0 else 0
 
     def _keeps_state(self, group):
         return group["momentum"] != 0
@@ -699,7 +770,7 @@ class Adam(FusedOptimizer):
 
     _family = "adam"
     _name = "Adam"
-    _step_supports_amp_scaling = True
+    _amp_protocol = True
     _sparse_error = "Adam does not support sparse gradients, please consider SparseAdam instead"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *, foreach=None,
@@ -748,6 +819,10 @@ class Adam(FusedOptimizer):
         keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
         return keys + ("kahan_comp",) if group.get("kahan", False) else keys
 
+    def _layout_bits(self, group, p):
+        return ((_LAYOUT["amsgrad"] if group["amsgrad"] else 0)
+                | (_LAYOUT["kahan"] if group.get("kahan", False) and p.dtype in (torch.bfloat16, torch.float16) else 0))
+
     def _hyper(self, group):
         b1, b2 = group["betas"]
         return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
@@ -776,7 +851,7 @@ class Adagrad(FusedOptimizer):
     """
 
     _family = "adagrad"
-    _step_supports_amp_scaling = True
+    _amp_protocol = True
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  foreach=None, *, maximize=False, differentiable=False, fused=None):
@@ -836,6 +911,9 @@ class RMSprop(FusedOptimizer):
         if group["centered"]:
             keys.append("grad_avg")
         return tuple(keys)
+
+    def _layout_bits(self, group, p):
+        return (_LAYOUT["momentum"] if group["momentum"] > 0 else 0) | (_LAYOUT["centered"] if group["centered"] else 0)
 
     def _hyper(self, group):
         return _hyper(group, alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
@@ -986,6 +1064,9 @@ class LAMB(FusedOptimizer):
     def _state_keys(self, group):
         return ("exp_avg", "exp_avg_sq")
 
+    def _layout_bits(self, group, p):
+        return _LAYOUT["clip"] if (group["max_grad_norm"] or 0.0) > 0 else 0
+
     def _hyper(self, group):
         b1, b2 = group["betas"]
         return _hyper(group, beta1=b1, beta2=b2, eps=group["eps"], weight_decay=group["weight_decay"],
@@ -1027,19 +1108,28 @@ class Lion(FusedOptimizer):
 _MOMENT_SIGNED = {"exp_avg": True, "exp_avg_sq": False, "momentum_buffer": True}
 
 
+_BLOCK = 256  # elements per block of an 8-bit state (csrc/plans.hpp's quantized_block_elements)
+
+
 def _blocks(numel):
-    block = _ext.load().quantized_block_elements
-    return (numel + block - 1) // block
+    return (numel + _BLOCK - 1) // _BLOCK
+
+
+def _state_bytes(numel):
+    """The bytes of an 8-bit state of `numel` elements (csrc/plans.hpp's quantized_state_bytes,
+    which families.hpp checks against the library's): the blocks' float32 scales padded to a
+    multiple of 256 bytes, then 256 codes a block."""
+    return (4 * _blocks(numel) + 255) // 256 * 256 + _blocks(numel) * _BLOCK
 
 
 def _codes_start(numel):
     """Where an 8-bit state's codes start: after its blocks' scales (padded to a multiple of 256 bytes)."""
-    return _ext.load().quantized_state_bytes(numel) - _blocks(numel) * _ext.load().quantized_block_elements
+    return _state_bytes(numel) - _blocks(numel) * _BLOCK
 
 
 def _zero_state(numel, is_signed, device=None):
     """An 8-bit state of `numel` zeros: every scale 0 and every code that of 0 (127 in the signed map)."""
-    state = torch.zeros(_ext.load().quantized_state_bytes(numel), dtype=torch.uint8, device=device)
+    state = torch.zeros(_state_bytes(numel), dtype=torch.uint8, device=device)
     if is_signed:
         state[_codes_start(numel):] = 127
     return state
@@ -1050,7 +1140,7 @@ def _from_records(records, numel):
     a float32 scale, then 256 codes in element order), in today's layout: the same scales and
     codes, so the same values bit for bit."""
     blocks, start = records.shape[0], _codes_start(numel)
-    state = torch.zeros(_ext.load().quantized_state_bytes(numel), dtype=torch.uint8, device=records.device)
+    state = torch.zeros(_state_bytes(numel), dtype=torch.uint8, device=records.device)
     # The scale of block b 4 (b + 1) bytes before the codes: the scales reversed.
     state[start - 4 * blocks:start] = records[:, :4].flip(0).reshape(-1)
     # Element 128 g + 4 l + k of a block at byte 8 l + 4 g + k of its codes: [g][l][k] -> [l][g][k].
@@ -1068,14 +1158,14 @@ def quantize_state(values, is_signed):
     zero). `is_signed`: the signed map (exp_avg, momentum_buffer), else the unsigned one
     (exp_avg_sq). docs/pytorch.md, "8-bit states"."""
     state = _zero_state(values.numel(), is_signed, values.device)
-    _ext.load().quantize_state(values, state, is_signed)
+    _ext.load().quantize_state(values, state, is_signed, _ext.support_unit())
     return state
 
 
 def dequantize_state(state, shape, is_signed, dtype=torch.float32):
     """The values of an 8-bit state (quantize_state's format) as a step reads them, in `shape`."""
     shape = torch.Size(shape)
-    return _ext.load().dequantize_state(state, shape.numel(), is_signed).view(shape).to(dtype)
+    return _ext.load().dequantize_state(state, shape.numel(), is_signed, _ext.support_unit()).view(shape).to(dtype)
 
 
 class _EightBitStates:
@@ -1108,6 +1198,9 @@ class _EightBitStates:
             return _zero_state(p.numel(), _MOMENT_SIGNED[key], p.device)
         return super()._new_state(p, group, key)
 
+    def _layout_bits(self, group, p):
+        return super()._layout_bits(group, p) | (_LAYOUT["quantized"] if self._holds_8bit(p, group) else 0)
+
     def _moment_for(self, p, group, key, value):
         """A loaded moment in the form p's state takes in this optimizer: a new tensor (torch's
         load_state_dict copies the state_dict; the moments are taken from the caller's)."""
@@ -1116,10 +1209,10 @@ class _EightBitStates:
             n = p.numel()
             if value.dim() == 2 and tuple(value.shape) == (_blocks(n), 260):
                 value = _from_records(value, n)  # saved before 2026-11-26
-            elif value.dim() != 1 or value.numel() != _ext.load().quantized_state_bytes(n):
+            elif value.dim() != 1 or value.numel() != _state_bytes(n):
                 raise ValueError(f"fusedopt_torch.{type(self).__name__}.load_state_dict: state '{key}' of a "
                                  f"parameter of {n} elements is a uint8 tensor of shape {tuple(value.shape)}, not "
-                                 f"an 8-bit state of {_ext.load().quantized_state_bytes(n)} bytes")
+                                 f"an 8-bit state of {_state_bytes(n)} bytes")
             if self._holds_8bit(p, group):
                 return value.to(p.device, copy=True)
             return dequantize_state(value.to(p.device), p.shape, is_signed, p.dtype)

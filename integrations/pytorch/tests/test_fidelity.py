@@ -152,7 +152,7 @@ def test_forloop_goes_right_direction_noncontiguous():
 
 def test_engine_rejects_non_dense_and_undefined_tensors_cleanly():
     """The cause of the segfault class: set_groups checks every tensor before keeping it."""
-    e = ft.extension().Engine(ft.extension().Family.adam)
+    e = ft.extension().Engine(ft.extension().Family.adam, ft._ext.builtin_provider("adam"), True)
     with pytest.raises(RuntimeError, match="not dense"):
         e.set_groups([([torch.randn(4, 2)[:, 0]], [None], [0])])
     with pytest.raises(RuntimeError, match="must be dense with the parameter's strides"):
@@ -786,7 +786,7 @@ def test_extension_registry_and_hyperparameters_by_name():
     classes = {ft.SGD: "sgd", ft.Adam: "adam", ft.AdamW: "adamw", ft.Adagrad: "adagrad", ft.RMSprop: "rmsprop",
                ft.LAMB: "lamb", ft.Lion: "lion", ft.RAdam: "radam", ft.Adamax: "adamax", ft.Adadelta: "adadelta",
                ft.NAdam: "nadam"}
-    assert sorted(ext.Family.__members__) == sorted(classes.values())
+    assert sorted(ext.Family.__members__) == sorted(list(classes.values()) + ["user"])
     for cls, name in classes.items():
         assert cls._family == name
     h = ext.Hyper()

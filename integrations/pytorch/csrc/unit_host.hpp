@@ -1,16 +1,19 @@
-/// @file host_backend.hpp
-/// @brief The host backend for families.hpp, shared by host_plans.cpp and host_8bit_plans.cpp
-/// (two translation units, compiled in parallel).
+/// @file unit_host.hpp
+/// @brief The host backend of a unit (CPU tensors): fusedopt::host plans on the thread count
+/// the context points to (torch.get_num_threads()).
 #pragma once
 
 #include <fusedopt/host/backend.hpp>
 
-#include "families.hpp"
+#include <cstddef>
+#include <cstdint>
+
+#include "unit_export.hpp"
 
 namespace fusedopt_torch {
 namespace detail {
 
-struct host_backend {
+struct unit_backend {
   template <class Lists>
   static auto make(Lists lists, void* threads, int reduction_capacity)
   {
@@ -40,10 +43,6 @@ struct host_backend {
     return 0;  // host plans read their addresses from host memory
   }
 };
-
-/// make_host_plan for a bucket of 8-bit states (layout::quantized): FUSEDOPT_TORCH_QUANTIZED_FAMILIES'
-/// plans, in host_8bit_plans.cpp. @throws fusedopt::error for another family.
-std::unique_ptr<plan> host_quantized_plan(family f, dtype t, layout const& l, lists const& x, int threads);
 
 }  // namespace detail
 }  // namespace fusedopt_torch

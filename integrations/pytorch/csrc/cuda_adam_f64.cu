@@ -1,5 +1,0 @@
-/// @file cuda_adam_f64.cu
-/// @brief CUDA plans of Adam over f64 parameters (every layout): fusedopt headers only.
-#include "cuda_backend.cuh"
-
-FUSEDOPT_TORCH_CUDA_PLANS_OF_DTYPE(adam, f64)
