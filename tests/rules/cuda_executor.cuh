@@ -111,9 +111,38 @@ class cuda_plan {
   fusedopt::cuda::plan<fusedopt::binding<typename Bindings::slot_type, typename Bindings::element_type>...> plan_;
 };
 
+/// One value of type T in device memory that a rule keeps between steps (host_memory's
+/// counterpart, executor.hpp): the test reads and writes it with get() and set().
+template <class T>
+class device_memory {
+ public:
+  explicit device_memory(T initial = T{})
+  {
+    FUSEDOPT_TEST_CUDA_CHECK(cudaMalloc(&value_, sizeof(T)));
+    set(initial);
+  }
+  device_memory(device_memory const&) = delete;
+  device_memory& operator=(device_memory const&) = delete;
+  ~device_memory() { (void)cudaFree(value_); }
+
+  [[nodiscard]] T* data() const { return value_; }
+  [[nodiscard]] T get() const
+  {
+    T value{};
+    FUSEDOPT_TEST_CUDA_CHECK(cudaMemcpy(&value, value_, sizeof(T), cudaMemcpyDeviceToHost));
+    return value;
+  }
+  void set(T value) { FUSEDOPT_TEST_CUDA_CHECK(cudaMemcpy(value_, &value, sizeof(T), cudaMemcpyHostToDevice)); }
+
+ private:
+  T* value_ = nullptr;
+};
+
 /// The CUDA backend over device mirrors of the vectors.
 struct cuda_executor {
   static constexpr char const* name = "cuda";
+  template <class T>
+  using memory = device_memory<T>;
 
   /// A plan over the bindings; `chunk_elements` 0 takes the backend's default.
   template <class... Bindings>

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -63,9 +64,27 @@ data_binding<Slot, Data, true> reads(Slot, Data& data)
   return {&data};
 }
 
+/// One value of type T that a rule keeps between steps and reads through a pointer
+/// (Schedule-Free's sums, Prodigy's d): host memory for the host backend. The CUDA executor's
+/// `memory` is device memory with the same interface; a test reads and writes it between steps.
+template <class T>
+class host_memory {
+ public:
+  explicit host_memory(T initial = T{}) : value_(std::make_unique<T>(initial)) {}
+  /// What the rule points to.
+  [[nodiscard]] T* data() const { return value_.get(); }
+  [[nodiscard]] T get() const { return *value_; }
+  void set(T value) { *value_ = value; }
+
+ private:
+  std::unique_ptr<T> value_;
+};
+
 /// The host backend over the vectors themselves.
 struct host_executor {
   static constexpr char const* name = "host";
+  template <class T>
+  using memory = host_memory<T>;
 
   /// A plan over the bindings; `chunk_elements` 0 takes the backend's default.
   template <class... Bindings>
