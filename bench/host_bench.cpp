@@ -6,6 +6,8 @@
 // bench/workloads.hpp, the CUDA benchmark's shapes; each case runs once per version of the
 // host loops this CPU supports (host/instruction_set.hpp: baseline, avx2, avx512), so that
 // one run compares them. Select with --benchmark_filter (e.g. 'avx512|copy').
+// host_bench_no_math_errno is this source built with -fno-math-errno (bench/CMakeLists.txt);
+// the context's math_errno says which build ran.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -16,6 +18,8 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -239,6 +243,169 @@ void register_case(fb::workload const& w, int threads)
   }
 }
 
+// ---- 8-bit states beside full states (issue 41) --------------------------------------------
+// The same optimizer over the same tensors with fp32 states and with 8-bit blockwise states
+// (signed_q8 for first moments and momentum, unsigned_q8 for second moments), parameters and
+// gradients fp32 or bf16: elements per second, the figure the two are compared by (the 8-bit
+// step moves fewer bytes, so its GB/s would flatter it less than its time).
+
+/// A slot of 8-bit states: its tensors' storage end to end in one allocation (each tensor's
+/// `bytes_for` is a multiple of 256, so every tensor's codes stay 256-byte aligned), zeros.
+template <class Q>
+class q8_slot {
+ public:
+  explicit q8_slot(std::vector<std::int64_t> const& sizes) : sizes_(sizes), memory_(units(sizes))
+  {
+    std::memset(static_cast<void*>(memory_.data()), 0, static_cast<std::size_t>(units(sizes)) * sizeof(Q));
+  }
+  [[nodiscard]] fo::tensor_list<Q> list() const
+  {
+    fo::tensor_list<Q> l;
+    std::int64_t at = 0;
+    for (auto n : sizes_) {
+      l.push_back(memory_.data() + at, n);
+      at += Q::units_for(n);
+    }
+    return l;
+  }
+
+ private:
+  static std::int64_t units(std::vector<std::int64_t> const& sizes)
+  {
+    std::int64_t total = 0;
+    for (auto n : sizes) { total += Q::units_for(n); }
+    return total;
+  }
+  std::vector<std::int64_t> sizes_;
+  host_memory<Q> memory_;
+};
+
+/// The optimizers: their rule, their state slots and the 8-bit storage each slot takes.
+struct q8_adam {
+  static constexpr char const* name = "adam";
+  using state_slots = std::tuple<fo::slot::exp_avg_t, fo::slot::exp_avg_sq_t>;
+  using q8_types = std::tuple<fo::signed_q8, fo::unsigned_q8>;
+  static fo::rules::adam rule() { return fb::adam_fp32::rule(); }
+};
+struct q8_adamw {
+  static constexpr char const* name = "adamw";
+  using state_slots = std::tuple<fo::slot::exp_avg_t, fo::slot::exp_avg_sq_t>;
+  using q8_types = std::tuple<fo::signed_q8, fo::unsigned_q8>;
+  static fo::rules::adamw rule() { return fb::adamw_bf16::rule(); }
+};
+struct q8_lion {
+  static constexpr char const* name = "lion";
+  using state_slots = std::tuple<fo::slot::exp_avg_t>;
+  using q8_types = std::tuple<fo::signed_q8>;
+  static fo::rules::lion rule()
+  {
+    fo::rules::lion r;
+    r.lr = 1e-4;
+    r.weight_decay = 1e-2;
+    return r;
+  }
+};
+struct q8_sgd {
+  static constexpr char const* name = "sgd_momentum";
+  using state_slots = std::tuple<fo::slot::momentum_buffer_t>;
+  using q8_types = std::tuple<fo::signed_q8>;
+  static fo::rules::sgd rule() { return fb::sgd_momentum_fp32::rule(); }
+};
+
+/// Parameters and gradients of type P, and the states of `Optimizer`: fp32 (filled as the other
+/// cases' states) or 8-bit (zeros, as torch starts them; the warm-up step fills them).
+template <class Optimizer, class P, bool Quantized>
+class states_case {
+  static constexpr std::size_t num_states = std::tuple_size_v<typename Optimizer::state_slots>;
+  template <std::size_t K>
+  using state_storage = std::conditional_t<Quantized, q8_slot<std::tuple_element_t<K, typename Optimizer::q8_types>>,
+                                           fb::slot_storage<host_memory, float>>;
+  template <class Storage>
+  struct holder;
+  template <std::size_t... K>
+  struct holder<std::index_sequence<K...>> {
+    using type = std::tuple<state_storage<K>...>;
+  };
+  using states_type = typename holder<std::make_index_sequence<num_states>>::type;
+
+ public:
+  explicit states_case(std::vector<std::int64_t> const& sizes)
+      : param_(sizes, 1, fb::param_values), grad_(sizes, 2, fb::grad_values),
+        states_(make_states(sizes, std::make_index_sequence<num_states>{}))
+  {
+  }
+  [[nodiscard]] auto lists() const { return lists(std::make_index_sequence<num_states>{}); }
+
+ private:
+  template <std::size_t... K>
+  static states_type make_states(std::vector<std::int64_t> const& sizes, std::index_sequence<K...>)
+  {
+    constexpr fb::value_range values[] = {fb::first_moment_values, fb::second_moment_values};
+    if constexpr (Quantized) {
+      return states_type(state_storage<K>(sizes)...);
+    } else {
+      return states_type(state_storage<K>(sizes, 3 + K, values[K])...);
+    }
+  }
+  template <std::size_t... K>
+  auto lists(std::index_sequence<K...>) const
+  {
+    return fo::bind(fo::slot::param = param_.list(), fo::slot::grad = grad_.template list<P const>(),
+                    (std::tuple_element_t<K, typename Optimizer::state_slots>{} = std::get<K>(states_).list())...);
+  }
+
+  fb::slot_storage<host_memory, P> param_;
+  fb::slot_storage<host_memory, P> grad_;
+  states_type states_;
+};
+
+template <class Optimizer, class P, bool Quantized>
+void bm_states(benchmark::State& state, fb::workload const& w, int threads, fo::host::instruction_set set)
+{
+  states_case<Optimizer, P, Quantized> memory(w.sizes);
+  fo::host::options opts;
+  opts.threads = threads;
+  opts.widest_instruction_set = set;
+  auto plan = fo::host::make_plan(memory.lists(), opts);
+  auto const rule = Optimizer::rule();
+  using traffic = fo::memory_traffic<decltype(rule), std::decay_t<decltype(plan.lists())>>;
+
+  std::int64_t step = 1;
+  plan.run(rule, fo::step_info{step++});  // warm-up: first touch; 8-bit states leave their zeros
+  double seconds = 0;
+  for (auto _ : state) {
+    auto const start = std::chrono::steady_clock::now();
+    plan.run(rule, fo::step_info{step++});
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  double const per_step = seconds / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  double const elements = static_cast<double>(w.elements());
+  state.SetLabel(fo::host::instruction_set_name(plan.used_instruction_set()));
+  state.counters["ms_per_step"] = per_step * 1e3;
+  state.counters["Melem_per_s"] = elements / per_step * 1e-6;
+  state.counters["bytes_per_element"] = traffic::exact_bytes;
+  state.counters["GBps"] = traffic::exact_bytes * elements / per_step * 1e-9;
+  state.counters["threads"] = thread_count(threads);
+}
+
+/// host/states/<optimizer>_<params>/<fp32|q8>/<workload>/<instruction set>[/threads:n]
+template <class Optimizer, class P>
+void register_states(fb::workload const& w, int threads)
+{
+  char const* const params = std::is_same_v<P, float> ? "fp32" : "bf16";
+  for (auto set : fo::host::runnable_instruction_sets()) {
+    for (bool quantized : {false, true}) {
+      std::string name = std::string("host/states/") + Optimizer::name + "_" + params + (quantized ? "/q8/" : "/fp32/") +
+                         w.name + "/" + fo::host::instruction_set_name(set);
+      if (threads != 0) { name += "/threads:" + std::to_string(threads); }
+      auto const run = quantized ? bm_states<Optimizer, P, true> : bm_states<Optimizer, P, false>;
+      benchmark::RegisterBenchmark(name.c_str(), [w, threads, set, run](benchmark::State& s) { run(s, w, threads, set); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
 void register_copy(int threads)
 {
   for (auto how : {stream_copy::method::memcpy, stream_copy::method::streaming_stores}) {
@@ -266,6 +433,11 @@ int main(int argc, char** argv)
   benchmark::AddCustomContext("openmp_threads", "none (built without OpenMP)");
 #endif
   benchmark::AddCustomContext("host_instruction_set", fo::host::instruction_set_name(fo::host::supported_instruction_set()));
+#if defined(__NO_MATH_ERRNO__)
+  benchmark::AddCustomContext("math_errno", "off (-fno-math-errno)");
+#else
+  benchmark::AddCustomContext("math_errno", "on (the compiler's default)");
+#endif
 
   register_copy(0);
   for (auto const& w : {fb::w1(), fb::w2(), fb::w3()}) {
@@ -277,6 +449,18 @@ int main(int argc, char** argv)
   register_case<fb::adam_fp32>(fb::w1(), 1);
   register_case<fb::adamw_bf16>(fb::w1(), 1);
   register_case<fb::sgd_momentum_fp32>(fb::w1(), 1);
+
+  // 8-bit states beside fp32 states: host/states/... (issue 41).
+  for (auto const& w : {fb::w1(), fb::w2()}) {
+    register_states<q8_adam, float>(w, 0);
+    register_states<q8_adamw, float>(w, 0);
+    register_states<q8_adamw, fo::bfloat16>(w, 0);
+    register_states<q8_lion, float>(w, 0);
+    register_states<q8_lion, fo::bfloat16>(w, 0);
+    register_states<q8_sgd, float>(w, 0);
+    register_states<q8_sgd, fo::bfloat16>(w, 0);
+  }
+  register_states<q8_adamw, float>(fb::w1(), 1);
 
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -61,9 +61,15 @@ def build_units(folder: Path, with_cuda: bool):
     """Every built-in unit into `folder`, in parallel, one line each; the manifest last."""
     folder.mkdir(parents=True, exist_ok=True)
     jobs = []
-    for backend in ("host", "cuda") if with_cuda else ("host",):
-        for name, (source, covers) in _codegen.aot_units(backend).items():
+    for backend in ("cuda", "host") if with_cuda else ("host",):
+        # CUDA: one unit per family and dtype; the host compiles a family in seconds.
+        for name, (source, covers) in _codegen.aot_units(backend, fine=backend == "cuda").items():
             jobs.append((backend, name, source, covers))
+    # The longest first (CUDA, the families with the most layouts, 16-bit dtypes: Kahan and
+    # stochastic rounding), so that the last job to start is a short one.
+    weight = {"adam": 4, "adamw": 4, "rmsprop": 3, "sgd": 3, "nadam": 2, "lamb": 2}
+    jobs.sort(key=lambda j: (j[0] != "cuda", -weight.get((j[3]["families"] or ["norm"])[0], 1),
+                             j[3]["dtype"] not in (2, 3)))
     cuda_archs = archs() if with_cuda else []
     workers = int(os.environ.get("MAX_JOBS") or os.cpu_count() or 4)
     print(f"fusedopt_torch: compiling {len(jobs)} units of kernels with {workers} jobs "

@@ -33,18 +33,26 @@ class Only:
     dtype: Optional[int] = None
     layout: Optional[int] = None
     amp: bool = True
+    # Where layout is None: only the layouts with (True) or without (False) 8-bit states, or both.
+    quantized: Optional[bool] = None
 
     def tag(self):
         d = "all" if self.dtype is None else DTYPES[self.dtype]
         l = "all" if self.layout is None else str(self.layout)
-        return f"{d}-l{l}{'-amp' if self.amp else ''}"
+        q = "" if self.quantized is None else ("-q8" if self.quantized else "-full")
+        return f"{d}-l{l}{q}{'-amp' if self.amp else ''}"
 
 
 def _filter(only: Optional[Only]) -> str:
     if only is None or only == Only():
         return "using unit_filter = ::fusedopt_torch::detail::compile_all;\n"
     dtype = "true" if only.dtype is None else f"t == ::fusedopt_torch::dtype::{DTYPES[only.dtype]}"
-    layout = "true" if only.layout is None else f"bits == {int(only.layout)}u"
+    if only.layout is not None:
+        layout = f"bits == {int(only.layout)}u"
+    elif only.quantized is not None:
+        layout = f"((bits & {LAYOUT_BITS['quantized']}u) != 0) == {'true' if only.quantized else 'false'}"
+    else:
+        layout = "true"
     return (
         "struct unit_filter {\n"
         f"  static constexpr bool dtype(::fusedopt_torch::dtype t) {{ return (void)t, {dtype}; }}\n"
@@ -446,26 +454,33 @@ def _expression_struct(spec: RuleSpec) -> str:
 # ---- command line: every built-in unit's source, for CI's compile-only check and setup.py -----
 
 
-# The families whose every-dtype unit takes minutes: ahead of time they are compiled one dtype per
-# unit, so that the units compile in parallel.
-SPLIT_BY_DTYPE = ("adam", "adamw")
+# The families with 8-bit states: ahead of time their full-precision and 8-bit layouts are apart.
+QUANTIZED_FAMILIES = ("sgd", "adam", "adamw", "lion")
 
 
-def aot_units(backend: str) -> Dict[str, Tuple[str, dict]]:
+def aot_units(backend: str, fine: bool = False) -> Dict[str, Tuple[str, dict]]:
     """Every built-in unit of `backend` ahead of time, by name: (source, what it covers: a dict
-    of 'families', 'dtype' (None: all), 'kind' in plan / norm / support). Each compiles every
-    layout and GradScaler's kernels; the largest families one dtype per unit."""
+    of 'kind' (plan, norm or support), 'families', 'dtype' and 'quantized' (None: all)). Each
+    compiles every layout it covers and GradScaler's kernels. `fine`: one unit per family and
+    dtype (8-bit layouts apart), so that setup.py compiles them in parallel (the whole of
+    Adam's bfloat16 plans took 217 s in one unit on the H200 machine); else one per family (CI's
+    compile-only check: fewer translation units)."""
     units = {}
     for family in FAMILIES:
-        if family in SPLIT_BY_DTYPE:
-            for d, name in enumerate(DTYPES):
-                units[f"{family}_{name}"] = (builtin_source(backend, [family], Only(d, None, True)),
-                                             dict(kind="plan", families=[family], dtype=d))
-        else:
-            units[family] = (builtin_source(backend, [family]), dict(kind="plan", families=[family], dtype=None))
-    units["norm"] = (norm_source(backend), dict(kind="norm", families=[], dtype=None))
+        if not fine:
+            units[family] = (builtin_source(backend, [family]), dict(kind="plan", families=[family], dtype=None,
+                                                                    quantized=None))
+            continue
+        for d, name in enumerate(DTYPES):
+            splits = (False, True) if family in QUANTIZED_FAMILIES and name != "f64" else (None,)
+            for q in splits:
+                suffix = "" if q is None else ("_q8" if q else "_full")
+                units[f"{family}_{name}{suffix}"] = (
+                    builtin_source(backend, [family], Only(d, None, True, q)),
+                    dict(kind="plan", families=[family], dtype=d, quantized=q))
+    units["norm"] = (norm_source(backend), dict(kind="norm", families=[], dtype=None, quantized=None))
     if backend == "host":
-        units["support"] = (support_source(), dict(kind="support", families=[], dtype=None))
+        units["support"] = (support_source(), dict(kind="support", families=[], dtype=None, quantized=None))
     return units
 
 

@@ -224,8 +224,10 @@ class Provider:
     def _path(self, backend, archs, only):
         if self._covers is not None:
             for entry in prebuilt_units():
+                quantized = bool((only.layout or 0) & _codegen.LAYOUT_BITS["quantized"])
                 if entry["backend"] == backend and all(a in entry.get("archs", []) for a in archs) and \
-                        entry.get("dtype") in (None, only.dtype) and self._covers(entry):
+                        entry.get("dtype") in (None, only.dtype) and entry.get("quantized") in (None, quantized) \
+                        and self._covers(entry):
                     return Path(entry["path"])
         name, source, words = self._source(backend, only)
         return _build.build_unit(name, source, backend, archs, what=words)

@@ -284,6 +284,10 @@ class FusedOptimizer(Optimizer):
         """A user rule's hyperparameters given as Tensors: [(index, tensor)] (built-ins: none)."""
         return None
 
+    def _accepts(self, p):
+        """Whether the optimizer steps p's dtype (a user rule may take fewer): what to prefetch."""
+        return True
+
     # ---- what subclasses define ---------------------------------------------------------------
 
     def _state_keys(self, group):
@@ -483,7 +487,7 @@ class FusedOptimizer(Optimizer):
         seen = set()
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None or not (p.is_cuda or p.is_cpu):
+                if p.grad is None or not (p.is_cuda or p.is_cpu) or not self._accepts(p):
                     continue
                 dtype = _DTYPE_INDEX.get(_engine_view(p).dtype)
                 if dtype is None:

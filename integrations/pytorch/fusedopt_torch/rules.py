@@ -261,12 +261,14 @@ class RuleOptimizer(FusedOptimizer):
             return value.detach().to(device=p.device, dtype=dtype, memory_format=torch.preserve_format).clone()
         return torch.full_like(p, s.init, dtype=dtype, memory_format=torch.preserve_format)
 
+    def _accepts(self, p):
+        return (torch.view_as_real(p.detach()).dtype if p.is_complex() else p.dtype) in self._dtypes
+
     def _rebuild(self):
         for group in self.param_groups:
             self._check_values(group, "a parameter group")
             for p in group["params"]:
-                real = torch.view_as_real(p.detach()).dtype if p.is_complex() else p.dtype
-                if p.grad is not None and real not in self._dtypes:
+                if p.grad is not None and not self._accepts(p):
                     names = ", ".join(str(d).replace("torch.", "") for d in self._dtypes)
                     raise TypeError(f"{type(self).__name__}: the rule takes parameters of dtype {names}, not "
                                     f"{str(p.dtype).replace('torch.', '')}")
