@@ -53,6 +53,14 @@ double in_storage(double x)
   return to_double(from_double<T>(x));
 }
 
+/// torch's lerp with a weight that carries its own error (a per-step value).
+template <class T>
+rv lerp_rv(rv self, rv end, rv weight)
+{
+  if (std::fabs(weight.v) < 0.5) { return self + coefficient<T>(weight) * (end - self); }
+  return end - (end - self) * coefficient<T>(exact(1) - weight);
+}
+
 /// min and max of rv values (no rounding).
 inline rv minimum(rv a, rv b) { return {std::min(a.v, b.v), std::max(a.e, b.e)}; }
 
@@ -354,8 +362,8 @@ inline rv sum_of(tensor_values const& terms)
 inline rv abs_of(rv x) { return {std::fabs(x.v), x.e}; }
 
 /// optimi's StableAdamW (`_single_param_stableadamw`, no Kahan summation) over one tensor:
-/// debiased betas, the RMS of grad^2 / max(exp_avg_sq, eps^2) per tensor (exp_avg_sq as stored
-/// in T, eps^2 held in T), lr_t = lr / max(1, rms), decay at lr_t (or lr_t / max_lr).
+/// debiased betas, the RMS of grad^2 / max(exp_avg_sq, eps^2) per tensor, lr_t = lr / max(1,
+/// rms), decay at lr_t (or lr_t / max_lr).
 struct stable_adamw_reference {
   double lr, beta1, beta2, weight_decay, eps, max_lr;
   bool decouple_lr, maximize;
@@ -375,10 +383,11 @@ struct stable_adamw_reference {
     tensor_values ratios;
     for (std::size_t i = 0; i < param.size(); ++i) {
       rv const g = exact(maximize ? -grad[i] : grad[i]);
-      exp_avg[i] = lerp<T>(exp_avg[i], g, 1 - beta1_hat.v);
+      exp_avg[i] = lerp_rv<T>(exp_avg[i], g, exact(1) - beta1_hat);
       exp_avg_sq[i] = exp_avg_sq[i] * coefficient<T>(beta2_hat) + coefficient<T>(exact(1) - beta2_hat) * g * g;
-      rv const stored{in_storage<T>(exp_avg_sq[i].v), exp_avg_sq[i].e};
-      ratios.push_back(g * g / maximum(stored, exact(in_storage<T>(eps * eps))));
+      // The second moment as computed, before its store rounds it to T (optimi's rounds first,
+      // and holds eps^2 in T: the same for float and double, docs/rules.md).
+      ratios.push_back(g * g / maximum(exp_avg_sq[i], coefficient<T>(eps * eps)));
     }
     if (param.empty()) { return; }
     rv const rms = sqrt(sum_of(ratios) / exact(static_cast<double>(param.size())));
@@ -393,55 +402,81 @@ struct stable_adamw_reference {
 };
 
 /// Counts of a cautious mask over one tensor: elements kept, and elements whose sign test the
-/// reference cannot decide (their product within rounding of 0), where a backend's decision
-/// may differ and the tensor's scale with it.
+/// reference cannot decide (the product is within rounding of 0): a backend may decide them
+/// either way, which also moves the scale of the tensor's kept elements.
 struct mask_counts {
   std::size_t kept = 0, undecided = 0;
 };
 
 /// The scale a cautious mask gives the kept elements: 1 / max(kept / n, min_mean).
-inline double mask_scale(mask_counts const& c, std::size_t n, double min_mean = 1e-3)
+inline double mask_scale(std::size_t kept, std::size_t n, double min_mean = 1e-3)
 {
-  double const mean = n > 0 ? static_cast<double>(c.kept) / static_cast<double>(n) : 0.0;
+  double const mean = n > 0 ? static_cast<double>(kept) / static_cast<double>(n) : 0.0;
   return 1 / std::max(mean, min_mean);
 }
 
+/// The candidates for a parameter after a masked step: for every count of kept elements the
+/// undecided ones allow (kept .. kept + undecided), the step with that count's scale if the
+/// element is kept (or may be), and the parameter unchanged if it is dropped (or may be).
+/// `step(scale)` gives the kept parameter for a scale.
+template <class T, class Step>
+std::vector<rv> masked_candidates(mask_counts const& counts, std::size_t n, bool keep, bool certain, rv unchanged,
+                                  Step&& step)
+{
+  std::vector<rv> out;
+  if (keep || !certain) {
+    for (std::size_t kept = counts.kept; kept <= counts.kept + counts.undecided; ++kept) {
+      out.push_back(step(coefficient<T>(mask_scale(kept, n))));
+    }
+  }
+  if (!keep || !certain) { out.push_back(unchanged); }
+  return out;
+}
+
 /// torch.optim.AdamW (`_single_tensor_adam`, decoupled) over one tensor with C-Optim's / timm's
-/// cautious mask on exp_avg: mask = exp_avg * grad > 0, scaled by 1 / max(mean(mask), 1e-3),
-/// and Cautious Weight Decay (decay only where exp_avg * param >= 0) when `cautious_decay`.
-/// Returns the mask counts (of the weight decay's mask for `cautious_decay`).
+/// cautious mask on exp_avg (`mask`: exp_avg * grad > 0, scaled by 1 / max(mean(mask), 1e-3)),
+/// or with Cautious Weight Decay (`cautious_decay`: decay only where exp_avg * param >= 0).
+/// Updates the moments and fills the candidates for each parameter; returns the mask counts.
 struct cautious_adamw_reference {
   double lr, beta1, beta2, eps, weight_decay;
   bool maximize, mask, cautious_decay;
 
   template <class T>
-  mask_counts step(std::int64_t t, tensor_values& param, std::vector<double> const& grad, tensor_values& exp_avg,
-                   tensor_values& exp_avg_sq) const
+  mask_counts step(std::int64_t t, tensor_values const& param, std::vector<double> const& grad,
+                   tensor_values& exp_avg, tensor_values& exp_avg_sq, std::vector<std::vector<rv>>& candidates) const
   {
     rv const step_size = coefficient<T>(exact(lr) / (exact(1) - power(beta1, t)));
     rv const bias_correction2_sqrt = coefficient<T>(sqrt(exact(1) - power(beta2, t)));
+    rv const decay = coefficient<T>(exact(1) - exact(lr) * exact(weight_decay));
+    std::size_t const n = param.size();
     mask_counts counts;
-    std::vector<bool> keep(param.size());
-    for (std::size_t i = 0; i < param.size(); ++i) {
+    std::vector<bool> keep(n), certain(n);
+    tensor_values decayed(n);
+    for (std::size_t i = 0; i < n; ++i) {
       rv const g = exact(maximize ? -grad[i] : grad[i]);
-      if (weight_decay != 0 && !cautious_decay) {
-        param[i] = param[i] * coefficient<T>(exact(1) - exact(lr) * exact(weight_decay));
-      }
+      decayed[i] = weight_decay != 0 && !cautious_decay ? param[i] * decay : param[i];
       exp_avg[i] = lerp<T>(exp_avg[i], g, 1 - beta1);
       exp_avg_sq[i] = exp_avg_sq[i] * coefficient<T>(beta2) + coefficient<T>(1 - beta2) * g * g;
-      rv const against = cautious_decay ? param[i] : g;
-      if (!sign_certain<T>(exp_avg[i])) { ++counts.undecided; }
-      keep[i] = cautious_decay ? exp_avg[i].v * against.v >= 0 : exp_avg[i].v * against.v > 0;
-      counts.kept += keep[i] ? 1 : 0;
+      double const against = cautious_decay ? param[i].v : g.v;
+      certain[i] = sign_certain<T>(exp_avg[i]);
+      keep[i] = cautious_decay ? exp_avg[i].v * against >= 0 : exp_avg[i].v * against > 0;
+      counts.kept += keep[i] && certain[i] ? 1 : 0;
+      counts.undecided += certain[i] ? 0 : 1;
     }
-    rv const scale = coefficient<T>(mask_scale(counts, param.size()));
-    for (std::size_t i = 0; i < param.size(); ++i) {
+    candidates.assign(n, {});
+    for (std::size_t i = 0; i < n; ++i) {
       rv const denom = sqrt(exp_avg_sq[i]) / bias_correction2_sqrt + coefficient<T>(eps);
       if (cautious_decay) {
-        if (keep[i]) { param[i] = param[i] * coefficient<T>(exact(1) - exact(lr) * exact(weight_decay)); }
-        param[i] = param[i] - step_size * (exp_avg[i] / denom);
-      } else if (!mask || keep[i]) {
-        param[i] = param[i] - step_size * ((mask ? exp_avg[i] * scale : exp_avg[i]) / denom);
+        rv const stepped = param[i] - step_size * (exp_avg[i] / denom);
+        candidates[i] = {keep[i] ? param[i] * decay - step_size * (exp_avg[i] / denom) : stepped};
+        if (!certain[i]) { candidates[i].push_back(param[i] * decay - step_size * (exp_avg[i] / denom)); }
+        if (!certain[i]) { candidates[i].push_back(stepped); }
+      } else if (mask) {
+        candidates[i] = masked_candidates<T>(counts, n, keep[i], certain[i], decayed[i], [&](rv scale) {
+          return decayed[i] - step_size * ((exp_avg[i] * scale) / denom);
+        });
+      } else {
+        candidates[i] = {decayed[i] - step_size * (exp_avg[i] / denom)};
       }
     }
     return counts;

@@ -165,11 +165,11 @@ struct scale_by_prodigy {
             -b.dlr * keep,
             -b.dlr * a.state.d * keep};
   }
-  /// Stores d, d_max and d_numerator after the step (the values prepare formed).
+  /// Stores d, d_max and d_numerator after the step (the values prepare formed; the ones the
+  /// step started from where it was skipped, which at step 1 are not in memory yet).
   FUSEDOPT_HOST_DEVICE void after_step(reduced const& r, step_info const& s) const
   {
-    after const a = after_of(before_of(s), r);
-    if (!a.skip) { *state = a.state; }
+    *state = after_of(before_of(s), r).state;
   }
 
   /// @throws fusedopt::error for what the reference rejects (lr, d0 and eps not positive, betas
