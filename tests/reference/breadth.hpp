@@ -61,9 +61,6 @@ rv lerp_rv(rv self, rv end, rv weight)
   return end - (end - self) * coefficient<T>(exact(1) - weight);
 }
 
-/// min and max of rv values (no rounding).
-inline rv minimum(rv a, rv b) { return {std::min(a.v, b.v), std::max(a.e, b.e)}; }
-
 /// Whether the sign of `x` is decided by the computation: |x| clear of its error bound.
 template <class T>
 bool sign_certain(rv x)
@@ -528,7 +525,13 @@ struct prodigy_reference {
     rv d_new = state.d;
     if (d == d0) { d_new = maximum(d_new, d_hat); }
     rv const d_max = maximum(state.d_max, d_hat);
-    d_new = minimum(d_max, d_new * exact(growth_rate));
+    // Python's min(d_max, d * growth_rate), the rv of the value chosen (an infinite growth rate
+    // gives d_max, where an rv product with infinity would carry no bound).
+    if (d_new.v * growth_rate < d_max.v) {
+      d_new = d_new * exact(growth_rate);
+    } else {
+      d_new = d_max;
+    }
     state = {d_new, d_max, numerator};
     for (std::size_t k = 0; k < param.size(); ++k) {
       for (std::size_t i = 0; i < param[k].size(); ++i) {
