@@ -20,13 +20,12 @@ import sys
 import torch
 from torch.optim import Optimizer
 
-from . import _ext
+from . import _codegen, _ext
 
 # The frameworks that read _step_supports_amp_scaling only to refuse gradient clipping (see the property).
 _UNSCALING_FRAMEWORKS = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
 
-# csrc/plans.hpp's layout bits, by option.
-_LAYOUT = {"amsgrad": 1, "momentum": 2, "centered": 4, "clip": 8, "kahan": 16, "quantized": 32}
+_LAYOUT = _codegen.LAYOUT_BITS  # csrc/plans.hpp's layout bits, by option
 
 # csrc/plans.hpp's dtype of a parameter's (real) dtype.
 _DTYPE_INDEX = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
