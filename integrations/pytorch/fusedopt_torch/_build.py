@@ -40,10 +40,8 @@ try:  # as part of the package, or run as a file (tests/python, CMake) without i
 except ImportError:  # pragma: no cover
     import _codegen  # type: ignore
 
-HERE = Path(__file__).resolve().parent
-# An installed package carries the headers beside it (setup.py); a checkout has them in the tree.
-CSRC = HERE / "_csrc" if (HERE / "_csrc").is_dir() else HERE.parent / "csrc"
-INCLUDE = HERE / "_include" if (HERE / "_include").is_dir() else HERE.parent.parent.parent / "include"
+CSRC = _codegen.CSRC
+INCLUDE = _codegen.INCLUDE
 
 # Bumped when the way units are compiled changes in a way the key would not see.
 BUILD_VERSION = 1

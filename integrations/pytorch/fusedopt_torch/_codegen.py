@@ -10,10 +10,17 @@ family, or a user rule's spec), and either one (dtype, layout, amp) -- what a st
 on demand -- or everything (ahead-of-time units, setup.py).
 """
 
+import functools
 import keyword
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+_HERE = Path(__file__).resolve().parent
+# An installed package carries the headers beside it (setup.py); a checkout has them in the tree.
+CSRC = _HERE / "_csrc" if (_HERE / "_csrc").is_dir() else _HERE.parent / "csrc"
+INCLUDE = _HERE / "_include" if (_HERE / "_include").is_dir() else _HERE.parent.parent.parent / "include"
 
 # plans.hpp's enums, by name.
 DTYPES = ("f32", "f64", "f16", "bf16")
@@ -128,10 +135,14 @@ def support_source() -> str:
 
 # ---- user rules ------------------------------------------------------------------------------------
 
-# Slots the library predefines (include/fusedopt/slots.hpp): a state of one of these names binds it
-# (so a rule may chain library blocks that use it); any other name is declared in the unit.
-LIBRARY_SLOTS = ("master", "remainder", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer",
-                 "sum_sq", "square_avg", "acc_delta", "grad_avg")
+@functools.lru_cache(maxsize=None)
+def library_slots():
+    """The memory slots the library declares (include/fusedopt/slots.hpp), param and grad aside: a
+    state of one of these names binds the library's slot (so a rule may chain library blocks that
+    use it); any other name is declared in the unit."""
+    text = (INCLUDE / "fusedopt" / "slots.hpp").read_text()
+    return frozenset(re.findall(r"^FUSEDOPT_MEMORY_SLOT\((\w+)\);", text, re.M)) - {"param", "grad"}
+
 RESERVED = {"param", "grad", "update", "step", "e", "T", "V", "v", "r", "acc", "fo", "h", "self", "this", "tensor",
             "index"}
 
@@ -228,7 +239,7 @@ _USER_MATH = {"abs", "sqrt", "exp", "log", "tanh", "pow", "sign", "min", "max", 
 
 
 def _slot_expr(state: State) -> str:
-    if state.name in LIBRARY_SLOTS:
+    if state.name in library_slots():
         return f"::fusedopt::slot::{state.name}_t"
     return f"::fusedopt_torch_user::user_slots::{state.name}_t"
 
@@ -267,7 +278,7 @@ def rule_source(spec: RuleSpec, backend: str, only: Optional[Only] = None) -> st
            "".join(f"using ::fusedopt_torch::user_math::{f};\n" for f in sorted(_USER_MATH)),
            "namespace user_slots {\n"]
     for s in spec.states:
-        if s.name not in LIBRARY_SLOTS:
+        if s.name not in library_slots():
             out.append(f"FUSEDOPT_MEMORY_SLOT({s.name});\n")
     out.append("}  // namespace user_slots\n")
     if spec.source.strip():
