@@ -2,10 +2,12 @@
 // runs) give the baseline's bits: optimizers over tensors of odd sizes that start off every
 // vector boundary, chunks that end mid-vector, 8-bit quantized states, reduction passes, and
 // the 16-bit conversions over special values. A version that fused a * b + c into an FMA, widened a reduction's
-// lanes or narrowed a conversion differently fails here.
+// lanes or narrowed a conversion differently fails here, as does a square root without the C
+// library's bits (math::sqrt is a builtin of its own on the host: numeric/math.hpp).
 #include <fusedopt/fusedopt.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iterator>
@@ -195,7 +197,74 @@ void expect_conversions_in_every_version()
   }
 }
 
+// param = sqrt(grad): fo::math::sqrt, on the host the builtin declared not to set errno.
+struct sqrt_of_grad {
+  using reads = fo::slots<fo::slot::grad_t>;
+  using writes = fo::slots<fo::slot::param_t>;
+  template <class E>
+  FUSEDOPT_HOST_DEVICE void operator()(E& e, fo::step_info const&) const
+  {
+    e[param] = fo::math::sqrt(e[grad]);
+  }
+};
+
+template <class T, class Bits>
+T value_of(Bits bits)
+{
+  static_assert(sizeof(T) == sizeof(Bits), "one pattern per value");
+  T value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// Every version's square root over `patterns` has the bits of the C library's `library`: the
+// same correctly rounded value, a NaN's payload kept (and quieted), the default NaN for a
+// negative input, -0 for -0.
+template <class T, class Bits>
+void expect_library_sqrt_in_every_version(std::vector<Bits> const& patterns, T (*library)(T))
+{
+  std::vector<std::int64_t> const sizes{static_cast<std::int64_t>(patterns.size())};
+  for (auto set : fo::host::runnable_instruction_sets()) {
+    INFO("version " << fo::host::instruction_set_name(set));
+    slot_memory<T> roots(sizes, 1, 0, 1);
+    slot_memory<T> inputs(sizes, 2, 0, 1);
+    for (std::size_t i = 0; i < patterns.size(); ++i) { inputs.values()[i + 1] = value_of<T>(patterns[i]); }  // starts at 1
+    fo::host::options opts;
+    opts.widest_instruction_set = set;
+    opts.chunk_elements = odd_chunk;
+    fo::host::apply(sqrt_of_grad{}, fo::bind(param = roots.list(), grad = inputs.const_list()), fo::step_info{1}, opts);
+    std::size_t mismatches = 0, first = 0;
+    for (std::size_t i = 0; i < patterns.size(); ++i) {
+      T const expected = library(value_of<T>(patterns[i]));
+      if (std::memcmp(&roots.values()[i + 1], &expected, sizeof(T)) != 0) { first = mismatches++ == 0 ? i : first; }
+    }
+    INFO("first mismatch for the pattern " << patterns[first]);
+    CHECK(mismatches == 0);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("host loop versions: math::sqrt gives the C library's bits", "[instruction_sets]")
+{
+  SECTION("float")
+  {
+    std::vector<std::uint32_t> patterns{0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                                        0x7fc12345u, 0xffa00001u, 0x7f800001u, 0x00000001u, 0x007fffffu, 0x80000001u,
+                                        0xbf800000u, 0x3f800000u, 0x7f7fffffu, 0x40800000u};
+    for (std::uint32_t u = 7; patterns.size() < 100000; u += 104729u * 41u) { patterns.push_back(u); }
+    expect_library_sqrt_in_every_version<float>(patterns, ::sqrtf);
+  }
+  SECTION("double")
+  {
+    std::vector<std::uint64_t> patterns{0, 0x8000000000000000u, 0x7ff0000000000000u, 0xfff0000000000000u,
+                                        0x7ff8000000000000u, 0xfff8000000000000u, 0x7ff8123456789abcu,
+                                        0x7ff0000000000001u, 0x0000000000000001u, 0xbff0000000000000u,
+                                        0x3ff0000000000000u, 0x7fefffffffffffffu};
+    for (std::uint64_t u = 7; patterns.size() < 100000; u += 0x9e3779b97f4a7c15u) { patterns.push_back(u); }
+    expect_library_sqrt_in_every_version<double>(patterns, ::sqrt);
+  }
+}
 
 TEST_CASE("host loop versions: optimizers give the baseline's bits", "[instruction_sets]")
 {

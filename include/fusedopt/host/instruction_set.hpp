@@ -11,6 +11,12 @@
 /// Versions that the translation unit's flags already cover are not compiled (with
 /// `-march=native` there is only the baseline).
 ///
+/// With GCC (any CPU, not under nvcc) the baseline is a wrapper too, and every wrapper asks for
+/// the vectoriser's dynamic cost model (`vect-cost-model=dynamic`, -O3's): at -O2 GCC 12 uses
+/// the "very cheap" model, which vectorises no loop whose trip count it does not know, so a
+/// user's -O2 build (CMake's RelWithDebInfo) got scalar loops. The square root needs no flag
+/// either (numeric/math.hpp): the loops vectorise at -O2 and -O3 with no other option.
+///
 /// Every version gives the same bits: the wrappers are compiled with `fp-contract=off`, so
 /// none fuses `a * b + c` into an FMA (the CUDA backend's tests use `-fmad=false` for the
 /// same reason). The baseline is compiled as the translation unit says: with a `-march` that
@@ -34,9 +40,16 @@
 #  endif
 #endif
 
-#if FUSEDOPT_HOST_DISPATCH
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#  define FUSEDOPT_HOST_WRAPPED_BASELINE 1
+#else
+#  define FUSEDOPT_HOST_WRAPPED_BASELINE 0
+#endif
+
+#if FUSEDOPT_HOST_DISPATCH || FUSEDOPT_HOST_WRAPPED_BASELINE
 /// Marks a loop (a lambda or function) that must be inlined into each version's wrapper:
-/// left out of line it would run with the baseline's vectors in every version.
+/// left out of line it would run with the baseline's vectors in every version, and with the
+/// translation unit's cost model.
 #  define FUSEDOPT_HOST_LOOP __attribute__((always_inline))
 #else
 #  define FUSEDOPT_HOST_LOOP
@@ -79,13 +92,22 @@ inline constexpr host::instruction_set compiled_instruction_set =
 
 #if FUSEDOPT_HOST_DISPATCH
 template <class Loop>
-__attribute__((target("avx2"), optimize("fp-contract=off"))) void run_avx2(Loop const& loop)
+__attribute__((target("avx2"), optimize("fp-contract=off", "vect-cost-model=dynamic"))) void run_avx2(Loop const& loop)
 {
   loop();
 }
 template <class Loop>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("fp-contract=off"))) void run_avx512(
-  Loop const& loop)
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"), optimize("fp-contract=off", "vect-cost-model=dynamic")))
+void run_avx512(Loop const& loop)
+{
+  loop();
+}
+#endif
+#if FUSEDOPT_HOST_WRAPPED_BASELINE
+// The translation unit's flags but the dynamic cost model; never inlined, since inlined into its
+// caller the loop would be compiled with the caller's settings.
+template <class Loop>
+__attribute__((noinline, optimize("vect-cost-model=dynamic"))) void run_baseline(Loop const& loop)
 {
   loop();
 }
@@ -106,7 +128,11 @@ FUSEDOPT_HOST_LOOP inline void run_for(host::instruction_set set, Loop const& lo
 #else
   (void)set;
 #endif
+#if FUSEDOPT_HOST_WRAPPED_BASELINE
+  run_baseline(loop);
+#else
   loop();
+#endif
 }
 
 }  // namespace detail

@@ -9,12 +9,47 @@
 
 #include "../config.hpp"
 
+// A square root that cannot set errno, so that loops calling it vectorise with the compiler's
+// default flags (docs/decisions.md, "A square root that vectorises without -fno-math-errno").
+// Under -fmath-errno (GCC's and Clang's default) sqrtf may write errno: GCC keeps it behind a
+// branch to the library, Clang as a library call, and neither vectorises a loop holding it.
+// Declared `const`, the builtin is the instruction alone (sqrtss, vsqrtps: the same correctly
+// rounded result, NaN for a NaN or negative input). No per-function setting does this: GCC
+// takes a builtin's errno behaviour from the command line (a function marked
+// `optimize("no-math-errno")` still branches), Clang has none. With GCC the attribute joins the
+// builtin's one declaration, so in a translation unit that includes this header
+// `__builtin_sqrtf` and `__builtin_sqrt` (and libstdc++'s std::sqrt(float), which calls the
+// first) leave errno alone; ::sqrtf, ::sqrt and std::sqrt(double) still set it.
+#if (defined(__GNUC__) || defined(__clang__)) && !FUSEDOPT_DEVICE_PASS
+#  define FUSEDOPT_CONST_SQRT 1
+extern "C" {
+float __builtin_sqrtf(float) noexcept __attribute__((const));
+double __builtin_sqrt(double) noexcept __attribute__((const));
+}
+#else
+#  define FUSEDOPT_CONST_SQRT 0
+#endif
+
 FUSEDOPT_NAMESPACE_BEGIN
 namespace math {
 
-/// Correctly rounded square root (IEEE) on host and device.
-FUSEDOPT_HOST_DEVICE float sqrt(float x) { return ::sqrtf(x); }
-FUSEDOPT_HOST_DEVICE double sqrt(double x) { return ::sqrt(x); }
+/// Correctly rounded square root (IEEE) on host and device; on the host it never sets errno.
+FUSEDOPT_HOST_DEVICE float sqrt(float x)
+{
+#if FUSEDOPT_CONST_SQRT
+  return __builtin_sqrtf(x);
+#else
+  return ::sqrtf(x);
+#endif
+}
+FUSEDOPT_HOST_DEVICE double sqrt(double x)
+{
+#if FUSEDOPT_CONST_SQRT
+  return __builtin_sqrt(x);
+#else
+  return ::sqrt(x);
+#endif
+}
 
 FUSEDOPT_HOST_DEVICE float abs(float x) { return ::fabsf(x); }
 FUSEDOPT_HOST_DEVICE double abs(double x) { return ::fabs(x); }
