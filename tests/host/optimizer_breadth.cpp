@@ -1,6 +1,6 @@
 // What the optimizers of issue 42 share beyond their rule tests (tests/rules/): the
 // host/device-identical log, exp and pow of numeric/real_power.hpp against glibc, torch's lerp
-// (numeric/lerp.hpp), and the bytes per element each rule moves (memory_traffic), which
+// (numeric/torch_ops.hpp), and the bytes per element each rule moves (memory_traffic), which
 // docs/rules.md and docs/optimizers.md quote.
 #include <fusedopt/fusedopt.hpp>
 

@@ -348,6 +348,14 @@ struct adopt_reference {
 /// One tensor's values in the references below: one rv per element.
 using tensor_values = std::vector<rv>;
 
+/// One tensor of a snapshot (slot_data::snapshot), as exact reference inputs.
+inline tensor_values exact_values(std::vector<double> const& values)
+{
+  tensor_values out;
+  for (double x : values) { out.push_back(exact(x)); }
+  return out;
+}
+
 /// An rv sum of terms in order: the error bound of a sequential sum, which bounds any order
 /// of summation the backends take (their chunked float sums and double combines).
 inline rv sum_of(tensor_values const& terms)

@@ -46,18 +46,13 @@ void cautious_trajectory(Rule const& rule, std::string const& label, Step&& step
       auto const p0 = param.snapshot();
       auto const m0 = m.snapshot();
       auto const v0 = v.snapshot();
+      auto const g = grad.snapshot();
       plan.run(rule, fo::step_info{t});
       for (std::size_t k = 0; k < param.num_tensors(); ++k) {
-        breadth::tensor_values p, mm, vv;
-        std::vector<double> g;
-        for (std::size_t i = 0; i < param.size(k); ++i) {
-          p.push_back(exact(p0[k][i]));
-          mm.push_back(exact(m0[k][i]));
-          vv.push_back(exact(v0[k][i]));
-          g.push_back(grad.at(k, i));
-        }
+        auto const p = breadth::exact_values(p0[k]);
+        auto mm = breadth::exact_values(m0[k]), vv = breadth::exact_values(v0[k]);
         std::vector<std::vector<rv>> candidates;
-        if (step(t, p, g, mm, vv, candidates).undecided > 64) {
+        if (step(t, p, g[k], mm, vv, candidates).undecided > 64) {
           ++skipped;
           continue;
         }

@@ -75,13 +75,9 @@ void prodigy_trajectory(breadth::prodigy_reference const& ref, bool zero_first_g
       } else {
         draw_gradients();
       }
-      auto const before = std::vector<std::vector<double>>{};
       std::vector<breadth::tensor_values> pp, ss, mm, vv;
       for (auto const& [from, to] : {std::pair{&param, &pp}, std::pair{&s, &ss}, std::pair{&m, &mm}, std::pair{&v, &vv}}) {
-        for (auto const& tensor : from->snapshot()) {
-          to->emplace_back();
-          for (double x : tensor) { to->back().push_back(exact(x)); }
-        }
+        for (auto const& tensor : from->snapshot()) { to->push_back(breadth::exact_values(tensor)); }
       }
       if (t > 1) {  // teacher forcing: the state the backend keeps
         auto const state = memory.get();

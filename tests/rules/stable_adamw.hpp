@@ -41,17 +41,11 @@ FUSEDOPT_RULE_TEST("stable_adamw matches optimi's StableAdamW step by step", "[o
     auto const p0 = param.snapshot();
     auto const m0 = m.snapshot();
     auto const v0 = v.snapshot();
+    auto const g = grad.snapshot();
     plan.run(opt, fo::step_info{t});
     for (std::size_t k = 0; k < param.num_tensors(); ++k) {
-      breadth::tensor_values p, mm, vv;
-      std::vector<double> g;
-      for (std::size_t i = 0; i < param.size(k); ++i) {
-        p.push_back(exact(p0[k][i]));
-        mm.push_back(exact(m0[k][i]));
-        vv.push_back(exact(v0[k][i]));
-        g.push_back(grad.at(k, i));
-      }
-      ref.step<T>(t, p, g, mm, vv);
+      auto p = breadth::exact_values(p0[k]), mm = breadth::exact_values(m0[k]), vv = breadth::exact_values(v0[k]);
+      ref.step<T>(t, p, g[k], mm, vv);
       for (std::size_t i = 0; i < param.size(k); ++i) {
         check("param", k, i, param.raw(k, i), p[i]);
         check("exp_avg", k, i, m.raw(k, i), mm[i]);

@@ -1,5 +1,6 @@
-/// @file numeric/lerp.hpp
-/// @brief torch's linear interpolation, with its switch of formula at |weight| = 0.5.
+/// @file numeric/torch_ops.hpp
+/// @brief Elementwise operations with torch's exact semantics: lerp (its switch of formula at
+/// |weight| = 0.5) and clamp (NaN kept, the upper bound applied last).
 #pragma once
 
 #include "../config.hpp"
@@ -17,6 +18,15 @@ FUSEDOPT_HOST_DEVICE T lerp(T self, T end, T weight)
 {
   T const difference = end - self;
   return select(abs(weight) < T(0.5), self + weight * difference, end - difference * (T(1) - weight));
+}
+
+/// @brief torch.clamp(x, low, high): min(max(x, low), high), so NaN stays NaN and a low bound
+/// above the high one gives the high one.
+template <class T>
+FUSEDOPT_HOST_DEVICE T clamp(T x, T low, T high)
+{
+  T const raised = x < low ? low : x;
+  return raised > high ? high : raised;
 }
 
 }  // namespace math

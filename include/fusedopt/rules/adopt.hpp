@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "../numeric/lerp.hpp"
+#include "../numeric/torch_ops.hpp"
 #include "../numeric/real_power.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
@@ -45,9 +45,7 @@ struct scale_by_adopt {
       T const denom = math::maximum(math::sqrt(v), static_cast<T>(eps));  // torch.clamp(min=eps), NaN kept
       T const normed = g / denom;
       T const b = static_cast<T>(bound);
-      T const low = normed < -b ? -b : normed;  // clamp_(-b, b): min(max(x, -b), b), NaN kept
-      T const clamped = low > b ? b : low;
-      T const next = math::lerp(m, clamped, static_cast<T>(1.0 - beta1));
+      T const next = math::lerp(m, math::clamp(normed, -b, b), static_cast<T>(1.0 - beta1));
       m = math::select(first_step, m, next);
       T const decayed = math::select(weight_decay != 0.0, next + static_cast<T>(weight_decay) * e[slot::param], next);
       e[slot::update] = math::select(first_step, T(0), decayed);

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../config.hpp"
 #include "../error.hpp"
@@ -65,11 +66,12 @@ struct negate_gradient_if {
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {enabled}; }
 };
 
-/// @brief L2 weight decay folded into the gradient: grad += weight_decay * param
-/// (skipped when weight_decay is 0, as torch does).
-struct add_weight_decay {
+/// @brief `Slot` += weight_decay * param, nothing when weight_decay is 0 (as torch skips it):
+/// the gradient's L2 decay (add_weight_decay) and the update's (add_decayed_weights).
+template <class Slot>
+struct add_weighted_param {
   scalar<double> weight_decay{0.0};
-  using reads = slots<slot::grad_t, slot::param_t>;
+  using reads = std::conditional_t<is_memory_slot_v<Slot>, slots<Slot, slot::param_t>, slots<slot::param_t>>;
   using writes = slots<>;
 
   struct prepared {
@@ -78,7 +80,7 @@ struct add_weight_decay {
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       auto const wd = static_cast<detail::value_t<E>>(weight_decay);
-      e[slot::grad] = math::select(weight_decay != 0, e[slot::grad] + wd * e[slot::param], e[slot::grad]);
+      e[Slot{}] = math::select(weight_decay != 0, e[Slot{}] + wd * e[slot::param], e[Slot{}]);
     }
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {weight_decay.get()}; }
@@ -89,6 +91,15 @@ struct add_weight_decay {
     detail::expect_range("weight_decay", weight_decay, detail::non_negative);
   }
 };
+
+/// @brief L2 weight decay folded into the gradient: grad += weight_decay * param
+/// (skipped when weight_decay is 0, as torch does).
+using add_weight_decay = add_weighted_param<slot::grad_t>;
+
+/// @brief Weight decay added to the direction (Optax's add_decayed_weights): update +=
+/// weight_decay * param, so that the learning-rate block scales it with the update (AdEMAMix,
+/// Schedule-Free AdamW's decay "at y").
+using add_decayed_weights = add_weighted_param<slot::update_t>;
 
 /// @brief Decoupled weight decay (AdamW): param *= 1 - lr * weight_decay (skipped when
 /// weight_decay is 0).
@@ -244,32 +255,6 @@ using scale_by_lr = scale_by_scheduled_lr<constant_lr>;
 using scale_by_decayed_lr = scale_by_scheduled_lr<inverse_time_decay>;
 /// @brief update *= -lr / (1 - beta^step) (Adamax): `scale_by_bias_corrected_lr{lr, {beta}}`.
 using scale_by_bias_corrected_lr = scale_by_scheduled_lr<bias_corrected>;
-
-/// @brief Weight decay added to the direction (Optax's add_decayed_weights): update +=
-/// weight_decay * param, so that the learning-rate block scales it with the update (AdEMAMix,
-/// Schedule-Free AdamW's decay "at y"). Nothing is added when weight_decay is 0.
-struct add_decayed_weights {
-  scalar<double> weight_decay{0.0};
-  using reads = slots<slot::param_t>;
-  using writes = slots<>;
-
-  struct prepared {
-    double weight_decay;
-    template <class E>
-    FUSEDOPT_HOST_DEVICE void operator()(E& e) const
-    {
-      auto const wd = static_cast<detail::value_t<E>>(weight_decay);
-      e[slot::update] = math::select(weight_decay != 0, e[slot::update] + wd * e[slot::param], e[slot::update]);
-    }
-  };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {weight_decay.get()}; }
-
-  template <class Bound>
-  void validate(Bound) const
-  {
-    detail::expect_range("weight_decay", weight_decay, detail::non_negative);
-  }
-};
 
 /// @brief param += update.
 struct apply_update {

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "../numeric/dtypes.hpp"
+#include "../numeric/torch_ops.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 
@@ -63,10 +64,8 @@ struct scale_by_rprop {
       T const product = stored(g * prev);
       T const minus = stored(static_cast<T>(etaminus));
       T const factor = product > T(0) ? stored(static_cast<T>(etaplus)) : (product < T(0) ? minus : T(1));
-      // torch's clamp_(min, max) is min(max(x, min), max), NaN kept.
-      T const raised = size * factor;
-      T const low = raised < static_cast<T>(step_size_min) ? static_cast<T>(step_size_min) : raised;
-      T const clamped = stored(low > static_cast<T>(step_size_max) ? static_cast<T>(step_size_max) : low);
+      T const clamped =
+        stored(math::clamp(size * factor, static_cast<T>(step_size_min), static_cast<T>(step_size_max)));
       T const direction = factor == minus ? T(0) : g;  // torch: grad[sign.eq(etaminus)] = 0
       e[slot::step_size] = clamped;
       e[slot::prev] = direction;

@@ -21,7 +21,7 @@
 
 #include <cstdint>
 
-#include "../numeric/lerp.hpp"
+#include "../numeric/torch_ops.hpp"
 #include "../numeric/real_power.hpp"
 #include "../reduce.hpp"
 #include "blocks.hpp"

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../numeric/lerp.hpp"
+#include "../numeric/torch_ops.hpp"
 #include "../reduce.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
