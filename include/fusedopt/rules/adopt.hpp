@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "../numeric/torch_ops.hpp"
 #include "../numeric/real_power.hpp"
+#include "../numeric/torch_ops.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
 

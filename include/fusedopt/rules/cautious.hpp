@@ -13,7 +13,7 @@
 ///   (update * param >= 0): param *= 1 - lr weight_decay there. Elementwise.
 /// `cautious{rule}` and `cautious_weight_decay{rule, weight_decay}` insert them into `rule`'s
 /// chain in front of its first learning-rate block (scale_by_scheduled_lr, or a block for which
-/// detail::is_learning_rate_block is specialised), so `cautious{adamw{...}}` is C-AdamW and
+/// rules::is_learning_rate_block is specialised), so `cautious{adamw{...}}` is C-AdamW and
 /// `cautious{lion{...}}` C-Lion; give the rule itself a weight_decay of 0 under
 /// cautious_weight_decay.
 #pragma once
@@ -32,14 +32,17 @@
 
 FUSEDOPT_NAMESPACE_BEGIN
 
-namespace detail {
-
-/// Whether a chain part scales `update` into the step (the position the cautious modifiers
-/// take: in front of it). Specialise it (true_type) for a learning-rate block of your own.
+namespace rules {
+/// @brief Whether a chain part scales `update` into the step: the cautious modifiers go in front
+/// of the first such part. Specialise it (true_type) for a learning-rate block of your own (with
+/// an `lr` member for cautious_weight_decay).
 template <class Part>
 struct is_learning_rate_block : std::false_type {};
 template <class Schedule>
-struct is_learning_rate_block<rules::scale_by_scheduled_lr<Schedule>> : std::true_type {};
+struct is_learning_rate_block<scale_by_scheduled_lr<Schedule>> : std::true_type {};
+}  // namespace rules
+
+namespace detail {
 
 /// The chain a rule is made of: a chain itself, a named optimizer's as_chain(), or a
 /// one-part chain of any other rule.
@@ -64,7 +67,7 @@ template <class... Parts, class Block>
 struct insert_before_lr<chain_rule<Parts...>, Block> {
   static constexpr std::size_t position()
   {
-    constexpr bool found[] = {is_learning_rate_block<Parts>::value...};
+    constexpr bool found[] = {rules::is_learning_rate_block<Parts>::value...};
     std::size_t k = 0;
     while (k != sizeof...(Parts) && !found[k]) { ++k; }
     return k;
@@ -72,7 +75,7 @@ struct insert_before_lr<chain_rule<Parts...>, Block> {
   static constexpr std::size_t at = position();
   static_assert(at != sizeof...(Parts),
                 "fusedopt: a cautious modifier goes in front of the rule's learning-rate block, and this rule's "
-                "chain has none (scale_by_scheduled_lr, or a block marked by detail::is_learning_rate_block); "
+                "chain has none (scale_by_scheduled_lr, or a block marked by rules::is_learning_rate_block); "
                 "chain the block (cautious_mask, cautious_decay) after the rule's direction yourself");
   using parts = std::tuple<Parts...>;
 

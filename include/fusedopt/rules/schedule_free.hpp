@@ -21,8 +21,8 @@
 
 #include <cstdint>
 
-#include "../numeric/torch_ops.hpp"
 #include "../numeric/real_power.hpp"
+#include "../numeric/torch_ops.hpp"
 #include "../reduce.hpp"
 #include "blocks.hpp"
 #include "chained.hpp"
