@@ -5,7 +5,8 @@
 // Workloads W1 (10 x 1M), W2 (GPT-2 small) and W3 (2000 small tensors) of
 // bench/workloads.hpp, the CUDA benchmark's shapes; each case runs once per version of the
 // host loops this CPU supports (host/instruction_set.hpp: baseline, avx2, avx512), so that
-// one run compares them. Select with --benchmark_filter (e.g. 'avx512|copy').
+// one run compares them. Select with --benchmark_filter (e.g. 'avx512|copy'). The
+// host/states/... rows run each optimizer with fp32 and with 8-bit states (issue 41).
 // host_bench_no_math_errno is this source built with -fno-math-errno (bench/CMakeLists.txt);
 // the context's math_errno says which build ran.
 #include <benchmark/benchmark.h>
@@ -188,6 +189,22 @@ void bm_copy(benchmark::State& state, int threads, stream_copy::method how)
   state.counters["threads"] = thread_count(threads);
 }
 
+// The mean time of the benchmark's steps, after one warm-up step: first touch, momentum
+// buffers' step-1 path, 8-bit states' first scales.
+template <class Plan, class Rule>
+double seconds_per_step(benchmark::State& state, Plan const& plan, Rule const& rule)
+{
+  std::int64_t step = 1;
+  plan.run(rule, fo::step_info{step++});
+  double seconds = 0;
+  for (auto _ : state) {
+    auto const start = std::chrono::steady_clock::now();
+    plan.run(rule, fo::step_info{step++});
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return seconds / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+}
+
 template <class Case>
 void bm_step(benchmark::State& state, fb::workload const& w, int threads, fo::host::instruction_set set)
 {
@@ -200,15 +217,7 @@ void bm_step(benchmark::State& state, fb::workload const& w, int threads, fo::ho
   constexpr std::size_t per_element = fo::memory_traffic<decltype(rule), std::decay_t<decltype(plan.lists())>>::update_bytes;
   double const bytes = static_cast<double>(per_element) * static_cast<double>(w.elements());
 
-  std::int64_t step = 1;
-  plan.run(rule, fo::step_info{step++});  // warm-up: first touch, momentum buffers' step-1 path
-  double seconds = 0;
-  for (auto _ : state) {
-    auto const start = std::chrono::steady_clock::now();
-    plan.run(rule, fo::step_info{step++});
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  double const per_step = seconds / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  double const per_step = seconds_per_step(state, plan, rule);
   auto& yardstick = stream_copy::instance();
   double const copy_memcpy = yardstick.bytes_per_second(threads, stream_copy::method::memcpy);
 #if defined(__SSE2__)
@@ -246,8 +255,8 @@ void register_case(fb::workload const& w, int threads)
 // ---- 8-bit states beside full states (issue 41) --------------------------------------------
 // The same optimizer over the same tensors with fp32 states and with 8-bit blockwise states
 // (signed_q8 for first moments and momentum, unsigned_q8 for second moments), parameters and
-// gradients fp32 or bf16: elements per second, the figure the two are compared by (the 8-bit
-// step moves fewer bytes, so its GB/s would flatter it less than its time).
+// gradients fp32 or bf16, compared by elements per second (the 8-bit step moves fewer bytes
+// per element, so GB/s would not compare them).
 
 /// A slot of 8-bit states: its tensors' storage end to end in one allocation (each tensor's
 /// `bytes_for` is a multiple of 256, so every tensor's codes stay 256-byte aligned), zeros.
@@ -320,13 +329,9 @@ class states_case {
   template <std::size_t K>
   using state_storage = std::conditional_t<Quantized, q8_slot<std::tuple_element_t<K, typename Optimizer::q8_types>>,
                                            fb::slot_storage<host_memory, float>>;
-  template <class Storage>
-  struct holder;
   template <std::size_t... K>
-  struct holder<std::index_sequence<K...>> {
-    using type = std::tuple<state_storage<K>...>;
-  };
-  using states_type = typename holder<std::make_index_sequence<num_states>>::type;
+  static std::tuple<state_storage<K>...> states_of(std::index_sequence<K...>);
+  using states_type = decltype(states_of(std::make_index_sequence<num_states>{}));
 
  public:
   explicit states_case(std::vector<std::int64_t> const& sizes)
@@ -370,15 +375,7 @@ void bm_states(benchmark::State& state, fb::workload const& w, int threads, fo::
   auto const rule = Optimizer::rule();
   using traffic = fo::memory_traffic<decltype(rule), std::decay_t<decltype(plan.lists())>>;
 
-  std::int64_t step = 1;
-  plan.run(rule, fo::step_info{step++});  // warm-up: first touch; 8-bit states leave their zeros
-  double seconds = 0;
-  for (auto _ : state) {
-    auto const start = std::chrono::steady_clock::now();
-    plan.run(rule, fo::step_info{step++});
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  double const per_step = seconds / static_cast<double>(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  double const per_step = seconds_per_step(state, plan, rule);
   double const elements = static_cast<double>(w.elements());
   state.SetLabel(fo::host::instruction_set_name(plan.used_instruction_set()));
   state.counters["ms_per_step"] = per_step * 1e3;
@@ -450,17 +447,17 @@ int main(int argc, char** argv)
   register_case<fb::adamw_bf16>(fb::w1(), 1);
   register_case<fb::sgd_momentum_fp32>(fb::w1(), 1);
 
-  // 8-bit states beside fp32 states: host/states/... (issue 41).
-  for (auto const& w : {fb::w1(), fb::w2()}) {
-    register_states<q8_adam, float>(w, 0);
-    register_states<q8_adamw, float>(w, 0);
-    register_states<q8_adamw, fo::bfloat16>(w, 0);
-    register_states<q8_lion, float>(w, 0);
-    register_states<q8_lion, fo::bfloat16>(w, 0);
-    register_states<q8_sgd, float>(w, 0);
-    register_states<q8_sgd, fo::bfloat16>(w, 0);
+  // 8-bit states beside fp32 states: host/states/... (issue 41), W1 and W2 on every thread,
+  // W1 on one thread too.
+  for (auto const& [w, threads] : {std::pair{fb::w1(), 0}, std::pair{fb::w2(), 0}, std::pair{fb::w1(), 1}}) {
+    register_states<q8_adam, float>(w, threads);
+    register_states<q8_adamw, float>(w, threads);
+    register_states<q8_adamw, fo::bfloat16>(w, threads);
+    register_states<q8_lion, float>(w, threads);
+    register_states<q8_lion, fo::bfloat16>(w, threads);
+    register_states<q8_sgd, float>(w, threads);
+    register_states<q8_sgd, fo::bfloat16>(w, threads);
   }
-  register_states<q8_adamw, float>(fb::w1(), 1);
 
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -2,9 +2,11 @@
 // and the quantizer against the independent reference (tests/reference/quantization.hpp),
 // blocks of zeros, a huge value, non-finite values, unchanged blocks, sizes that are not
 // multiples of the block, chunking, Adam, AdamW, SGD momentum and Lion against their fp32
-// runs, byte counts, binding checks and a tensor of more than 2^31 elements.
+// runs, the plan's vectorised block update against access::update_block bit for bit, byte
+// counts, binding checks and a tensor of more than 2^31 elements.
 #include "prelude.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -442,6 +444,171 @@ TEST_CASE("Adam, AdamW, SGD momentum, Lion, LAMB and clip + AdamW on 8-bit state
     fo::rules::adamw adamw;
     adamw.lr = 1e-2;
     check_against_fp32(fo::chain(clip, adamw), sizes, 5, m_state{}, v_state{});
+  }
+}
+
+namespace {
+
+/// One step of `rule` through detail::access::update_block, block by block: the scalar
+/// statement of a block's update (each element's code and scale loaded, each code searched on
+/// its own), which the host plan's vectorised block update must match bit for bit.
+template <class Rule, class... B, std::size_t... K>
+void scalar_block_step(Rule const& rule, fo::bound_lists<B...> const& lists, fo::step_info const& step,
+                       std::index_sequence<K...>)
+{
+  using access = fo::detail::access<Rule, fo::bound_lists<B...>>;
+  fo::reduced results[1];
+  auto const body = fo::detail::prepare_final(rule, step, results);
+  for (std::size_t t = 0; t < lists.num_tensors(); ++t) {
+    void* bases[] = {lists.template address<K>(t)...};
+    auto const tensor = static_cast<std::int64_t>(t);
+    auto const tensor_body = fo::detail::body_for_tensor(body, tensor);
+    std::int64_t const n = lists.tensor_size(t);
+    for (std::int64_t i = 0; i < n; i += access::block_elements) {
+      access::update_block(tensor_body, bases, tensor, i, std::min(access::block_elements, n - i));
+    }
+  }
+}
+
+/// Parameters of type P, gradients, and the 8-bit states `States` (pairs of slot and storage
+/// type), tensors end to end: one copy stepped by a host plan, one by scalar_block_step.
+template <class P, class... States>
+class block_update_comparison {
+ public:
+  explicit block_update_comparison(std::vector<std::int64_t> sizes) : sizes_(std::move(sizes))
+  {
+    for (auto n : sizes_) { total_ += n; }
+    std::vector<float> const start = fusedopt_test::mixed_values(total_, 21, true);
+    for (auto& param : params_) {
+      for (float x : start) { param.push_back(static_cast<P>(x)); }
+    }
+    for (auto& copy : states_) { copy = {std::vector<typename States::second_type>(units<typename States::second_type>())...}; }
+    grad_.resize(static_cast<std::size_t>(total_), P(0.f));
+  }
+
+  /// Steps 1..steps with new gradients each step: some blocks all zero (their states unchanged
+  /// where they were zero), one NaN and one infinity (their blocks keep their states).
+  template <class Rule>
+  void run(Rule const& rule, int steps, fo::host::options const& opts)
+  {
+    auto plan = fo::host::make_plan(lists(0), opts);
+    for (int t = 1; t <= steps; ++t) {
+      INFO("step " << t);
+      std::vector<float> const values = fusedopt_test::mixed_values(total_, 200 + static_cast<std::uint64_t>(t), true);
+      for (std::size_t i = 0; i < grad_.size(); ++i) { grad_[i] = static_cast<P>(std::max(-1.f, std::min(1.f, values[i]))); }
+      std::fill(grad_.begin(), grad_.begin() + std::min<std::int64_t>(total_, 300), P(0.f));
+      grad_[static_cast<std::size_t>(total_ / 2)] = P(std::numeric_limits<float>::quiet_NaN());
+      grad_[static_cast<std::size_t>(total_ - 1)] = P(std::numeric_limits<float>::infinity());
+      plan.run(rule, fo::step_info{t});
+      scalar_block_step(rule, lists(1), fo::step_info{t}, std::make_index_sequence<2 + sizeof...(States)>{});
+      CHECK(same_params());
+      CHECK(same_states(std::index_sequence_for<States...>{}));
+    }
+  }
+
+ private:
+  template <class Q>
+  std::int64_t units() const
+  {
+    std::int64_t all = 0;
+    for (auto n : sizes_) { all += Q::units_for(n); }
+    return all;
+  }
+  template <class T>
+  fo::tensor_list<T> list_of(T* data) const
+  {
+    fo::tensor_list<T> l;
+    for (auto n : sizes_) {
+      l.push_back(data, n);
+      if constexpr (fo::is_blockwise_v<T>) {
+        data += T::units_for(n);
+      } else {
+        data += n;
+      }
+    }
+    return l;
+  }
+  auto lists(std::size_t copy) { return lists(copy, std::index_sequence_for<States...>{}); }
+  template <std::size_t... K>
+  auto lists(std::size_t copy, std::index_sequence<K...>)
+  {
+    return fo::bind(fo::slot::param = list_of(params_[copy].data()), fo::slot::grad = list_of<P const>(grad_.data()),
+                    (typename States::first_type{} = list_of(std::get<K>(states_[copy]).data()))...);
+  }
+  // The same bits, or NaN in both (a NaN's payload may come from either operand).
+  bool same_params() const
+  {
+    for (std::size_t i = 0; i < params_[0].size(); ++i) {
+      float const a = static_cast<float>(params_[0][i]);
+      float const b = static_cast<float>(params_[1][i]);
+      bool const same = std::memcmp(&params_[0][i], &params_[1][i], sizeof(P)) == 0;
+      if (!same && !(std::isnan(a) && std::isnan(b))) { return false; }
+    }
+    return true;
+  }
+  template <std::size_t... K>
+  bool same_states(std::index_sequence<K...>) const
+  {
+    return ((std::memcmp(std::get<K>(states_[0]).data(), std::get<K>(states_[1]).data(),
+                         std::get<K>(states_[0]).size() * 16) == 0) &&
+            ...);
+  }
+
+  std::vector<std::int64_t> sizes_;
+  std::int64_t total_ = 0;
+  std::vector<P> params_[2];
+  std::vector<P> grad_;
+  std::tuple<std::vector<typename States::second_type>...> states_[2];
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("the host's vectorised block update gives the bits of access::update_block's, one element at a time",
+                   "[quantized][blocks]", float, fo::bfloat16)
+{
+  using P = TestType;
+  using m_state = state<fo::slot::exp_avg_t, fo::signed_q8>;
+  using v_state = state<fo::slot::exp_avg_sq_t, fo::unsigned_q8>;
+  std::vector<std::int64_t> const sizes = {1, 255, 256, 257, 1000, 4097, 3 * 256};
+  auto const set = GENERATE_COPY(from_range(fo::host::runnable_instruction_sets()));
+  INFO("instruction set " << fo::host::instruction_set_name(set));
+  fo::host::options opts;
+  opts.widest_instruction_set = set;
+  opts.threads = 2;
+  opts.chunk_elements = 300;  // chunks of 512: several a tensor
+  SECTION("Adam")
+  {
+    fo::rules::adam adam;
+    adam.lr = 1e-2;
+    block_update_comparison<P, m_state, v_state>(sizes).run(adam, 4, opts);
+  }
+  SECTION("AdamW")
+  {
+    fo::rules::adamw adamw;
+    adamw.lr = 1e-2;
+    adamw.weight_decay = 0.1;
+    block_update_comparison<P, m_state, v_state>(sizes).run(adamw, 4, opts);
+  }
+  SECTION("Lion")
+  {
+    fo::rules::lion lion;
+    lion.lr = 1e-3;
+    lion.weight_decay = 0.5;
+    block_update_comparison<P, m_state>(sizes).run(lion, 4, opts);
+  }
+  SECTION("SGD with Nesterov momentum, blocks of 32 to 2048")
+  {
+    fo::rules::sgd sgd;
+    sgd.lr = 0.1;
+    sgd.momentum = 0.9;
+    sgd.nesterov = true;
+    std::vector<std::int64_t> const long_sizes = {1, 31, 32, 33, 2047, 2048, 2049, 5000};
+    using fo::signed_dynamic_map;
+    block_update_comparison<P, state<m_t, fo::signed_q8>>(sizes).run(sgd, 4, opts);
+    block_update_comparison<P, state<m_t, fo::blockwise8<signed_dynamic_map, 32>>>(long_sizes).run(sgd, 3, opts);
+    block_update_comparison<P, state<m_t, fo::blockwise8<signed_dynamic_map, 128>>>(long_sizes).run(sgd, 3, opts);
+    block_update_comparison<P, state<m_t, fo::blockwise8<signed_dynamic_map, 512>>>(long_sizes).run(sgd, 3, opts);
+    block_update_comparison<P, state<m_t, fo::blockwise8<signed_dynamic_map, 2048>>>(long_sizes).run(sgd, 3, opts);
   }
 }
 

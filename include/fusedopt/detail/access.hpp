@@ -289,8 +289,10 @@ struct access<Rule, bound_lists<B...>> {
   }
 
   /// Elements [begin, begin + count) of one tensor, `begin` a multiple of block_elements and
-  /// count at most block_elements: one block, updated as a whole (the host backend's unit of
-  /// work; the CUDA backend spreads the same steps over a warp).
+  /// count at most block_elements: one block, updated as a whole, one element at a time. The
+  /// definition of a block's update: the host backend runs the same steps in loops that
+  /// vectorise (host::plan; tests/host/quantized_states.cpp checks its bits against this), the
+  /// CUDA backend spreads them over a warp.
   template <class Prepared>
   static void update_block(Prepared const& body, void* const* bases, std::int64_t tensor, std::int64_t begin,
                            std::int64_t count)

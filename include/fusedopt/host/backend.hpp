@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -262,10 +263,173 @@ class plan {
     if constexpr (Access::stores_quantized) {
       constexpr std::int64_t block = Access::block_elements;
       for (std::int64_t i = c.begin; i < c.end; i += block) {
-        Access::update_block(tensor_body, bases.data(), c.tensor, i, std::min(block, c.end - i));
+        update_block<Access>(tensor_body, bases.data(), c.tensor, i, std::min(block, c.end - i));
       }
     } else {
       for (std::int64_t i = c.begin; i < c.end; ++i) { Access::update(tensor_body, bases.data(), c.tensor, i); }
+    }
+  }
+
+  // One block of 8-bit states: detail::access::update_block's steps and bits (the definition,
+  // which the CUDA backend follows too; tests/host/quantized_states.cpp compares the two), in
+  // loops that vectorise. The codes of each quantized slot the rule reads are decoded into a
+  // row of the block's map values; the rule runs over the block as over unquantized elements,
+  // the new values of quantized slots going to their rows with their largest magnitude and
+  // whether one moved; then each slot the block rewrites is encoded from its row.
+  // docs/decisions.md, "The host's 8-bit block update".
+  template <class Access, class Body>
+  FUSEDOPT_HOST_LOOP static void update_block(Body const& body, void* const* bases, std::int64_t tensor,
+                                              std::int64_t begin, std::int64_t count)
+  {
+    using element_type = typename Access::element_type;
+    constexpr std::int64_t block = Access::block_elements;
+    float rows[num_slots][block];  // quantized slots only
+    float scales[num_slots] = {};
+    // block_summary's fields, folded in locals: folded into block_summary (its bool with ||,
+    // through access::summarize) they kept the loop from vectorising.
+    std::uint32_t max_bits[num_slots] = {};
+    std::uint32_t changed[num_slots] = {};
+    for_each_slot([&](auto k) FUSEDOPT_HOST_LOOP {
+      constexpr std::size_t K = decltype(k)::value;
+      if constexpr (Access::quantized[K] && Access::loads[K]) {
+        using T = typename Access::template element_t<K>;
+        scales[K] = detail::load_scale(bases[K], static_cast<std::uint64_t>(begin / block));
+        decode_codes<T>(static_cast<std::uint8_t const*>(bases[K]) + begin, count, rows[K]);
+      }
+    });
+    for (std::int64_t n = 0; n < count; ++n) {
+      element_type e;
+      e.set_position(tensor, begin + n);
+      for_each_slot([&](auto k) FUSEDOPT_HOST_LOOP {
+        constexpr std::size_t K = decltype(k)::value;
+        if constexpr (!Access::quantized[K]) {
+          Access::template load_one<K, Access::loads[K]>(e, bases, begin + n, detail::global_maps{});
+        } else {
+          e.at(K) = Access::loads[K] ? rows[K][n] * scales[K] : 0.f;  // detail::dequantize's multiplication
+        }
+      });
+      Access::clear_registers(e);
+      element_type const before = e;
+      body(e);
+      for_each_slot([&](auto k) FUSEDOPT_HOST_LOOP {
+        constexpr std::size_t K = decltype(k)::value;
+        if constexpr (!Access::quantized[K]) {
+          Access::template store_one<K>(e, bases, begin + n);
+        } else if constexpr (Access::stores[K]) {
+          std::uint32_t const magnitude = detail::float_bits(e.at(K)) & 0x7fffffffu;
+          max_bits[K] = magnitude > max_bits[K] ? magnitude : max_bits[K];
+          changed[K] |= !Access::loads[K] || e.at(K) != before.at(K) ? 1u : 0u;
+          rows[K][n] = e.at(K);
+        }
+      });
+    }
+    typename Access::block_summary s = Access::empty_summary();
+    for_each_slot([&](auto k) FUSEDOPT_HOST_LOOP {
+      constexpr std::size_t K = decltype(k)::value;
+      if constexpr (Access::quantized[K] && Access::stores[K]) {
+        s.max_bits[K] = max_bits[K];
+        s.changed[K] = changed[K] != 0;
+        if (Access::template rewrites<K>(s)) {
+          using T = typename Access::template element_t<K>;
+          encode_codes<T>(rows[K], count, detail::inverse_scale(detail::bits_float(max_bits[K])),
+                          static_cast<std::uint8_t*>(bases[K]) + begin);
+        }
+      }
+    });
+    Access::store_scales(bases, begin / block, s);
+  }
+
+  template <class F>
+  FUSEDOPT_HOST_LOOP static void for_each_slot(F const& f)
+  {
+    for_each_slot(f, std::make_index_sequence<num_slots>{});
+  }
+  template <class F, std::size_t... K>
+  FUSEDOPT_HOST_LOOP static void for_each_slot(F const& f, std::index_sequence<K...>)
+  {
+    (f(std::integral_constant<std::size_t, K>{}), ...);
+  }
+
+  // The codes of a whole block of T (blockwise8) as eight-byte words: f(first, position) for
+  // each word, at byte `position` of the block's codes, whose first four codes are those of
+  // elements first .. first + 3 and the next four those of first + word_stride<T> .. + 3
+  // (code_position's lane order: elements 128 g + 4 l at byte 4 G l + 4 g, G = Block / 128;
+  // element order below 256). Written out so that the loops step both indices (code_position
+  // per run cost more instructions than the lookups); covers_codes checks them against it.
+  template <class T>
+  static constexpr int word_stride = T::block_elements >= 256 ? 128 : 4;
+  template <class T, class F>
+  FUSEDOPT_HOST_LOOP static constexpr void for_each_code_word(F const& f)
+  {
+    constexpr int block = T::block_elements;
+    if constexpr (block >= 256) {
+      for (int g = 0; g < block / 128; g += 2) {
+        for (int l = 0; l < 32; ++l) { f(128 * g + 4 * l, block / 32 * l + 4 * g); }
+      }
+    } else {
+      for (int first = 0; first < block; first += 8) { f(first, first); }
+    }
+  }
+  template <class T>
+  static constexpr bool covers_codes()
+  {
+    bool ok = true;
+    int words = 0;
+    for_each_code_word<T>([&](int first, int position) {
+      for (int k = 0; k < 4; ++k) {
+        ok = ok && T::code_position(first + k) == position + k &&
+             T::code_position(first + word_stride<T> + k) == position + 4 + k;
+      }
+      ++words;
+    });
+    return ok && words * 8 == T::block_elements;
+  }
+  // Byte k of an eight-byte word read from memory, as a shift of the word.
+  static constexpr int byte_shift(int k)
+  {
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return 56 - 8 * k;
+#else
+    return 8 * k;
+#endif
+  }
+
+  // row[j] = the map value of element j's code, j < count (the whole block or its last part).
+  template <class T>
+  FUSEDOPT_HOST_LOOP static void decode_codes(std::uint8_t const* codes, std::int64_t count, float* row)
+  {
+    static_assert(covers_codes<T>(), "for_each_code_word walks code_position's layout");
+    auto const& values = detail::map_of<typename T::map_type>().values;
+    if (count == T::block_elements) {
+      // Indices shifted out of a word in a register, one load each: the loop vectorised with
+      // gathers (emulated or not) took twice as long.
+      for_each_code_word<T>([&](int first, int position) FUSEDOPT_HOST_LOOP {
+        std::uint64_t word;
+        std::memcpy(&word, codes + position, sizeof word);
+        for (int k = 0; k < 4; ++k) {
+          row[first + k] = values[(word >> byte_shift(k)) & 0xffu];
+          row[first + word_stride<T> + k] = values[(word >> byte_shift(4 + k)) & 0xffu];
+        }
+      });
+    } else {
+      for (int j = 0; j < count; ++j) { row[j] = values[codes[T::code_position(j)]]; }
+    }
+  }
+
+  // Stores the codes of row[j], j < count, in a block whose inverse_scale is `inverse`.
+  template <class T>
+  FUSEDOPT_HOST_LOOP static void encode_codes(float const* row, std::int64_t count, float inverse, std::uint8_t* codes)
+  {
+    auto const& map = detail::map_of<typename T::map_type>();
+    if (count == T::block_elements) {
+      std::uint8_t quantized[T::block_elements];  // in element order: a loop that vectorises
+      for (int j = 0; j < T::block_elements; ++j) { quantized[j] = detail::quantize(map, row[j], inverse); }
+      for_each_code_word<T>([&](int first, int position) FUSEDOPT_HOST_LOOP {
+        std::memcpy(codes + position, quantized + first, 4);
+        std::memcpy(codes + position + 4, quantized + first + word_stride<T>, 4);
+      });
+    } else {
+      for (int j = 0; j < count; ++j) { codes[T::code_position(j)] = detail::quantize(map, row[j], inverse); }
     }
   }
 
