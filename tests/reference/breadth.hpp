@@ -420,19 +420,19 @@ inline double mask_scale(std::size_t kept, std::size_t n, double min_mean = 1e-3
   return 1 / std::max(mean, min_mean);
 }
 
-/// The candidates for a parameter after a masked step: for every count of kept elements the
-/// undecided ones allow (kept .. kept + undecided), the step with that count's scale if the
-/// element is kept (or may be), and the parameter unchanged if it is dropped (or may be).
-/// `step(scale)` gives the kept parameter for a scale.
+/// The candidates for a parameter after a masked step: the step if the element is kept (or may
+/// be), with the scale of any count of kept elements the undecided ones allow (kept .. kept +
+/// undecided: one rv whose bound spans them), and the parameter unchanged if it is dropped (or
+/// may be). `step(scale)` gives the kept parameter for a scale.
 template <class T, class Step>
 std::vector<rv> masked_candidates(mask_counts const& counts, std::size_t n, bool keep, bool certain, rv unchanged,
                                   Step&& step)
 {
   std::vector<rv> out;
   if (keep || !certain) {
-    for (std::size_t kept = counts.kept; kept <= counts.kept + counts.undecided; ++kept) {
-      out.push_back(step(coefficient<T>(mask_scale(kept, n))));
-    }
+    double const high = mask_scale(counts.kept, n), low = mask_scale(counts.kept + counts.undecided, n);
+    rv const scale = coefficient<T>((high + low) / 2);
+    out.push_back(step(rv{scale.v, scale.e + (high - low) / 2 / precision<T>::op}));
   }
   if (!keep || !certain) { out.push_back(unchanged); }
   return out;

@@ -45,8 +45,8 @@ void schedule_free_trajectory(schedule_free_case const& c)
 {
   std::ostringstream label;
   label << (Sgd ? "sgd" : "adamw") << " warmup=" << c.warmup_steps << " r=" << c.r << " weight_lr_power="
-        << c.weight_lr_power << " weight_decay=" << c.weight_decay << " inner_momentum=" << c.inner_momentum
-        << " maximize=" << c.maximize;
+        << c.weight_lr_power << " weight_decay=" << c.weight_decay << " maximize=" << c.maximize;
+  if (!Sgd) { label << " inner_momentum=" << c.inner_momentum; }
   checker<T> check(context<T>("schedule_free", label.str()));
   random r(41);
   auto const sizes = breadth::trajectory_sizes();
@@ -144,9 +144,8 @@ FUSEDOPT_RULE_TEST("schedule_free_adamw matches AdamWScheduleFree step by step",
 
 FUSEDOPT_RULE_TEST("schedule_free_sgd matches SGDScheduleFree step by step", "[optimizers][schedule_free]")
 {
-  for (auto const& c : schedule_free_cases) {
-    if (c.inner_momentum == 0) { schedule_free_trajectory<TestType, true>(c); }
-  }
+  // Warmup, r, weight_lr_power, decay and maximize (SGD has no inner momentum: ignored).
+  for (auto const& c : {schedule_free_cases[2], schedule_free_cases[3]}) { schedule_free_trajectory<TestType, true>(c); }
 }
 
 FUSEDOPT_RULE_TEST("schedule_free_train before the first step leaves a parameter whose z is its copy",
