@@ -18,6 +18,7 @@
 
 #include "edge_sizes.hpp"
 #include "reference/harness.hpp"
+#include "rules/executor.hpp"
 
 namespace fusedopt_test::breadth {
 
@@ -87,6 +88,28 @@ void expect_rejected(Run&& run, Data const&... data)
   REQUIRE_THROWS_AS(run(), fusedopt::error);
   CHECK(before == std::make_tuple(data.snapshot()...));
 }
+
+/// The problem of the rejection tests of rules over param, grad, exp_avg and exp_avg_sq: two
+/// small tensors, random parameters and gradients, zero states.
+template <class T>
+struct moments_problem {
+  slot_data<T> param{{3, 17}, 0}, grad{{3, 17}, 0}, exp_avg{{3, 17}, 0}, exp_avg_sq{{3, 17}, 0};
+  moments_problem()
+  {
+    random r(3);
+    param.randomize(r, -1, 1);
+    grad.randomize(r, -1, 1);
+  }
+  /// Checks that a step of `rule` on the backend of `Executor` throws before writing.
+  template <class Executor, class Rule>
+  void rejects(Rule const& rule)
+  {
+    auto const plan =
+      Executor::make_plan(0, writes(fusedopt::slot::param, param), reads(fusedopt::slot::grad, grad),
+                          writes(fusedopt::slot::exp_avg, exp_avg), writes(fusedopt::slot::exp_avg_sq, exp_avg_sq));
+    expect_rejected([&] { plan.run(rule, fusedopt::step_info{2}); }, param, exp_avg, exp_avg_sq);
+  }
+};
 
 /// The tensor sizes of the trajectories: every edge of both backends that stays cheap to
 /// check element by element (tests/edge_sizes.hpp).

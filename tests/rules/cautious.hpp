@@ -162,33 +162,23 @@ FUSEDOPT_RULE_TEST("cautious_weight_decay adamw decays where update and paramete
 
 FUSEDOPT_RULE_TEST("the cautious modifiers reject bad options before writing", "[optimizers][cautious][errors]")
 {
-  using T = TestType;
-  random r(3);
-  std::vector<std::int64_t> const sizes{3, 17};
-  slot_data<T> param(sizes, 0), grad(sizes, 0), m(sizes, 0), v(sizes, 0);
-  param.randomize(r, -1, 1);
-  grad.randomize(r, -1, 1);
-  auto const plan = executor::make_plan(0, writes(fo::slot::param, param), reads(fo::slot::grad, grad),
-                                        writes(fo::slot::exp_avg, m), writes(fo::slot::exp_avg_sq, v));
   fo::rules::cautious mask{fo::rules::adamw{}};
   fo::rules::cautious_weight_decay decay{fo::rules::adamw{}, 0.1};
-  auto const rejects = [&](auto const& rule) {
-    breadth::expect_rejected([&] { plan.run(rule, fo::step_info{1}); }, param, m, v);
-  };
+  breadth::moments_problem<TestType> problem;
   SECTION("a mean clamp of 0")
   {
     mask.min_mean = 0.0;
-    rejects(mask);
+    problem.template rejects<executor>(mask);
   }
   SECTION("the inner rule's options")
   {
     mask.rule.beta1 = 1.0;
-    rejects(mask);
+    problem.template rejects<executor>(mask);
   }
   SECTION("a negative cautious weight decay")
   {
     decay.weight_decay = -0.1;
-    rejects(decay);
+    problem.template rejects<executor>(decay);
   }
 }
 

@@ -59,14 +59,6 @@ FUSEDOPT_RULE_TEST("stable_adamw matches optimi's StableAdamW step by step", "[o
 
 FUSEDOPT_RULE_TEST("stable_adamw rejects bad options before writing", "[optimizers][stable_adamw][errors]")
 {
-  using T = TestType;
-  random r(3);
-  std::vector<std::int64_t> const sizes{3, 17};
-  slot_data<T> param(sizes, 0), grad(sizes, 0), m(sizes, 0), v(sizes, 0);
-  param.randomize(r, -1, 1);
-  grad.randomize(r, -1, 1);
-  auto const plan = executor::make_plan(0, writes(fo::slot::param, param), reads(fo::slot::grad, grad),
-                                        writes(fo::slot::exp_avg, m), writes(fo::slot::exp_avg_sq, v));
   fo::rules::stable_adamw opt;
   SECTION("negative lr") { opt.lr = -1e-3; }
   SECTION("beta1 of 1") { opt.beta1 = 1.0; }
@@ -78,7 +70,7 @@ FUSEDOPT_RULE_TEST("stable_adamw rejects bad options before writing", "[optimize
     opt.decouple_lr = true;
     opt.max_lr = -1.0;
   }
-  breadth::expect_rejected([&] { plan.run(opt, fo::step_info{1}); }, param, m, v);
+  breadth::moments_problem<TestType>{}.template rejects<executor>(opt);
 }
 
 }  // namespace fusedopt_test
