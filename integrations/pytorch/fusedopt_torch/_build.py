@@ -18,6 +18,7 @@ Environment:
   FUSEDOPT_TORCH_NVCC     nvcc (default: $CUDA_HOME/bin/nvcc, nvcc on PATH, /usr/local/cuda/bin/nvcc)
   CXX                     the host compiler of host units (default g++, else c++)
   FUSEDOPT_TORCH_MARCH    -march of host units (default native; 'none' adds none)
+  FUSEDOPT_TORCH_HOST_OPT the optimisation flag of host units (default -O3; CI's test of units: -O1)
   FUSEDOPT_TORCH_VERBOSE  1: print every compiler command and its output
   FUSEDOPT_TORCH_QUIET    1: do not announce compiles on stderr
 """
@@ -129,12 +130,13 @@ def includes():
 
 
 def host_command(source: Path, output: Path):
-    """The host compiler's command for a host unit: the flags fusedopt's CMake target gives its
-    users (OpenMP, -fno-math-errno) and -ffp-contract=off (a step's bits do not depend on which
+    """The host compiler's command for a host unit: OpenMP (as fusedopt's CMake target gives its
+    users), -fno-math-errno (the library's loops vectorise without it since issue 47, a user
+    rule's exp, log or pow do not), -ffp-contract=off (a step's bits do not depend on which
     kernel of a rule runs, as the library's tests assume), the machine's vector width, hidden
     symbols but the entry point (units never see each other's templates)."""
-    flags = ["-O3", "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-math-errno", "-ffp-contract=off",
-             "-fopenmp", "-DNDEBUG"]
+    flags = [os.environ.get("FUSEDOPT_TORCH_HOST_OPT", "-O3"), "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden",
+             "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
     if march() != "none":
         flags.append(f"-march={march()}")
     return [cxx()] + flags + includes() + [str(source), "-o", str(output)]
