@@ -143,8 +143,10 @@ def library_slots():
     text = (INCLUDE / "fusedopt" / "slots.hpp").read_text()
     return frozenset(re.findall(r"^FUSEDOPT_MEMORY_SLOT\((\w+)\);", text, re.M)) - {"param", "grad"}
 
+# Names a rule's hyperparameters, states, constants and reductions cannot take: the body's own, the
+# generated code's, and the optimizer constructor's (params, fused, capturable).
 RESERVED = {"param", "grad", "update", "step", "e", "T", "V", "v", "r", "acc", "fo", "h", "self", "this", "tensor",
-            "index"}
+            "index", "params", "fused", "capturable"}
 
 _HYPER_TYPES = ("float", "int", "bool")
 _REDUCE_OPS = ("sum", "max")
