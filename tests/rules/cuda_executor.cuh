@@ -138,11 +138,48 @@ class device_memory {
   T* value_ = nullptr;
 };
 
+/// Values of type T in device memory that a rule reads and writes through pointers
+/// (host_array's counterpart, executor.hpp).
+template <class T>
+class device_array {
+ public:
+  explicit device_array(std::size_t n, T fill = T{}) : size_(n)
+  {
+    FUSEDOPT_TEST_CUDA_CHECK(cudaMalloc(&values_, std::max<std::size_t>(n, 1) * sizeof(T)));
+    set(std::vector<T>(n, fill));
+  }
+  device_array(device_array const&) = delete;
+  device_array& operator=(device_array const&) = delete;
+  ~device_array() { (void)cudaFree(values_); }
+
+  [[nodiscard]] T* data() { return values_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  [[nodiscard]] std::vector<T> get() const
+  {
+    std::vector<T> values(size_);
+    if (size_ > 0) {
+      FUSEDOPT_TEST_CUDA_CHECK(cudaMemcpy(values.data(), values_, size_ * sizeof(T), cudaMemcpyDeviceToHost));
+    }
+    return values;
+  }
+  void set(std::vector<T> const& values)
+  {
+    std::size_t const n = std::min(values.size(), size_);
+    if (n > 0) { FUSEDOPT_TEST_CUDA_CHECK(cudaMemcpy(values_, values.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  }
+
+ private:
+  T* values_ = nullptr;
+  std::size_t size_;
+};
+
 /// The CUDA backend over device mirrors of the vectors.
 struct cuda_executor {
   static constexpr char const* name = "cuda";
   template <class T>
   using memory = device_memory<T>;
+  template <class T>
+  using array = device_array<T>;
 
   /// A plan over the bindings; `chunk_elements` 0 takes the backend's default.
   template <class... Bindings>

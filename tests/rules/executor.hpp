@@ -13,6 +13,7 @@
 
 #include <fusedopt/fusedopt.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -80,11 +81,30 @@ class host_memory {
   std::unique_ptr<T> value_;
 };
 
+/// Values of type T that a rule reads and writes through pointers (Adafactor's factored
+/// statistics and their table): host memory for the host backend. The CUDA executor's `array`
+/// is device memory with the same interface.
+template <class T>
+class host_array {
+ public:
+  explicit host_array(std::size_t n, T fill = T{}) : values_(std::max<std::size_t>(n, 1), fill), size_(n) {}
+  [[nodiscard]] T* data() { return values_.data(); }
+  [[nodiscard]] std::size_t size() const { return size_; }
+  [[nodiscard]] std::vector<T> get() const { return std::vector<T>(values_.begin(), values_.begin() + static_cast<std::ptrdiff_t>(size_)); }
+  void set(std::vector<T> const& values) { std::copy(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(std::min(values.size(), size_)), values_.begin()); }
+
+ private:
+  std::vector<T> values_;
+  std::size_t size_;
+};
+
 /// The host backend over the vectors themselves.
 struct host_executor {
   static constexpr char const* name = "host";
   template <class T>
   using memory = host_memory<T>;
+  template <class T>
+  using array = host_array<T>;
 
   /// A plan over the bindings; `chunk_elements` 0 takes the backend's default.
   template <class... Bindings>

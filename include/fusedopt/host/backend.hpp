@@ -27,6 +27,7 @@
 #include "../bind.hpp"
 #include "../config.hpp"
 #include "../detail/access.hpp"
+#include "../detail/factored.hpp"
 #include "../detail/phases.hpp"
 #include "../detail/rebind.hpp"
 #include "../reduce.hpp"
@@ -198,8 +199,11 @@ class plan {
                          " reduction accumulators but host::options::reduction_capacity is " +
                          std::to_string(options_.reduction_capacity));
     }
+    constexpr int factored = detail::factor_count_v<Rule>;
+    if constexpr (factored > 0) { check_factored(rule, std::make_integer_sequence<int, factored>{}); }
     // Every check is done: from here on memory is written.
     if (step.advance != nullptr) { ++*step.advance; }
+    if constexpr (factored > 0) { run_factored(rule, step, std::make_integer_sequence<int, factored>{}); }
     reduced results[passes > 0 ? passes : 1];
     if constexpr (passes > 0) { run_passes(rule, step, results, std::make_integer_sequence<int, passes>{}); }
     if constexpr (!detail::skips_update_v<Rule>) {
@@ -431,6 +435,135 @@ class plan {
     } else {
       for (int j = 0; j < count; ++j) { codes[T::code_position(j)] = detail::quantize(map, row[j], inverse); }
     }
+  }
+
+  // ---- factored passes (factored.hpp; the order of their additions: detail/factored.hpp) ----
+
+  // The tables are host memory here: each entry must describe its tensor's elements.
+  template <class Rule, int... J>
+  void check_factored(Rule const& rule, std::integer_sequence<int, J...>) const
+  {
+    (check_factored_table(detail::factor_owner<J>(rule).factors()), ...);
+  }
+  template <class T>
+  void check_factored_table(factored_table<T> const& table) const
+  {
+    std::size_t const n = lists_.num_tensors();
+    FUSEDOPT_EXPECTS(table.num_tensors == static_cast<std::int64_t>(n) && (n == 0 || table.tensors != nullptr),
+                     "factored statistics: the table has " + std::to_string(table.num_tensors) +
+                       " entries for lists of " + std::to_string(n) + " tensors");
+    for (std::size_t t = 0; t < n; ++t) {
+      factored_tensor<T> const& e = table.tensors[t];
+      if (e.rows == 0) { continue; }
+      FUSEDOPT_EXPECTS(e.matrices * e.rows * e.cols == lists_.tensor_size(t) && e.row != nullptr,
+                       "factored statistics: entry " + std::to_string(t) + " (" + std::to_string(e.matrices) + " x " +
+                         std::to_string(e.rows) + " x " + std::to_string(e.cols) + ") does not describe tensor " +
+                         std::to_string(t) + " of " + std::to_string(lists_.tensor_size(t)) + " elements");
+    }
+  }
+
+  template <class Rule, int... J>
+  void run_factored(Rule const& rule, step_info const& step, std::integer_sequence<int, J...>) const
+  {
+    (run_factored_pass<Rule, J>(rule, step), ...);
+  }
+
+  // Tiles, then the fold of every statistic, then the row totals, tensor by tensor; every
+  // addition in the order of detail/factored.hpp, whatever the threads.
+  template <class Rule, int J>
+  void run_factored_pass(Rule const& rule, step_info const& step) const
+  {
+    using access = detail::access<Rule, lists_type>;
+    using reads = typename detail::factor_traits<Rule, J>::reads;
+    using T = detail::factor_state_t<Rule, J>;
+    auto const owner = detail::factor_owner<J>(rule);
+    factored_table<T> const table = owner.factors();
+    auto const body = detail::prepare_factor_pass<J>(rule, step);
+    auto const fold = owner.prepare_fold(step);
+#if defined(_OPENMP)
+    int const threads = options_.threads > 0 ? options_.threads : omp_get_max_threads();
+#endif
+    for (std::size_t t = 0; t < bases_.size(); ++t) {
+      factored_tensor<T> const e = table.tensors[t];
+      if (e.rows == 0 || e.matrices == 0) { continue; }
+      auto const tiles = e.tiles();
+      void* const* bases = bases_[t].data();
+      auto const tensor = static_cast<std::int64_t>(t);
+#if defined(_OPENMP)
+#  pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+      for (std::int64_t k = 0; k < tiles; ++k) { sum_tile<access, reads>(body, e, bases, tensor, k); }
+      std::int64_t const lines = e.lines();
+#if defined(_OPENMP)
+#  pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+      for (std::int64_t k = 0; k < lines; ++k) { fold_line(fold, e, k); }
+      if (e.row_total != nullptr) {
+        for (std::int64_t m = 0; m < e.matrices; ++m) { e.row_total[m] = row_total(e, m); }
+      }
+    }
+  }
+
+  template <class Access, class Reads, class Body, class T>
+  static void sum_tile(Body const& body, factored_tensor<T> const& e, void* const* bases, std::int64_t tensor,
+                       std::int64_t k)
+  {
+    constexpr std::int64_t B = factored_tile;
+    std::int64_t const per_matrix = e.row_tiles() * e.col_tiles();
+    std::int64_t const m = k / per_matrix;
+    std::int64_t const i = k % per_matrix / e.col_tiles();
+    std::int64_t const j = k % e.col_tiles();
+    std::int64_t const h = std::min(B, e.rows - i * B);
+    std::int64_t const w = std::min(B, e.cols - j * B);
+    std::int64_t const first = (m * e.rows + i * B) * e.cols + j * B;
+    auto const tensor_body = detail::body_for_tensor(body, tensor);
+    double columns[B] = {};
+    double* const row_out = e.row_partials(m, j) + i * B;
+    for (std::int64_t r = 0; r < h; ++r) {
+      double sum = 0.0;
+      for (std::int64_t c = 0; c < w; ++c) {
+        double const v = detail::factor_value<Access, Reads>(tensor_body, bases, tensor, first + r * e.cols + c);
+        sum += v;
+        columns[c] += v;
+      }
+      row_out[r] = sum;
+    }
+    if (e.col != nullptr) {
+      double* const col_out = e.col_partials(m, i) + j * B;
+      for (std::int64_t c = 0; c < w; ++c) { col_out[c] = columns[c]; }
+    }
+  }
+
+  template <class Fold, class T>
+  static void fold_line(Fold const& fold, factored_tensor<T> const& e, std::int64_t k)
+  {
+    std::int64_t const row_lines = e.matrices * e.rows;
+    double sum = 0.0;
+    if (k < row_lines) {
+      std::int64_t const m = k / e.rows, r = k % e.rows;
+      for (std::int64_t j = 0; j < e.col_tiles(); ++j) { sum += e.row_partials(m, j)[r]; }
+      detail::fold_statistic(fold, e.row + k, sum, e.cols);
+    } else {
+      std::int64_t const l = k - row_lines;
+      std::int64_t const m = l / e.cols, c = l % e.cols;
+      for (std::int64_t i = 0; i < e.row_tiles(); ++i) { sum += e.col_partials(m, i)[c]; }
+      detail::fold_statistic(fold, e.col + l, sum, e.rows);
+    }
+  }
+
+  template <class T>
+  static double row_total(factored_tensor<T> const& e, std::int64_t m)
+  {
+    constexpr int lanes = detail::factored_total_lanes;
+    double lane[lanes] = {};
+    T const* const row = e.row + m * e.rows;
+    for (std::int64_t r = 0; r < e.rows; ++r) {
+      lane[r % lanes] += static_cast<double>(to_opmath<opmath_t<T>>(row[r]));
+    }
+    for (int s = lanes / 2; s > 0; s /= 2) {
+      for (int k = 0; k < s; ++k) { lane[k] += lane[k + s]; }
+    }
+    return lane[0];
   }
 
   // Pass J's results go after those of the passes before it: for each pass, N values per

@@ -1,0 +1,205 @@
+/// @file detail/factored.hpp
+/// @brief Factored passes (factored.hpp) as the backends see them: which parts of a rule have
+/// one, what each reads, its per-element value body, and the order of its additions, which
+/// both backends follow so that the statistics have the same bits on each.
+///
+/// A factoring part has `factors()` (its factored_table), `prepare_factor(step)` (a body
+/// `v(e) -> double`, the value summed) and `prepare_fold(step)` (`f(old, sum, count)`, the new
+/// statistic). Like a reduction pass, a factored pass runs the parts before its owner first, so
+/// it sees the element as the owner will; unlike one, it runs before every reduction pass of
+/// the step, so those parts must have no reduction pass (checked at compile time).
+///
+/// The order (factored.hpp's factored_tile = B): a matrix is cut into tiles of B x B elements
+/// (the last ones smaller). In a tile of h rows and w columns, the partial of column c is
+/// ((0 + v[0][c]) + v[1][c]) + ... + v[h-1][c] and the partial of row r is ((0 + v[r][0]) +
+/// ...) + v[r][w-1], in double. A row's sum is its partials over the column tiles j = 0, 1, ...
+/// added in that order to 0, a column's over the row tiles i = 0, 1, .... A matrix's row total
+/// is a tree over 256 lanes: lane k adds the folded statistics of rows k, k + 256, ... (as
+/// doubles) in order to 0; then lanes k and k + s are added for s = 128, 64, ..., 1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "../chain.hpp"
+#include "../config.hpp"
+#include "../factored.hpp"
+#include "../meta.hpp"
+#include "../numeric/dtypes.hpp"
+#include "../rule.hpp"
+#include "../scalar.hpp"
+#include "phases.hpp"
+#include "rule_traits.hpp"
+
+FUSEDOPT_NAMESPACE_BEGIN
+namespace detail {
+
+/// Lanes of a matrix's row total (the order above).
+inline constexpr int factored_total_lanes = 256;
+
+/// A part with a factored pass: it has `factors()`.
+template <class R, class = void>
+struct is_factoring : std::false_type {};
+template <class R>
+struct is_factoring<R, std::void_t<decltype(std::declval<R const&>().factors())>> : std::true_type {};
+
+/// Number of factored passes of a rule.
+template <class R, class = void>
+struct factor_count : std::integral_constant<int, is_factoring<R>::value ? 1 : 0> {};
+template <class R>
+inline constexpr int factor_count_v = factor_count<R>::value;
+template <class R>
+struct factor_count<R, std::enable_if_t<is_named_v<R> && !is_factoring<R>::value>>
+  : factor_count<typename R::chain_type> {};
+template <class... Parts>
+struct factor_count<chain_rule<Parts...>, void>
+  : std::integral_constant<int, (0 + ... + factor_count<Parts>::value)> {};
+
+/// Factored-pass offset of part K of a chain, and the part that owns factored pass J.
+template <std::size_t K, class... Parts>
+FUSEDOPT_HOST_DEVICE constexpr int factor_offset()
+{
+  constexpr int counts[] = {factor_count<Parts>::value..., 0};
+  int offset = 0;
+  for (std::size_t i = 0; i != K; ++i) { offset += counts[i]; }
+  return offset;
+}
+template <int J, class... Parts>
+FUSEDOPT_HOST_DEVICE constexpr std::size_t part_of_factor()
+{
+  constexpr int counts[] = {factor_count<Parts>::value..., 0};
+  int offset = 0;
+  for (std::size_t i = 0; i < sizeof...(Parts); ++i) {
+    if (J < offset + counts[i]) { return i; }
+    offset += counts[i];
+  }
+  return sizeof...(Parts);
+}
+
+/// What factored pass J reads, the part that owns it, and the type of its statistics.
+template <class R, int J, class = void>
+struct factor_traits;
+template <class R>
+struct factor_traits<R, 0, std::enable_if_t<is_factoring<R>::value>> {
+  using owner = R;
+  using reads = rule_reads_t<R>;
+};
+template <int J, class... Parts>
+struct factor_traits<chain_rule<Parts...>, J, void> {
+  static constexpr std::size_t part = part_of_factor<J, Parts...>();
+  using inner = factor_traits<std::tuple_element_t<part, std::tuple<Parts...>>, J - factor_offset<part, Parts...>()>;
+  using owner = typename inner::owner;
+  using reads = typename merge_declared<typename parts_reads<slots<Parts...>, part>::type, typename inner::reads>::type;
+};
+template <class R, int J>
+struct factor_traits<R, J, std::enable_if_t<is_named_v<R> && !is_factoring<R>::value>>
+  : factor_traits<typename R::chain_type, J> {};
+
+/// The type of factored pass J's statistics.
+template <class R, int J>
+using factor_state_t = std::remove_const_t<
+  std::remove_pointer_t<decltype(std::declval<typename factor_traits<R, J>::owner const&>().factors().tensors->row)>>;
+
+/// The part that owns factored pass J (a copy: a named optimizer's chain is made on the fly).
+template <int J, class R>
+FUSEDOPT_HOST_DEVICE auto factor_owner(R const& rule);
+
+template <int J, class... Parts>
+FUSEDOPT_HOST_DEVICE auto factor_owner_of_chain(chain_rule<Parts...> const& c)
+{
+  constexpr std::size_t part = part_of_factor<J, Parts...>();
+  return factor_owner<J - factor_offset<part, Parts...>()>(c.template get<part>());
+}
+
+template <int J, class R>
+FUSEDOPT_HOST_DEVICE auto factor_owner(R const& rule)
+{
+  if constexpr (is_factoring<R>::value) {
+    static_assert(J == 0, "a factoring part has one factored pass");
+    return rule;
+  } else if constexpr (is_chain<R>::value) {
+    return factor_owner_of_chain<J>(rule);
+  } else {
+    return factor_owner<J>(rule.as_chain());
+  }
+}
+
+/// Runs the parts before the pass's owner, then gives the owner's value of the element.
+template <class Prefix, class Inner>
+struct factor_after {
+  Prefix prefix;
+  Inner inner;
+  template <class E>
+  FUSEDOPT_HOST_DEVICE double operator()(E& e) const
+  {
+    prefix(e);
+    return inner(e);
+  }
+  template <bool Hooked = has_tensor_hook_v<Prefix> || has_tensor_hook_v<Inner>, std::enable_if_t<Hooked, int> = 0>
+  FUSEDOPT_HOST_DEVICE auto for_tensor(std::int64_t tensor) const
+  {
+    return factor_after<tensor_body_t<Prefix>, tensor_body_t<Inner>>{
+      ::fusedopt::detail::body_for_tensor(prefix, tensor), ::fusedopt::detail::body_for_tensor(inner, tensor)};
+  }
+};
+
+template <int J, class R>
+FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& step);
+
+template <int J, class... Parts, std::size_t... K>
+FUSEDOPT_HOST_DEVICE auto prepare_factor_parts(chain_rule<Parts...> const& c, step_info const& step,
+                                               std::index_sequence<K...>)
+{
+  static_assert((0 + ... + pass_count<std::tuple_element_t<K, std::tuple<Parts...>>>::value) == 0,
+                "fusedopt: a factored pass runs before every reduction pass of the step, so the parts before a "
+                "factoring part cannot have reduction passes; chain them after it");
+  constexpr std::size_t part = part_of_factor<J, Parts...>();
+  auto inner = prepare_factor_pass<J - factor_offset<part, Parts...>()>(c.template get<part>(), step);
+  reduced const* const none = nullptr;
+  using prefix_type = prepared_chain<decltype(prepare_final(c.template get<K>(), step, none))...>;
+  prefix_type prefix{};
+  if constexpr (sizeof...(K) > 0) { prefix = prefix_type{make_pack(prepare_final(c.template get<K>(), step, none)...)}; }
+  (void)none;
+  return factor_after<prefix_type, decltype(inner)>{prefix, inner};
+}
+
+/// The value body of factored pass J: `body(e)` gives the element's value (double).
+template <int J, class R>
+FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& step)
+{
+  if constexpr (is_factoring<R>::value) {
+    static_assert(J == 0, "a factoring part has one factored pass");
+    using value_body = decltype(rule.prepare_factor(step));
+    return factor_after<prepared_chain<>, value_body>{prepared_chain<>{}, rule.prepare_factor(step)};
+  } else if constexpr (is_chain<R>::value) {
+    return prepare_factor_parts<J>(rule, step, std::make_index_sequence<factor_traits<R, J>::part>{});
+  } else {
+    return prepare_factor_pass<J>(rule.as_chain(), step);
+  }
+}
+
+/// The value of element i of `tensor` in a factored pass: the pass's reads loaded (the others
+/// start at 0), registers cleared, the body run.
+template <class Access, class Reads, class Body>
+FUSEDOPT_HOST_DEVICE double factor_value(Body const& body, void* const* bases, std::int64_t tensor, std::int64_t i)
+{
+  typename Access::element_type e;
+  e.set_position(tensor, i);
+  Access::template load_reads<Reads>(e, bases, i, std::make_index_sequence<Access::num_slots>{});
+  Access::clear_registers(e);
+  return body(e);
+}
+
+/// A folded statistic, stored: `fold(old, sum, count)` in the arithmetic type of T.
+template <class T, class Fold>
+FUSEDOPT_HOST_DEVICE void fold_statistic(Fold const& fold, T* statistic, double sum, std::int64_t count)
+{
+  using O = opmath_t<T>;
+  *statistic = from_opmath<T>(fold(to_opmath<O>(*statistic), sum, count));
+}
+
+}  // namespace detail
+FUSEDOPT_NAMESPACE_END

@@ -1,0 +1,298 @@
+/// @file factored.hpp
+/// @brief Factored per-tensor statistics: a reduction pass whose result per tensor is a vector,
+/// the row sums and column sums of the tensor seen as matrices (its last two dimensions; the
+/// leading ones are a batch, as torch's Adafactor factors them: shape (..., R, C) gives row
+/// statistics (..., R) and column statistics (..., C)).
+///
+/// The statistics are the caller's memory (they are optimizer state: Adafactor's row_var and
+/// col_var), described per tensor by a `factored_tensor<T>` in a table the caller keeps
+/// (device memory for the CUDA backend). A rule part that declares a factored pass
+/// (`factors()`, `prepare_factor(step)`, `prepare_fold(step)`, see docs/rules.md, "Factored
+/// passes") gets, before every other pass of the step:
+///  1. the value `prepare_factor(step)(e)` of every element of every factored tensor summed,
+///     in double, per row and per column of each matrix, in a fixed order (tiles of
+///     `factored_tile` x `factored_tile` elements; within a tile sequentially, tiles in order),
+///     the same on every backend, so the bits are the host's on the GPU too;
+///  2. each statistic folded with its sum, `row[k] = fold(row[k], sum, C)`,
+///     `col[k] = fold(col[k], sum, R)` (the count is the number of elements summed), stored in T;
+///  3. per matrix, the sum of its R folded row statistics, in double (`row_total`; the
+///     normaliser of a factored second moment, r c / mean(r)).
+/// Passes and the update then read each element's statistics through `factored_lookup`.
+///
+/// `factored_layout` builds the table from the tensors' shapes and sizes the workspace the pass
+/// needs (its tile partials and the row totals), which the caller allocates once, beside the
+/// statistics. Nothing is allocated or synchronised in a step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "error.hpp"
+
+FUSEDOPT_NAMESPACE_BEGIN
+
+/// @brief Rows and columns of the tiles a factored pass sums in (the order of its additions).
+inline constexpr std::int64_t factored_tile = 64;
+
+/// @brief One tensor's factored statistics, as the pass and the rules read them. Filled by
+/// factored_layout::entries; caller memory (device memory for the CUDA backend).
+template <class T>
+struct factored_tensor {
+  std::int64_t rows = 0;       ///< R, the second-to-last dimension; 0: no statistics (skipped)
+  std::int64_t cols = 0;       ///< C, the last dimension (1 for a vector: its own row statistic)
+  std::int64_t matrices = 0;   ///< the batch: elements / (R C)
+  T* row = nullptr;            ///< matrices x R row statistics
+  T* col = nullptr;            ///< matrices x C column statistics; null: rows only (a vector)
+  double* row_total = nullptr; ///< matrices sums of the folded row statistics; null: not kept
+  double* partials = nullptr;  ///< the pass's tile partials: matrices x (R ceil(C / tile) + C ceil(R / tile))
+  std::int64_t first_tile = 0; ///< tiles of the tensors before this one (the pass's work order)
+  std::int64_t first_line = 0; ///< rows and columns of the tensors before this one
+  std::int64_t first_matrix = 0;  ///< matrices of the tensors before this one
+
+  /// Tiles of one matrix along the rows and along the columns.
+  FUSEDOPT_HOST_DEVICE std::int64_t row_tiles() const { return (rows + factored_tile - 1) / factored_tile; }
+  FUSEDOPT_HOST_DEVICE std::int64_t col_tiles() const { return (cols + factored_tile - 1) / factored_tile; }
+  /// Tiles of the whole tensor (0 when it has no statistics).
+  FUSEDOPT_HOST_DEVICE std::int64_t tiles() const { return rows > 0 ? matrices * row_tiles() * col_tiles() : 0; }
+  /// Statistics of the whole tensor: rows, then columns (when kept).
+  FUSEDOPT_HOST_DEVICE std::int64_t lines() const
+  {
+    return rows > 0 ? matrices * (rows + (col != nullptr ? cols : 0)) : 0;
+  }
+  /// Where the row partials of matrix m, column tile j start ([m][j][r]), and the column
+  /// partials of matrix m, row tile i ([m][i][c]).
+  FUSEDOPT_HOST_DEVICE double* row_partials(std::int64_t m, std::int64_t j) const
+  {
+    return partials + (m * col_tiles() + j) * rows;
+  }
+  FUSEDOPT_HOST_DEVICE double* col_partials(std::int64_t m, std::int64_t i) const
+  {
+    return partials + matrices * col_tiles() * rows + (m * row_tiles() + i) * cols;
+  }
+};
+
+/// @brief The statistics of every bound tensor, as a rule carries them (by value): the table
+/// (one entry per tensor of the bound lists, caller memory) and its totals, which size the
+/// launches without reading the table.
+template <class T>
+struct factored_table {
+  factored_tensor<T> const* tensors = nullptr;
+  std::int64_t num_tensors = 0;
+  std::int64_t tiles = 0;     ///< sum of tiles()
+  std::int64_t lines = 0;     ///< sum of lines()
+  std::int64_t matrices = 0;  ///< sum of matrices over tensors with statistics
+};
+
+namespace detail {
+/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1, with a multiplication by 1 / d in
+/// double (a 64-bit division costs dozens of instructions on a GPU) corrected to the exact
+/// integers: the product is within 1 of n / d there.
+struct index_divider {
+  std::int64_t d = 1;
+  double inverse = 1.0;
+  FUSEDOPT_HOST_DEVICE static index_divider of(std::int64_t divisor)
+  {
+    return {divisor, 1.0 / static_cast<double>(divisor)};
+  }
+  FUSEDOPT_HOST_DEVICE std::int64_t quotient(std::int64_t n, std::int64_t& remainder) const
+  {
+    auto q = static_cast<std::int64_t>(static_cast<double>(n) * inverse);
+    std::int64_t r = n - q * d;
+    if (r < 0) {
+      --q;
+      r += d;
+    } else if (r >= d) {
+      ++q;
+      r -= d;
+    }
+    remainder = r;
+    return q;
+  }
+};
+}  // namespace detail
+
+/// @brief One tensor's statistics as an element reads them: `locate(index)` once per element,
+/// then its row statistic, column statistic and its matrix's row total. Made once per chunk
+/// (a rule's `for_tensor`) from the table.
+template <class T>
+struct factored_lookup {
+  T const* row = nullptr;
+  T const* col = nullptr;
+  double const* row_total = nullptr;
+  std::int64_t rows = 1;
+  std::int64_t cols = 1;
+  detail::index_divider by_cols{};
+  detail::index_divider by_rows{};
+
+  /// The entry of tensor t of `table` (a zero-row entry gives a lookup with no statistics).
+  FUSEDOPT_HOST_DEVICE static factored_lookup of(factored_table<T> const& table, std::int64_t t)
+  {
+    factored_tensor<T> const entry = table.tensors[t];
+    factored_lookup l;
+    l.row = entry.row;
+    l.col = entry.col;
+    l.row_total = entry.row_total;
+    l.rows = entry.rows > 0 ? entry.rows : 1;
+    l.cols = entry.cols > 0 ? entry.cols : 1;
+    l.by_cols = detail::index_divider::of(l.cols);
+    l.by_rows = detail::index_divider::of(l.rows);
+    return l;
+  }
+  /// True when the tensor has column statistics (a matrix), false for a vector (or none).
+  FUSEDOPT_HOST_DEVICE bool factored() const { return col != nullptr; }
+
+  /// Element `index`'s statistics: its row's, its column's, its matrix's row total.
+  struct position {
+    std::int64_t row_line, col_line, matrix;
+  };
+  FUSEDOPT_HOST_DEVICE position locate(std::int64_t index) const
+  {
+    std::int64_t c = 0, r = 0;
+    std::int64_t const q = by_cols.quotient(index, c);  // the row over the whole batch
+    std::int64_t const m = by_rows.quotient(q, r);
+    return {q, m * cols + c, m};
+  }
+};
+
+/// @brief Builds a factored_table's entries from the tensors' shapes (host code, once, when the
+/// optimizer state is created), and sizes the workspace the pass needs.
+///
+/// @code
+/// fusedopt::factored_layout layout;
+/// for (auto const& shape : shapes) layout.add_torch_shape(shape);   // torch's Adafactor factoring
+/// // allocate layout.row_elements(t), layout.col_elements(t) statistics per tensor (zeros) and
+/// // layout.workspace_doubles() doubles, then:
+/// auto entries = layout.entries<float>(row_pointers, col_pointers, workspace);
+/// // copy `entries` where the backend reads (device memory for CUDA), and give the rule
+/// auto table = layout.table<float>(entries_in_backend_memory);
+/// @endcode
+class factored_layout {
+ public:
+  /// @brief A tensor seen as `matrices` matrices of `rows` x `cols`; `columns` false keeps row
+  /// statistics only (a vector: rows = its elements, cols = 1). rows 0: no statistics (the
+  /// pass skips the tensor; its rule reads none).
+  /// @throws fusedopt::error for negative sizes or more than 2^48 elements.
+  void add(std::int64_t matrices, std::int64_t rows, std::int64_t cols, bool columns)
+  {
+    FUSEDOPT_EXPECTS(matrices >= 0 && rows >= 0 && cols >= 0,
+                     "factored_layout: tensor " + std::to_string(shapes_.size()) + " has a negative size");
+    FUSEDOPT_EXPECTS(rows == 0 || (cols <= (std::int64_t{1} << 48) / (rows > 0 ? rows : 1) &&
+                                   matrices <= (std::int64_t{1} << 48) / (rows * (cols > 0 ? cols : 1))),
+                     "factored_layout: tensor " + std::to_string(shapes_.size()) + " has more than 2^48 elements");
+    shapes_.push_back(shape{matrices, rows, cols, columns});
+  }
+  /// @brief torch's Adafactor factoring of a tensor of shape `dims`: two or more dimensions
+  /// are matrices of the last two (the leading ones a batch), with row and column statistics;
+  /// fewer are a vector of its elements with one statistic each.
+  void add_torch_shape(std::vector<std::int64_t> const& dims)
+  {
+    std::int64_t elements = 1;
+    for (auto d : dims) { elements *= d; }
+    if (dims.size() >= 2) {
+      std::int64_t const rows = dims[dims.size() - 2];
+      std::int64_t const cols = dims[dims.size() - 1];
+      std::int64_t matrices = 1;
+      for (std::size_t k = 0; k + 2 < dims.size(); ++k) { matrices *= dims[k]; }
+      add(matrices, rows, cols, true);
+    } else {
+      add(1, elements, 1, false);
+    }
+  }
+
+  [[nodiscard]] std::size_t num_tensors() const { return shapes_.size(); }
+  /// Row statistics of tensor t (torch's row_var, or a vector's variance).
+  [[nodiscard]] std::int64_t row_elements(std::size_t t) const { return shapes_[t].matrices * shapes_[t].rows; }
+  /// Column statistics of tensor t (0 for a vector).
+  [[nodiscard]] std::int64_t col_elements(std::size_t t) const
+  {
+    return shapes_[t].columns ? shapes_[t].matrices * shapes_[t].cols : 0;
+  }
+  /// Elements of tensor t (what it must be bound with).
+  [[nodiscard]] std::int64_t elements(std::size_t t) const
+  {
+    return shapes_[t].matrices * shapes_[t].rows * shapes_[t].cols;
+  }
+  /// Doubles of workspace for every tensor's tile partials and row totals.
+  [[nodiscard]] std::int64_t workspace_doubles() const
+  {
+    std::int64_t n = 0;
+    for (auto const& s : shapes_) { n += partial_doubles(s) + (s.columns ? s.matrices : 0); }
+    return n;
+  }
+
+  /// @brief The entries: `rows[t]` and `cols[t]` point at tensor t's statistics (cols[t] is
+  /// ignored for a vector), `workspace` at workspace_doubles() doubles, all where the backend
+  /// reads them. The vectors are host memory; copy them there.
+  /// @throws fusedopt::error when a pointer list's length is not the number of tensors or a
+  /// statistic the layout needs is null.
+  template <class T>
+  [[nodiscard]] std::vector<factored_tensor<T>> entries(std::vector<T*> const& rows, std::vector<T*> const& cols,
+                                                        double* workspace) const
+  {
+    FUSEDOPT_EXPECTS(rows.size() == shapes_.size() && cols.size() == shapes_.size(),
+                     "factored_layout::entries: one row and one column pointer per tensor");
+    std::vector<factored_tensor<T>> out(shapes_.size());
+    std::int64_t tiles = 0, lines = 0, matrices = 0, offset = 0;
+    for (std::size_t t = 0; t < shapes_.size(); ++t) {
+      shape const& s = shapes_[t];
+      factored_tensor<T>& e = out[t];
+      e.first_tile = tiles;
+      e.first_line = lines;
+      e.first_matrix = matrices;
+      if (s.rows == 0 || s.matrices == 0) { continue; }  // rows 0: no statistics
+      FUSEDOPT_EXPECTS(rows[t] != nullptr && (!s.columns || cols[t] != nullptr) && workspace != nullptr,
+                       "factored_layout::entries: tensor " + std::to_string(t) + " needs its statistics");
+      e.rows = s.rows;
+      e.cols = s.cols;
+      e.matrices = s.matrices;
+      e.row = rows[t];
+      e.col = s.columns ? cols[t] : nullptr;
+      e.partials = workspace + offset;
+      offset += partial_doubles(s);
+      if (s.columns) {
+        e.row_total = workspace + offset;
+        offset += s.matrices;
+      }
+      tiles += e.tiles();
+      lines += e.lines();
+      matrices += s.matrices;
+    }
+    return out;
+  }
+
+  /// @brief The table a rule carries: `entries` (entries<T>()'s, where the backend reads
+  /// them) and the layout's totals.
+  template <class T>
+  [[nodiscard]] factored_table<T> table(factored_tensor<T> const* entries) const
+  {
+    factored_table<T> table;
+    table.tensors = entries;
+    table.num_tensors = static_cast<std::int64_t>(shapes_.size());
+    for (auto const& s : shapes_) {
+      if (s.rows == 0 || s.matrices == 0) { continue; }
+      table.tiles += s.matrices * ((s.rows + factored_tile - 1) / factored_tile) * ((s.cols + factored_tile - 1) / factored_tile);
+      table.lines += s.matrices * (s.rows + (s.columns ? s.cols : 0));
+      table.matrices += s.matrices;
+    }
+    return table;
+  }
+
+ private:
+  struct shape {
+    std::int64_t matrices, rows, cols;
+    bool columns;
+  };
+  static std::int64_t partial_doubles(shape const& s)
+  {
+    if (s.rows == 0) { return 0; }
+    std::int64_t const row_tiles = (s.rows + factored_tile - 1) / factored_tile;
+    std::int64_t const col_tiles = (s.cols + factored_tile - 1) / factored_tile;
+    return s.matrices * (s.rows * col_tiles + (s.columns ? s.cols * row_tiles : 0));
+  }
+  std::vector<shape> shapes_;
+};
+
+FUSEDOPT_NAMESPACE_END
