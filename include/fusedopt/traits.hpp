@@ -13,6 +13,7 @@
 #include "bind.hpp"
 #include "config.hpp"
 #include "detail/access.hpp"
+#include "detail/factored.hpp"
 #include "detail/phases.hpp"
 #include "detail/rule_traits.hpp"
 #include "meta.hpp"
@@ -35,6 +36,15 @@ inline constexpr int pass_count_v = detail::pass_count_v<Rule>;
 /// @brief The slots reduction pass `J` of `Rule` reads.
 template <class Rule, int J>
 using pass_reads_t = typename detail::pass_traits<Rule, J>::reads;
+
+/// @brief The number of factored passes (factored.hpp) a step of `Rule` makes before its
+/// reduction passes.
+template <class Rule>
+inline constexpr int factor_count_v = detail::factor_count_v<Rule>;
+
+/// @brief The slots factored pass `J` of `Rule` reads.
+template <class Rule, int J>
+using factor_reads_t = typename detail::factor_traits<Rule, J>::reads;
 
 /// @brief The per-element body a step of `Rule` without reduction passes runs: what its
 /// `prepare(step)` returns, or the rule itself bound to the step where it has no `prepare`.
@@ -71,6 +81,11 @@ struct memory_traffic {
   {
     return (std::size_t{0} + ... + read_bytes<pass_reads_t<Rule, J>>(static_cast<Lists const*>(nullptr)));
   }
+  template <int... J>
+  static constexpr std::size_t factor_bytes(std::integer_sequence<int, J...>)
+  {
+    return (std::size_t{0} + ... + read_bytes<factor_reads_t<Rule, J>>(static_cast<Lists const*>(nullptr)));
+  }
 
  public:
   /// Whether the update pass loads (stores) slot K of the lists.
@@ -80,9 +95,12 @@ struct memory_traffic {
   static constexpr bool stores = access::stores[K];
   /// Bytes of the update pass: each loaded slot once, each stored slot once.
   static constexpr std::size_t update_bytes = access::bytes_per_element();
-  /// Bytes of the whole step: the update pass and every reduction pass's reads. An 8-bit
-  /// quantized slot counts 1 byte (its code) here; see exact_bytes.
-  static constexpr std::size_t bytes = update_bytes + pass_bytes(std::make_integer_sequence<int, pass_count_v<Rule>>{});
+  /// Bytes of the whole step: the update pass and every reduction and factored pass's reads
+  /// (not a factored pass's statistics and tile partials, which depend on the shapes:
+  /// docs/rules.md, "Factored passes"). An 8-bit quantized slot counts 1 byte (its code) here;
+  /// see exact_bytes.
+  static constexpr std::size_t bytes = update_bytes + pass_bytes(std::make_integer_sequence<int, pass_count_v<Rule>>{}) +
+                                       factor_bytes(std::make_integer_sequence<int, factor_count_v<Rule>>{});
   /// The update pass's bytes with the scales of quantized blocks shared out over their
   /// elements (4 / block bytes per load or store of a quantized slot); equal to update_bytes
   /// without quantized slots.

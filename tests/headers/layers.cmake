@@ -16,9 +16,9 @@ set(layers
   numeric "numeric/[a-z_]+\\.hpp"
   # What a rule is: slots, scalars, tensor lists and their binding, reductions' vocabulary,
   # the rule protocol (detail/rule_traits.hpp), the element, chain.
-  model "slots\\.hpp|scalar\\.hpp|tensor_list\\.hpp|reduce\\.hpp|bind\\.hpp|rule\\.hpp|chain\\.hpp|detail/rule_traits\\.hpp"
+  model "slots\\.hpp|scalar\\.hpp|tensor_list\\.hpp|reduce\\.hpp|factored\\.hpp|bind\\.hpp|rule\\.hpp|chain\\.hpp|detail/rule_traits\\.hpp"
   # What backends derive from a rule: its passes and bodies, element access, rebinding checks.
-  engine "detail/phases\\.hpp|detail/access\\.hpp|detail/rebind\\.hpp"
+  engine "detail/phases\\.hpp|detail/factored\\.hpp|detail/access\\.hpp|detail/rebind\\.hpp"
   # Rules and wrappers built on the engine, and the public traits of rules.
   rules "traits\\.hpp|groups\\.hpp|rules/[a-z_]+\\.hpp"
   # CUDA backend, bottom-up as CUB layers it: errors and the tuning policy; what a launch
@@ -31,7 +31,7 @@ set(layers
   cuda_kernels "cuda/detail/kernels\\.cuh"
   # Host launch logic: checks, chunk length and grid from the policy, one launch per kernel;
   # the device copies of a plan's address table, written by uploads or by launches.
-  cuda_dispatch "cuda/detail/dispatch\\.cuh|cuda/detail/address_tables\\.cuh|cuda/detail/workspace\\.cuh"
+  cuda_dispatch "cuda/detail/dispatch\\.cuh|cuda/detail/factored\\.cuh|cuda/detail/address_tables\\.cuh|cuda/detail/workspace\\.cuh"
   # The host backend's loop versions (AVX2, AVX-512) and the choice among them at run time.
   host_instruction_sets "host/instruction_set\\.hpp"
   # The backends' facades, and the definitions of the CUDA one (included at its end).

@@ -16,6 +16,7 @@
 #include "../../detail/rebind.hpp"
 #include "../../rule.hpp"
 #include "dispatch.cuh"
+#include "factored.cuh"
 #include "policy.cuh"
 #include "tables.cuh"
 #include "workspace.cuh"
@@ -186,6 +187,19 @@ struct plan_steps {
                                                            stream, plan.programmatic_);
   }
 
+  /// The rule's factored passes (factored.hpp), before its reduction passes: they need the
+  /// tensor table in device memory (transport::device_table, checked by run).
+  template <class Plan, class Rule, int... J>
+  static void factored(Plan const& plan, Rule const& rule, step_info const& step, cudaStream_t stream,
+                       std::integer_sequence<int, J...>)
+  {
+    auto const* entries = plan.tables_.current();
+    auto const count = static_cast<std::int32_t>(plan.tensors_.size());
+    (launch_factored_pass<Rule, typename Plan::lists_type, J>(rule, step, entries, count, plan.max_blocks_, stream,
+                                                              plan.programmatic_),
+     ...);
+  }
+
   /// run's check that the rule's accumulators fit a workspace.
   template <class Rule>
   static void check_capacity(reduction_workspace const& workspace)
@@ -219,10 +233,19 @@ template <class Rule>
 void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cudaStream_t stream) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
+  constexpr int factored = ::fusedopt::detail::factor_count_v<Rule>;
   detail::plan_steps::check_capacity<Rule>(workspace_);
   detail::plan_steps::check(*this, rule, step);
+  if constexpr (factored > 0) {
+    FUSEDOPT_EXPECTS(transport_ == transport::device_table,
+                     "a rule with a factored pass (factored.hpp: Adafactor, ...) needs the plan's tables in device "
+                     "memory: transport::device_table (the default)");
+  }
   // Every check is done: from here on work is enqueued.
   detail::plan_steps::begin(*this, step, stream);
+  if constexpr (factored > 0) {
+    detail::plan_steps::factored(*this, rule, step, stream, std::make_integer_sequence<int, factored>{});
+  }
   auto const results = detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
   if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
   if constexpr (!::fusedopt::detail::skips_update_v<Rule>) {
@@ -421,6 +444,16 @@ void basic_plan<Policy, B...>::publish_bases(cudaStream_t stream)
   });
 }
 
+namespace detail {
+/// f(table) for the table of each factored pass of `rule`.
+template <class Rule, class F, int... J>
+void count_factored(Rule const& rule, F const& f, std::integer_sequence<int, J...>)
+{
+  (f(::fusedopt::detail::factor_owner<J>(rule).factors()), ...);
+  (void)rule, (void)f;
+}
+}  // namespace detail
+
 template <class Policy, class... B>
 std::size_t basic_plan<Policy, B...>::launches_per_run() const
 {
@@ -431,13 +464,18 @@ std::size_t basic_plan<Policy, B...>::launches_per_run() const
 
 template <class Policy, class... B>
 template <class Rule>
-std::size_t basic_plan<Policy, B...>::launches_per_run(Rule const&, bool with_advance) const
+std::size_t basic_plan<Policy, B...>::launches_per_run(Rule const& rule, bool with_advance) const
 {
   constexpr int passes = ::fusedopt::detail::pass_count_v<Rule>;
   std::size_t const tables = launches_per_run();
   std::size_t const pass = tables + 1;  // a pass kernel per table, then finalize
   std::size_t const update = ::fusedopt::detail::skips_update_v<Rule> ? 0 : tables;
-  return update + static_cast<std::size_t>(passes) * pass +
+  std::size_t factored = 0;  // per factored pass: tiles, fold and totals, where it has them
+  auto const count = [&](auto const& table) {
+    factored += (table.tiles > 0 ? 1 : 0) + (table.lines > 0 ? 1 : 0) + (table.matrices > 0 ? 1 : 0);
+  };
+  detail::count_factored(rule, count, std::make_integer_sequence<int, ::fusedopt::detail::factor_count_v<Rule>>{});
+  return update + static_cast<std::size_t>(passes) * pass + factored +
          (::fusedopt::detail::needs_after_step<Rule>::value ? 1 : 0) + (with_advance ? 1 : 0);
 }
 
@@ -452,6 +490,9 @@ void apply(Rule const& rule, bound_lists<B...> const& lists, step_info const& st
 {
   using lists_type = bound_lists<B...>;
   constexpr std::size_t S = sizeof...(B);
+  static_assert(::fusedopt::detail::factor_count_v<Rule> == 0,
+                "fusedopt: cuda::apply cannot run rules with factored passes (Adafactor, ...): make a plan "
+                "(cuda::make_plan) and call plan.run.");
   static_assert(::fusedopt::detail::pass_count_v<Rule> == 0,
                 "fusedopt: cuda::apply cannot run rules with reduction passes (clip_by_global_norm, LAMB, LARS, "
                 "skip_if_nonfinite, norm_of, ...): their results need a device workspace, and apply allocates no "

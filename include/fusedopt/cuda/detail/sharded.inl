@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../detail/factored.hpp"
 #include "../../detail/phases.hpp"
 #include "dispatch.cuh"
 #include "tables.cuh"
@@ -207,6 +208,9 @@ template <class Communicator, class Policy, class... B>
 template <class Rule>
 void basic_sharded_plan<Communicator, Policy, B...>::check(Rule const& rule, step_info const& step) const
 {
+  static_assert(::fusedopt::detail::factor_count_v<Rule> == 0,
+                "fusedopt: sharded plans cannot run rules with factored passes (Adafactor, ...): a shard cuts "
+                "the matrices whose rows and columns they sum");
   detail::plan_steps::check_capacity<Rule>(workspace_);
   detail::plan_steps::check(local_, rule, step);
 }

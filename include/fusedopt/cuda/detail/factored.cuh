@@ -1,0 +1,241 @@
+/// @file cuda/detail/factored.cuh
+/// @brief Factored passes on the CUDA backend (factored.hpp): per pass three kernels, in the
+/// order of detail/factored.hpp so that the statistics have the host backend's bits:
+/// factored_tiles_kernel (a block per 64 x 64 tile: the values into shared memory, then a
+/// thread per column and one per row add them in order into the tile's partials),
+/// factored_fold_kernel (a thread per statistic: its partials in tile order, then the rule's
+/// fold) and factored_total_kernel (a block per matrix: the row total's 256-lane tree). The
+/// work of each is numbered over the table (factored_tensor's first_tile, first_line,
+/// first_matrix), whose totals the rule carries, so the grids are sized on the host without
+/// reading the table; a block finds its tensor by binary search.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "../../config.hpp"
+#include "../../detail/access.hpp"
+#include "../../detail/factored.hpp"
+#include "../../factored.hpp"
+#include "../../numeric/dtypes.hpp"
+#include "../../rule.hpp"
+#include "../../scalar.hpp"
+#include "dispatch.cuh"
+#include "kernels.cuh"
+#include "tables.cuh"
+
+FUSEDOPT_NAMESPACE_BEGIN
+namespace cuda {
+namespace detail {
+
+/// Threads of a tile block (a tile's 4096 values are 16 a thread) and of a total's block (its
+/// lanes).
+inline constexpr int factored_block_threads = 256;
+static_assert(::fusedopt::detail::factored_total_lanes == factored_block_threads,
+              "a row total's lanes are the threads of one block");
+
+/// The tensor of the table whose work items [first, first + count) hold `item`: the last
+/// entry whose `first` is at most `item` (entries without work share their first with the
+/// next one, which comes after them).
+template <class T, class First>
+__device__ __forceinline__ std::int64_t factored_owner(factored_table<T> const& table, std::int64_t item,
+                                                       First const& first)
+{
+  std::int64_t low = 0, high = table.num_tensors - 1;
+  while (low < high) {
+    std::int64_t const mid = (low + high + 1) / 2;
+    if (first(table.tensors[mid]) <= item) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return low;
+}
+
+/// The plan's tensor entry of list position `index` (entries are in list order, empty
+/// tensors left out): a binary search.
+template <std::size_t S>
+__device__ __forceinline__ tensor_entry<S> const& entry_of(tensor_entry<S> const* entries, std::int32_t count,
+                                                           std::int64_t index)
+{
+  std::int32_t low = 0, high = count - 1;
+  while (low < high) {
+    std::int32_t const mid = (low + high + 1) / 2;
+    if (entries[mid].index <= index) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return entries[low];
+}
+
+#if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
+#  pragma nv_diagnostic push
+#  pragma nv_diag_suppress 1407
+#endif
+
+/// The tiles of factored pass J: block b takes tiles b, b + gridDim.x, ... of the table. Each
+/// thread computes the values of 16 elements of the tile (consecutive threads, consecutive
+/// columns: coalesced loads) into shared memory; then thread c < 64 adds column c's values
+/// in row order and thread 64 + r row r's in column order, and writes the partials.
+template <class Rule, class Bound, int J, class T>
+FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
+  factored_tiles_kernel(Rule const rule, step_info const step, tensor_entry<Bound::num_slots> const* entries,
+                        std::int32_t num_entries, factored_table<T> const table)
+{
+  using access = ::fusedopt::detail::access<Rule, Bound>;
+  using reads = typename ::fusedopt::detail::factor_traits<Rule, J>::reads;
+  constexpr int B = static_cast<int>(factored_tile);
+  constexpr int threads = factored_block_threads;
+  __shared__ double values[B][B + 1];  // + 1: a row's values in other banks than the next row's
+  await_predecessor();
+  auto const body = ::fusedopt::detail::prepare_factor_pass<J>(rule, step);
+  int const tid = static_cast<int>(threadIdx.x);
+  for (std::int64_t k = blockIdx.x; k < table.tiles; k += gridDim.x) {
+    std::int64_t const t =
+      factored_owner(table, k, [](factored_tensor<T> const& e) { return e.first_tile; });
+    factored_tensor<T> const e = table.tensors[t];
+    tensor_entry<Bound::num_slots> const& te = entry_of(entries, num_entries, t);
+    std::int64_t const local = k - e.first_tile;
+    std::int64_t const per_matrix = e.row_tiles() * e.col_tiles();
+    std::int64_t const m = local / per_matrix;
+    std::int64_t const i = local % per_matrix / e.col_tiles();
+    std::int64_t const j = local % e.col_tiles();
+    int const h = static_cast<int>(e.rows - i * B < B ? e.rows - i * B : B);
+    int const w = static_cast<int>(e.cols - j * B < B ? e.cols - j * B : B);
+    std::int64_t const first = (m * e.rows + i * B) * e.cols + j * B;
+    auto const tensor_body = ::fusedopt::detail::body_for_tensor(body, t);
+    void* bases[Bound::num_slots];
+#pragma unroll
+    for (std::size_t s = 0; s < Bound::num_slots; ++s) { bases[s] = te.bases[s]; }
+    for (int v = tid; v < B * B; v += threads) {
+      int const r = v / B, c = v % B;
+      if (r < h && c < w) {
+        values[r][c] = ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t, first + r * e.cols + c);
+      }
+    }
+    __syncthreads();
+    if (tid < B) {
+      if (tid < w && e.col != nullptr) {
+        double sum = 0.0;
+        for (int r = 0; r < h; ++r) { sum += values[r][tid]; }
+        e.col_partials(m, i)[j * B + tid] = sum;
+      }
+    } else if (tid < 2 * B) {
+      int const r = tid - B;
+      if (r < h) {
+        double sum = 0.0;
+        for (int c = 0; c < w; ++c) { sum += values[r][c]; }
+        e.row_partials(m, j)[i * B + r] = sum;
+      }
+    }
+    __syncthreads();  // the values are read before the next tile overwrites them
+  }
+}
+
+/// The fold of factored pass J: thread g of the grid takes statistics g, g + threads, ... of
+/// the table (a tensor's row statistics, then its column statistics): its partials added in
+/// tile order, then the rule's fold, stored.
+template <class Rule, int J, class T>
+FUSEDOPT_KERNEL void factored_fold_kernel(Rule const rule, step_info const step, factored_table<T> const table)
+{
+  await_predecessor();
+  auto const fold = ::fusedopt::detail::factor_owner<J>(rule).prepare_fold(step);
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t g = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < table.lines; g += stride) {
+    std::int64_t const t =
+      factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_line; });
+    factored_tensor<T> const e = table.tensors[t];
+    std::int64_t const k = g - e.first_line;
+    std::int64_t const row_lines = e.matrices * e.rows;
+    double sum = 0.0;
+    if (k < row_lines) {
+      std::int64_t const m = k / e.rows, r = k % e.rows;
+      for (std::int64_t j = 0; j < e.col_tiles(); ++j) { sum += e.row_partials(m, j)[r]; }
+      ::fusedopt::detail::fold_statistic(fold, e.row + k, sum, e.cols);
+    } else {
+      std::int64_t const l = k - row_lines;
+      std::int64_t const m = l / e.cols, c = l % e.cols;
+      for (std::int64_t i = 0; i < e.row_tiles(); ++i) { sum += e.col_partials(m, i)[c]; }
+      ::fusedopt::detail::fold_statistic(fold, e.col + l, sum, e.rows);
+    }
+  }
+}
+
+/// The row totals: block b takes matrices b, b + gridDim.x, ... of the table (those of tensors
+/// that keep one): lane k adds rows k, k + 256, ... in order, then the tree of
+/// detail/factored.hpp.
+template <class T>
+FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads) factored_total_kernel(factored_table<T> const table)
+{
+  constexpr int lanes = factored_block_threads;
+  __shared__ double lane[lanes];
+  await_predecessor();
+  int const tid = static_cast<int>(threadIdx.x);
+  for (std::int64_t g = blockIdx.x; g < table.matrices; g += gridDim.x) {
+    std::int64_t const t =
+      factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_matrix; });
+    factored_tensor<T> const e = table.tensors[t];
+    if (e.row_total == nullptr) { continue; }  // the same for the whole block
+    std::int64_t const m = g - e.first_matrix;
+    T const* const row = e.row + m * e.rows;
+    double sum = 0.0;
+    for (std::int64_t r = tid; r < e.rows; r += lanes) { sum += static_cast<double>(to_opmath<opmath_t<T>>(row[r])); }
+    lane[tid] = sum;
+    __syncthreads();
+    for (int s = lanes / 2; s > 0; s /= 2) {
+      if (tid < s) { lane[tid] += lane[tid + s]; }
+      __syncthreads();
+    }
+    if (tid == 0) { e.row_total[m] = lane[0]; }
+    __syncthreads();  // lane[0] is read before the next matrix overwrites it
+  }
+}
+
+#if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
+#  pragma nv_diagnostic pop
+#endif
+
+/// Blocks of a grid-stride launch over `items`: all of them up to `cap` (a few waves of the
+/// device), at least one.
+inline unsigned factored_grid(std::int64_t items, std::int64_t cap)
+{
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(items, cap)));
+}
+
+/// Enqueues factored pass J of `Rule` over the plan's tensor entries (`entries`, device
+/// memory, `num_entries` of them in list order): tiles, fold, totals. The table and its
+/// totals are the rule's values (factors()); nothing is read from device memory here.
+template <class Rule, class Bound, int J>
+void launch_factored_pass(Rule const& rule, step_info const& step, tensor_entry<Bound::num_slots> const* entries,
+                          std::int32_t num_entries, std::int64_t max_blocks, cudaStream_t stream, bool programmatic)
+{
+  auto const table = ::fusedopt::detail::factor_owner<J>(rule).factors();
+  using T = ::fusedopt::detail::factor_state_t<Rule, J>;
+  static_assert(fits_params<Rule, factored_table<T>, sizeof(void*) + 8>,
+                "fusedopt: this rule is larger than a kernel's 4 KB of parameters");
+  std::int64_t const cap = max_blocks > 0 ? max_blocks : std::int64_t{1} << 20;
+  if (table.tiles > 0) {
+    launch_kernel(&factored_tiles_kernel<Rule, Bound, J, T>, dim3(factored_grid(table.tiles, cap)),
+                  dim3(factored_block_threads), stream, programmatic, rule, step, entries, num_entries, table);
+  }
+  if (table.lines > 0) {
+    constexpr std::int64_t threads = 256;
+    launch_kernel(&factored_fold_kernel<Rule, J, T>, dim3(factored_grid((table.lines + threads - 1) / threads, cap)),
+                  dim3(static_cast<unsigned>(threads)), stream, programmatic, rule, step, table);
+  }
+  if (table.matrices > 0) {
+    launch_kernel(&factored_total_kernel<T>, dim3(factored_grid(table.matrices, cap)), dim3(factored_block_threads),
+                  stream, programmatic, table);
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+FUSEDOPT_NAMESPACE_END
