@@ -41,7 +41,8 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau  # noqa: E402
 from test_parity import linear_closure  # noqa: E402
 
 OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad, "RMSprop": ft.RMSprop,
-        "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta}
+        "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta,
+        "Rprop": ft.Rprop}
 UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
 
 
