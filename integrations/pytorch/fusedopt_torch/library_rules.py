@@ -35,14 +35,22 @@ def _pair(value, what, n=2):
     return value
 
 
-def _no_foreach(kwargs, cls):
-    """The references' implementation switches: foreach is accepted and means nothing here (the
-    step is one fused kernel); differentiable=True is refused; any other name is an error."""
-    kwargs.pop("foreach", None)
+def _check(cls, lr, kwargs, capturable=False):
+    """torch's checks of lr, and the references' implementation switches: foreach is accepted and
+    means nothing here (the step is one fused kernel); differentiable=True is refused; any other
+    name is an error."""
+    foreach = kwargs.pop("foreach", None)
     if kwargs.pop("differentiable", False):
         raise ValueError(f"{cls}: differentiable=True is not supported (the step is a fused kernel)")
     if kwargs:
         raise TypeError(f"{cls}() got unexpected keyword arguments {sorted(kwargs)}")
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if foreach and not capturable:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
 
 
 _RpropRule = _library_rule(
@@ -59,10 +67,8 @@ class Rprop(_RpropRule):
 
     def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), *, capturable=False, maximize=False,
                  fused=None, **kwargs):
-        _no_foreach(kwargs, "Rprop")
+        _check("Rprop", lr, kwargs, capturable)
         etaminus, etaplus = _pair(etas, "etas")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 < etaminus < 1.0 < etaplus:
             raise ValueError(f"Invalid eta values: {etaminus}, {etaplus}")
         lo, hi = _pair(step_sizes, "step_sizes")
@@ -83,10 +89,9 @@ class AdEMAMix(_AdEMAMixRule):
     exp_avg_slow, exp_avg_sq."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=2.0, beta3_warmup=None, alpha_warmup=None,
-                 weight_decay=0.0, eps=1e-8, *, maximize=False, capturable=False, fused=None):
+                 weight_decay=0.0, eps=1e-8, *, maximize=False, capturable=False, fused=None, **kwargs):
+        _check("AdEMAMix", lr, kwargs, capturable)
         b1, b2, b3 = _pair(betas, "betas", 3)
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
         for i, b in enumerate((b1, b2, b3)):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {b}")
@@ -111,12 +116,11 @@ class Adan(_AdanRule):
     torch.nn.utils.clip_grad_norm_ (or fusedopt_torch.AdamW's fused clip) before the step."""
 
     def __init__(self, params, lr=1e-3, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.0, max_grad_norm=0.0,
-                 no_prox=False, *, maximize=False, capturable=False, fused=None, foreach=None):
+                 no_prox=False, *, maximize=False, capturable=False, fused=None, **kwargs):
+        _check("Adan", lr, kwargs, capturable)
         b1, b2, b3 = _pair(betas, "betas", 3)
         if max_grad_norm:
             raise NotImplementedError("Adan: max_grad_norm > 0 is not supported; clip the gradients before the step")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
         for i, b in enumerate((b1, b2, b3)):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {b}")
@@ -144,14 +148,12 @@ class ADOPT(_ADOPTRule):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.9999), eps=1e-6, clip_lambda=_default_clip_lambda,
                  weight_decay=0.0, decouple=False, *, clip_exp=None, maximize=False, capturable=False, fused=None,
                  **kwargs):
-        _no_foreach(kwargs, "ADOPT")
+        _check("ADOPT", lr, kwargs, capturable)
         b1, b2 = _pair(betas, "betas")
         if clip_lambda is not None and clip_lambda is not _default_clip_lambda:
             raise ValueError("ADOPT: clip_lambda must be the default (step ** 0.25) or None; give another power of the "
                              "step as clip_exp")
         clip = clip_lambda is not None or clip_exp is not None
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
         super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), eps=float(eps), clip=clip,
                          clip_exp=float(0.25 if clip_exp is None else clip_exp), weight_decay=float(weight_decay),
                          decouple=bool(decouple), maximize=bool(maximize), capturable=capturable, fused=fused)
@@ -175,10 +177,8 @@ class StableAdamW(_StableAdamWRule):
         if kwargs.pop("kahan_sum", None):
             raise NotImplementedError("StableAdamW: kahan_sum is not supported (fusedopt_torch.AdamW(kahan=True) is "
                                       "AdamW with Kahan-summed bfloat16 parameters)")
-        _no_foreach(kwargs, "StableAdamW")
+        _check("StableAdamW", lr, kwargs, capturable)
         b1, b2 = _pair(betas, "betas")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
         super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), weight_decay=float(weight_decay),
                          eps=float(eps), decouple_lr=bool(decouple_lr), max_lr=float(max_lr or 0.0),
                          maximize=bool(maximize), capturable=capturable, fused=fused)
@@ -198,10 +198,8 @@ class CAdamW(_CAdamWRule):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, maximize=False,
                  capturable=False, fused=None, **kwargs):
-        _no_foreach(kwargs, "CAdamW")
+        _check("CAdamW", lr, kwargs, capturable)
         b1, b2 = _pair(betas, "betas")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
         super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), eps=float(eps),
                          weight_decay=float(weight_decay), maximize=bool(maximize), capturable=capturable,
                          fused=fused)
@@ -297,7 +295,7 @@ class ScheduleFreeAdamW(_ScheduleFree, _ScheduleFreeAdamWRule):
 
     def __init__(self, params, lr=0.0025, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
                  weight_lr_power=2.0, *, fused=None, capturable=False, **kwargs):
-        _no_foreach(kwargs, "ScheduleFreeAdamW")
+        _check("ScheduleFreeAdamW", lr, kwargs)
         b1, b2 = _pair(betas, "betas")
         super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), eps=float(eps),
                          weight_decay=float(weight_decay), fused=fused)
@@ -316,7 +314,7 @@ class ScheduleFreeSGD(_ScheduleFree, _ScheduleFreeSGDRule):
 
     def __init__(self, params, lr=1.0, momentum=0.9, weight_decay=0.0, warmup_steps=0, r=0.0, weight_lr_power=2.0,
                  *, fused=None, capturable=False, **kwargs):
-        _no_foreach(kwargs, "ScheduleFreeSGD")
+        _check("ScheduleFreeSGD", lr, kwargs)
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"Momentum must be between 0 and 1 exclusive: {momentum}")
         super().__init__(params, lr=lr, momentum=float(momentum), weight_decay=float(weight_decay), fused=fused)
