@@ -31,16 +31,19 @@ inline std::int64_t newton_schulz_scratch(std::int64_t small, std::int64_t large
   return 2 * small * large + 2 * small * small;
 }
 
+}  // namespace host
+
+// In fusedopt::detail, not host::detail: the host backend names fusedopt::detail as `detail`.
 namespace detail {
 
 template <class NS>
-inline float round_ns(float x)
+inline float ns_round(float x)
 {
   return to_opmath<float>(from_opmath<NS>(x));
 }
 
 // x . y in eight lanes combined in order: a fixed summation order that GCC vectorises.
-inline float dot_lanes(float const* x, float const* y, std::int64_t n)
+inline float ns_dot_lanes(float const* x, float const* y, std::int64_t n)
 {
   float lanes[8] = {};
   std::int64_t k = 0;
@@ -56,7 +59,7 @@ inline float dot_lanes(float const* x, float const* y, std::int64_t n)
 // out = round(alpha * (rows of x) (rows of x)^T + beta * c), symmetric: for i <= j the dot of
 // rows i and j (n long), mirrored. `c` may be null (beta unused).
 template <class NS>
-void symmetric_product(float const* x, std::int64_t s, std::int64_t n, float alpha, float beta, float const* c,
+void ns_symmetric_product(float const* x, std::int64_t s, std::int64_t n, float alpha, float beta, float const* c,
                        float* out, int threads)
 {
   bool const parallel = s * s * n >= (std::int64_t{1} << 22);  // a parallel region per product: worth it from ~4M multiply-adds
@@ -67,8 +70,8 @@ void symmetric_product(float const* x, std::int64_t s, std::int64_t n, float alp
 #endif
   for (std::int64_t i = 0; i < s; ++i) {
     for (std::int64_t j = i; j < s; ++j) {
-      float const sum = dot_lanes(x + i * n, x + j * n, n);
-      float const v = round_ns<NS>(c != nullptr ? alpha * sum + beta * c[i * s + j] : alpha * sum);
+      float const sum = ns_dot_lanes(x + i * n, x + j * n, n);
+      float const v = ns_round<NS>(c != nullptr ? alpha * sum + beta * c[i * s + j] : alpha * sum);
       out[i * s + j] = v;
       out[j * s + i] = v;
     }
@@ -77,7 +80,7 @@ void symmetric_product(float const* x, std::int64_t s, std::int64_t n, float alp
 
 // next = round(p m + a m): p is s x s, m and next s x l, row-major.
 template <class NS>
-void polynomial_step(float const* p, float const* m, std::int64_t s, std::int64_t l, float a, float* next, int threads)
+void ns_polynomial_step(float const* p, float const* m, std::int64_t s, std::int64_t l, float a, float* next, int threads)
 {
   bool const parallel = s * s * l >= (std::int64_t{1} << 22);  // a parallel region per product: worth it from ~4M multiply-adds
   (void)threads;
@@ -94,11 +97,13 @@ void polynomial_step(float const* p, float const* m, std::int64_t s, std::int64_
       for (std::int64_t k = 0; k < l; ++k) { row[k] += pij * mj[k]; }
     }
     float const* mi = m + i * l;
-    for (std::int64_t k = 0; k < l; ++k) { row[k] = round_ns<NS>(row[k] + a * mi[k]); }
+    for (std::int64_t k = 0; k < l; ++k) { row[k] = ns_round<NS>(row[k] + a * mi[k]); }
   }
 }
 
 }  // namespace detail
+
+namespace host {
 
 /// @brief Newton-Schulz in place on `count` matrices of `shape` (row-major), `stride` elements
 /// apart from `matrices`, with `opt`'s iterations and coefficients. A matrix with more rows
@@ -131,9 +136,9 @@ void newton_schulz(NS* matrices, std::int64_t count, std::int64_t stride, matrix
     }
     for (int it = 0; it < opt.ns_steps; ++it) {
       rules::ns_coefficients const k = opt.iteration(it);
-      detail::symmetric_product<NS>(m, s, l, 1.0f, 0.0f, nullptr, gram, threads);
-      detail::symmetric_product<NS>(gram, s, s, static_cast<float>(k.c), static_cast<float>(k.b), gram, poly, threads);
-      detail::polynomial_step<NS>(poly, m, s, l, static_cast<float>(k.a), next, threads);
+      detail::ns_symmetric_product<NS>(m, s, l, 1.0f, 0.0f, nullptr, gram, threads);
+      detail::ns_symmetric_product<NS>(gram, s, s, static_cast<float>(k.c), static_cast<float>(k.b), gram, poly, threads);
+      detail::ns_polynomial_step<NS>(poly, m, s, l, static_cast<float>(k.a), next, threads);
       std::swap(m, next);
     }
     for (std::int64_t i = 0; i < s; ++i) {
