@@ -41,7 +41,7 @@ def _check(cls, lr, kwargs, capturable=False):
     name is an error."""
     foreach = kwargs.pop("foreach", None)
     if kwargs.pop("differentiable", False):
-        raise ValueError(f"{cls}: differentiable=True is not supported (the step is a fused kernel)")
+        raise NotImplementedError(f"{cls}: differentiable=True is not supported (the step is a fused kernel)")
     if kwargs:
         raise TypeError(f"{cls}() got unexpected keyword arguments {sorted(kwargs)}")
     if isinstance(lr, torch.Tensor):
