@@ -31,7 +31,10 @@ def grads_of(params, step):
 # ---- references (plain PyTorch, one tensor at a time, as the reference repositories) ---------
 
 class Reference:
-    """A reference optimizer over detached float32 copies: step(grads) updates self.params."""
+    """A reference optimizer over detached float32 copies: step(grads) updates self.params
+    (bench/library_rules.py times them with clone_grads False, as the references step p.grad)."""
+
+    clone_grads = True
 
     def __init__(self, params, **options):
         self.params = [p.detach().clone() for p in params]
@@ -42,7 +45,7 @@ class Reference:
     def step(self, grads):
         self.k += 1
         for p, g, s in zip(self.params, grads, self.state):
-            self.update(p, g.clone(), s, self.k)
+            self.update(p, g.clone() if self.clone_grads else g, s, self.k)
 
 
 class AdEMAMixReference(Reference):
@@ -164,14 +167,11 @@ class StableAdamWReference(Reference):
         beta2_hat = (beta2 - beta2 ** step) / (1 - beta2 ** step)
         s["exp_avg"].lerp_(grad, weight=beta1_comp)
         s["exp_avg_sq"].mul_(beta2_hat).addcmul_(grad, grad, value=1 - beta2_hat)
-        rms = grad.pow(2).div_(s["exp_avg_sq"].maximum(torch.tensor(eps ** 2, device=p.device))).mean().sqrt()
-        lr_t = lr / max(1, rms.item())
+        rms = grad.pow(2).div_(s["exp_avg_sq"].clamp(min=eps ** 2)).mean().sqrt()
+        lr_t = lr / rms.clamp(min=1)  # a 0-d tensor: no synchronisation per tensor
         if wd != 0:
-            if decouple_lr:
-                p.mul_(1 - (lr_t / (max_lr or lr)) * wd)
-            else:
-                p.mul_(1 - lr_t * wd)
-        p.addcdiv_(s["exp_avg"], s["exp_avg_sq"].sqrt().add_(eps), value=-lr_t)
+            p.mul_(1 - (lr_t / (max_lr or lr) if decouple_lr else lr_t) * wd)
+        p.sub_(lr_t * s["exp_avg"] / s["exp_avg_sq"].sqrt().add_(eps))
 
     def states(self, i):
         return dict(self.state[i])
@@ -220,7 +220,7 @@ class ScheduleFreeAdamWReference(Reference):
         ckp1 = weight / self.weight_sum if self.weight_sum else 0.0
         adaptive_y_lr = lr * (beta1 * (1 - ckp1) - 1)
         for y, grad, s in zip(self.params, grads, self.state):
-            grad = grad.clone()
+            grad = grad.clone() if self.clone_grads else grad
             if not s:
                 s.update(z=y.clone(), exp_avg_sq=torch.zeros_like(y))
             s["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -257,7 +257,7 @@ class ScheduleFreeSGDReference(ScheduleFreeAdamWReference):
         self.weight_sum = self.weight_sum + weight
         ckp1 = weight / self.weight_sum if self.weight_sum else 0.0
         for y, grad, s in zip(self.params, grads, self.state):
-            grad = grad.clone()
+            grad = grad.clone() if self.clone_grads else grad
             if not s:
                 s["z"] = y.clone()
             if wd != 0:

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The library's newer optimizers through fusedopt_torch against their PyTorch references, in one
+process, on W1-W4 (bench/torch_peers.py's workloads, float32; issue 42):
+
+  fusedopt     the fusedopt_torch class (fusedopt_torch/library_rules.py): one fused launch per
+               step, plus one reduction pass for StableAdamW and CAdamW
+  reference    the reference algorithm one tensor at a time (the classes of
+               integrations/pytorch/tests/test_library_rules.py, written from the official
+               repositories; torch.optim.Rprop with foreach=False for Rprop)
+  foreach      torch.optim.Rprop with foreach=True (Rprop only: the others' references are
+               single-tensor loops here; their foreach and torch.compile variants are not measured)
+
+Per row: GPU time per step (median of rounds, CUDA events behind a sleep kernel: torch_peers'
+Timer), host time per step() call, and fusedopt's fraction of a device-to-device copy measured
+in the same run at the bytes it must move per element, counting every pass (BYTES below).
+
+Usage: python3 bench/library_rules.py [--workloads W1,W2,W3,W4] [--optimizers a,b] [--out FILE]
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "integrations", "pytorch"))
+import torch_peers as peers  # noqa: E402
+
+import fusedopt_torch as ft  # noqa: E402
+
+
+def references():
+    path = os.path.join(ROOT, "integrations", "pytorch", "tests", "test_library_rules.py")
+    spec = importlib.util.spec_from_file_location("library_rule_references", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Bytes per float32 element: param read and written (8), grad read (4), each state read and
+# written (8); a reduction pass reads what it needs once more (StableAdamW: grad and exp_avg_sq;
+# CAdamW: what AdamW reads before its mask, param, grad and both moments).
+BYTES = {"Rprop": 28, "AdEMAMix": 36, "Adan": 44, "ADOPT": 28, "StableAdamW": 28 + 8, "CAdamW": 28 + 16,
+         "ScheduleFreeAdamW": 28, "ScheduleFreeSGD": 20}
+OPTIONS = {"Rprop": dict(lr=1e-3), "AdEMAMix": dict(lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, weight_decay=0.01),
+           "Adan": dict(lr=1e-3, weight_decay=0.02), "ADOPT": dict(lr=1e-3), "StableAdamW": dict(lr=1e-3),
+           "CAdamW": dict(lr=1e-3), "ScheduleFreeAdamW": dict(lr=1e-3, warmup_steps=100),
+           "ScheduleFreeSGD": dict(lr=1e-2, warmup_steps=100)}
+
+
+def reference_step(refs, name, params, options):
+    if name == "Rprop":
+        return None
+    cls = getattr(refs, f"{name}Reference")
+    ref = cls([], **options)
+    ref.params = [p.detach() for p in params]
+    ref.state = [dict() for _ in params]
+    ref.clone_grads = False
+    grads = [p.grad for p in params]
+    return lambda: ref.step(grads)
+
+
+def timed(timer, step, copy_bps, n, bytes_per_element):
+    r = peers.measure(timer, step, 3, 10, 5)
+    r["pct_copy"] = 100 * bytes_per_element * n / (r["gpu_us"] * 1e-6) / copy_bps
+    return r
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="W1,W2,W3,W4")
+    parser.add_argument("--optimizers", default=",".join(BYTES))
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    timer = peers.Timer(device)
+    copy_bps = peers.copy_bandwidth(timer, device)
+    refs = references()
+    rows = []
+    print(f"copy {copy_bps / 1e9:.0f} GB/s; GPU us per step (fusedopt's % of the copy), host us per step() call")
+    for w in args.workloads.split(","):
+        sizes = peers.WORKLOADS[w][1]()
+        n = sum(sizes)
+        for name in args.optimizers.split(","):
+            options = OPTIONS[name]
+            row = dict(workload=w, optimizer=name, elements=n, bytes_per_element=BYTES[name])
+            params = peers.make_params(sizes, torch.float32, device, 1)
+            opt = getattr(ft, name)(params, **options)
+            opt.step()  # compiles (or loads) the unit, creates the states
+            row["fusedopt"] = timed(timer, opt.step, copy_bps, n, BYTES[name])
+            del opt
+            peers_of = {}
+            if name == "Rprop":
+                for variant, foreach in (("reference", False), ("foreach", True)):
+                    peer = torch.optim.Rprop(params, foreach=foreach, **options)
+                    peers_of[variant] = peer.step
+            else:
+                peers_of["reference"] = reference_step(refs, name, params, options)
+            for variant, step in peers_of.items():
+                step()
+                row[variant] = timed(timer, step, copy_bps, n, BYTES[name])
+                row[f"speedup_vs_{variant}"] = row[variant]["gpu_us"] / row["fusedopt"]["gpu_us"]
+            del peers_of, params
+            torch.cuda.empty_cache()
+            rows.append(row)
+            f = row["fusedopt"]
+            text = " | ".join(f"{v} {row[v]['gpu_us']:9.1f} us ({row[f'speedup_vs_{v}']:.1f}x)"
+                              for v in ("reference", "foreach") if v in row)
+            print(f"{w} {name:18s} fusedopt {f['gpu_us']:9.1f} us ({f['pct_copy']:5.1f}% copy, host "
+                  f"{f['host_us']:.0f} us) | {text}", flush=True)
+    result = dict(device=torch.cuda.get_device_name(), copy_gbps=copy_bps / 1e9, rows=rows)
+    out = args.out or (os.path.join(os.environ["OUT"], "library_rules.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
