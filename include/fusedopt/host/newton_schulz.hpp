@@ -7,7 +7,7 @@
 /// float epilogue `alpha * sum + beta * C` rounded once to the workspace type, as cuBLAS's
 /// GemmEx computes it (and torch's `addmm` path): A = X X^T; B = c A A + b A; X = B X + a X.
 /// Sums run in eight lanes combined in order, so the bits do not depend on the thread count.
-/// Plain loops, correct first: a 768 x 768 matrix's five iterations are ~7 GFLOP.
+/// Plain loops, correct first: a 768 x 768 matrix's five iterations are 13.6 GFLOP.
 #pragma once
 
 #include <cstdint>
