@@ -186,8 +186,9 @@ class factored_layout {
   }
   /// @brief torch's Adafactor factoring of a tensor of shape `dims`: two or more dimensions
   /// are matrices of the last two (the leading ones a batch), with row and column statistics;
-  /// fewer are a vector of its elements with one statistic each.
-  void add_torch_shape(std::vector<std::int64_t> const& dims)
+  /// fewer are a vector of its elements with one statistic each, or none when `vectors` is
+  /// false (CAME's confidence statistics).
+  void add_torch_shape(std::vector<std::int64_t> const& dims, bool vectors = true)
   {
     std::int64_t elements = 1;
     for (auto d : dims) { elements *= d; }
@@ -198,7 +199,7 @@ class factored_layout {
       for (std::size_t k = 0; k + 2 < dims.size(); ++k) { matrices *= dims[k]; }
       add(matrices, rows, cols, true);
     } else {
-      add(1, elements, 1, false);
+      add(1, vectors ? elements : 0, 1, false);
     }
   }
 

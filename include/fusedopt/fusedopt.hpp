@@ -34,6 +34,7 @@
 #include "rules/amp.hpp"
 #include "rules/asgd.hpp"
 #include "rules/blocks.hpp"
+#include "rules/came.hpp"
 #include "rules/cautious.hpp"
 #include "rules/kahan.hpp"
 #include "rules/lamb.hpp"

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "reference/factored.hpp"
 #include "reference/harness.hpp"
 #include "rules/executor.hpp"
 
@@ -24,17 +25,12 @@ namespace fusedopt_test {
 
 namespace adafactor_test {
 
+using namespace factored_test;
+
 /// torch's lerp in double (its switch of formula at weight 0.5).
 inline double lerp(double self, double end, double weight)
 {
   return std::fabs(weight) < 0.5 ? self + weight * (end - self) : end - (end - self) * (1 - weight);
-}
-
-/// x rounded to T and back (through T's arithmetic type, as a store of the backend).
-template <class T>
-double in_type(double x)
-{
-  return to_double(from_double<T>(x));
 }
 
 /// Python's max(a, b).
@@ -124,66 +120,6 @@ inline std::vector<std::vector<std::int64_t>> shapes()
 {
   return {{7}, {}, {0}, {1}, {130, 3}, {3, 130}, {1, 67}, {67, 1}, {65, 64}, {64, 65}, {2, 5, 9}, {3, 70, 66}, {2, 2, 1, 5}};
 }
-
-inline std::int64_t elements(std::vector<std::int64_t> const& dims)
-{
-  std::int64_t n = 1;
-  for (auto d : dims) { n *= d; }
-  return n;
-}
-
-/// The statistics of tensors of `dims` in backend memory (Executor::array), their table and
-/// the workspace, as a caller keeps them.
-template <class Executor, class S>
-struct statistics {
-  fusedopt::factored_layout layout;
-  std::vector<std::int64_t> row_offsets, col_offsets;
-  typename Executor::template array<S> rows, cols;
-  typename Executor::template array<double> workspace;
-  typename Executor::template array<fusedopt::factored_tensor<S>> entries;
-
-  static fusedopt::factored_layout make(std::vector<std::vector<std::int64_t>> const& dims)
-  {
-    fusedopt::factored_layout l;
-    for (auto const& d : dims) { l.add_torch_shape(d); }
-    return l;
-  }
-  static std::int64_t total(fusedopt::factored_layout const& l, bool columns)
-  {
-    std::int64_t n = 0;
-    for (std::size_t t = 0; t < l.num_tensors(); ++t) { n += columns ? l.col_elements(t) : l.row_elements(t); }
-    return n;
-  }
-
-  explicit statistics(std::vector<std::vector<std::int64_t>> const& dims)
-    : layout(make(dims)), rows(static_cast<std::size_t>(total(layout, false)), fusedopt::from_opmath<S>(0.0f)),
-      cols(static_cast<std::size_t>(total(layout, true)), fusedopt::from_opmath<S>(0.0f)),
-      workspace(static_cast<std::size_t>(layout.workspace_doubles())), entries(layout.num_tensors())
-  {
-    std::vector<S*> row_pointers, col_pointers;
-    std::int64_t r = 0, c = 0;
-    for (std::size_t t = 0; t < layout.num_tensors(); ++t) {
-      row_offsets.push_back(r);
-      col_offsets.push_back(c);
-      row_pointers.push_back(rows.data() + r);
-      col_pointers.push_back(cols.data() + c);
-      r += layout.row_elements(t);
-      c += layout.col_elements(t);
-    }
-    row_offsets.push_back(r);
-    col_offsets.push_back(c);
-    entries.set(layout.entries<S>(row_pointers, col_pointers, workspace.data()));
-  }
-  [[nodiscard]] fusedopt::factored_table<S> table() { return layout.table<S>(entries.data()); }
-
-  /// Tensor t's statistics, exactly, in double.
-  static std::vector<double> slice(std::vector<S> const& all, std::vector<std::int64_t> const& offsets, std::size_t t)
-  {
-    std::vector<double> out;
-    for (auto k = offsets[t]; k < offsets[t + 1]; ++k) { out.push_back(to_double(all[static_cast<std::size_t>(k)])); }
-    return out;
-  }
-};
 
 }  // namespace adafactor_test
 
@@ -280,7 +216,8 @@ FUSEDOPT_RULE_TEST("adafactor matches torch's Adafactor step by step", "[optimiz
       for (std::size_t i = 0; i < pk.size(); ++i) {
         double const decayed = pk[i] - step_term[i];
         check("param", k, i, param.at(k, i), pk[i],
-              param_tol * std::fabs(decayed) + step_tol * std::fabs(step_term[i]) + p::floor);
+              p::store * std::fabs(pk[i]) + param_tol * std::fabs(decayed) + step_tol * std::fabs(step_term[i]) +
+                p::floor);
       }
     }
     INFO("step " << t << ": " << failures << " of " << checked << " values out of tolerance; " << first);

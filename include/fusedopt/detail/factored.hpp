@@ -6,8 +6,8 @@
 /// A factoring part has `factors()` (its factored_table), `prepare_factor(step)` (a body
 /// `v(e) -> double`, the value summed) and `prepare_fold(step)` (`f(old, sum, count)`, the new
 /// statistic). Like a reduction pass, a factored pass runs the parts before its owner first, so
-/// it sees the element as the owner will; unlike one, it runs before every reduction pass of
-/// the step, so those parts must have no reduction pass (checked at compile time).
+/// it sees the element as the owner will: the backends run the passes in chain order, a
+/// factored pass after the reduction passes of the parts before its owner (factor_before_v).
 ///
 /// The order (factored.hpp's factored_tile = B): a matrix is cut into tiles of B x B elements
 /// (the last ones smaller). In a tile of h rows and w columns, the partial of column c is
@@ -98,6 +98,21 @@ template <class R, int J>
 struct factor_traits<R, J, std::enable_if_t<is_named_v<R> && !is_factoring<R>::value>>
   : factor_traits<typename R::chain_type, J> {};
 
+/// Reduction passes that come before factored pass J in chain order: the backends run it after
+/// them (and before the others), so that the parts before its owner see their results.
+template <class R, int J, class = void>
+struct factor_before : std::integral_constant<int, 0> {};
+template <int J, class... Parts>
+struct factor_before<chain_rule<Parts...>, J, void>
+  : std::integral_constant<int, part_offset<part_of_factor<J, Parts...>(), Parts...>() +
+                                  factor_before<std::tuple_element_t<part_of_factor<J, Parts...>(), std::tuple<Parts...>>,
+                                                J - factor_offset<part_of_factor<J, Parts...>(), Parts...>()>::value> {};
+template <class R, int J>
+struct factor_before<R, J, std::enable_if_t<is_named_v<R> && !is_factoring<R>::value>>
+  : factor_before<typename R::chain_type, J> {};
+template <class R, int J>
+inline constexpr int factor_before_v = factor_before<R, J>::value;
+
 /// The type of factored pass J's statistics.
 template <class R, int J>
 using factor_state_t = std::remove_const_t<
@@ -147,37 +162,39 @@ struct factor_after {
 };
 
 template <int J, class R>
-FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& step);
+FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& step, reduced const* results);
 
 template <int J, class... Parts, std::size_t... K>
 FUSEDOPT_HOST_DEVICE auto prepare_factor_parts(chain_rule<Parts...> const& c, step_info const& step,
-                                               std::index_sequence<K...>)
+                                               reduced const* results, std::index_sequence<K...>)
 {
-  static_assert((0 + ... + pass_count<std::tuple_element_t<K, std::tuple<Parts...>>>::value) == 0,
-                "fusedopt: a factored pass runs before every reduction pass of the step, so the parts before a "
-                "factoring part cannot have reduction passes; chain them after it");
   constexpr std::size_t part = part_of_factor<J, Parts...>();
-  auto inner = prepare_factor_pass<J - factor_offset<part, Parts...>()>(c.template get<part>(), step);
-  reduced const* const none = nullptr;
-  using prefix_type = prepared_chain<decltype(prepare_final(c.template get<K>(), step, none))...>;
+  auto inner = prepare_factor_pass<J - factor_offset<part, Parts...>()>(c.template get<part>(), step,
+                                                                      results + part_offset<part, Parts...>());
+  using prefix_type = prepared_chain<decltype(prepare_final(c.template get<K>(), step, results))...>;
   prefix_type prefix{};
-  if constexpr (sizeof...(K) > 0) { prefix = prefix_type{make_pack(prepare_final(c.template get<K>(), step, none)...)}; }
-  (void)none;
+  if constexpr (sizeof...(K) > 0) {
+    prefix = prefix_type{make_pack(prepare_final(c.template get<K>(), step, results + part_offset<K, Parts...>())...)};
+  }
   return factor_after<prefix_type, decltype(inner)>{prefix, inner};
 }
 
 /// The value body of factored pass J: `body(e)` gives the element's value (double).
+/// `results` holds the rule's reduction passes' results in pass order; the first
+/// factor_before_v<R, J> of them are ready when the pass runs, and the parts before the pass's
+/// owner read only those.
 template <int J, class R>
-FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& step)
+FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& step, reduced const* results)
 {
   if constexpr (is_factoring<R>::value) {
     static_assert(J == 0, "a factoring part has one factored pass");
+    (void)results;
     using value_body = decltype(rule.prepare_factor(step));
     return factor_after<prepared_chain<>, value_body>{prepared_chain<>{}, rule.prepare_factor(step)};
   } else if constexpr (is_chain<R>::value) {
-    return prepare_factor_parts<J>(rule, step, std::make_index_sequence<factor_traits<R, J>::part>{});
+    return prepare_factor_parts<J>(rule, step, results, std::make_index_sequence<factor_traits<R, J>::part>{});
   } else {
-    return prepare_factor_pass<J>(rule.as_chain(), step);
+    return prepare_factor_pass<J>(rule.as_chain(), step, results);
   }
 }
 

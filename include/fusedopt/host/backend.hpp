@@ -203,9 +203,11 @@ class plan {
     if constexpr (factored > 0) { check_factored(rule, std::make_integer_sequence<int, factored>{}); }
     // Every check is done: from here on memory is written.
     if (step.advance != nullptr) { ++*step.advance; }
-    if constexpr (factored > 0) { run_factored(rule, step, std::make_integer_sequence<int, factored>{}); }
     reduced results[passes > 0 ? passes : 1];
+    // The passes in chain order: factored passes (if any) before the reduction passes that come
+    // after them in the chain.
     if constexpr (passes > 0) { run_passes(rule, step, results, std::make_integer_sequence<int, passes>{}); }
+    if constexpr (factored > 0) { run_factored(rule, step, results, passes); }
     if constexpr (!detail::skips_update_v<Rule>) {
       using access = detail::access<Rule, lists_type>;
       auto const body = detail::prepare_final(rule, step, results);
@@ -462,23 +464,31 @@ class plan {
     }
   }
 
-  template <class Rule, int... J>
-  void run_factored(Rule const& rule, step_info const& step, std::integer_sequence<int, J...>) const
+  // The factored passes that come after `before` reduction passes in the chain.
+  template <class Rule>
+  void run_factored(Rule const& rule, step_info const& step, reduced const* results, int before) const
   {
-    (run_factored_pass<Rule, J>(rule, step), ...);
+    run_factored(rule, step, results, before, std::make_integer_sequence<int, detail::factor_count_v<Rule>>{});
+  }
+  template <class Rule, int... J>
+  void run_factored(Rule const& rule, step_info const& step, reduced const* results, int before,
+                    std::integer_sequence<int, J...>) const
+  {
+    ((detail::factor_before_v<Rule, J> == before ? run_factored_pass<Rule, J>(rule, step, results) : void()), ...);
+    (void)rule, (void)step, (void)results, (void)before;
   }
 
   // Tiles, then the fold of every statistic, then the row totals, tensor by tensor; every
   // addition in the order of detail/factored.hpp, whatever the threads.
   template <class Rule, int J>
-  void run_factored_pass(Rule const& rule, step_info const& step) const
+  void run_factored_pass(Rule const& rule, step_info const& step, reduced const* results) const
   {
     using access = detail::access<Rule, lists_type>;
     using reads = typename detail::factor_traits<Rule, J>::reads;
     using T = detail::factor_state_t<Rule, J>;
     auto const owner = detail::factor_owner<J>(rule);
     factored_table<T> const table = owner.factors();
-    auto const body = detail::prepare_factor_pass<J>(rule, step);
+    auto const body = detail::prepare_factor_pass<J>(rule, step, results);
     auto const fold = owner.prepare_fold(step);
 #if defined(_OPENMP)
     int const threads = options_.threads > 0 ? options_.threads : omp_get_max_threads();
@@ -572,7 +582,7 @@ class plan {
   void run_passes(Rule const& rule, step_info const& step, reduced* results, std::integer_sequence<int, J...>) const
   {
     std::size_t offset = 0;
-    (run_pass<Rule, J>(rule, step, results, offset), ...);
+    ((run_factored(rule, step, results, J), run_pass<Rule, J>(rule, step, results, offset)), ...);
   }
 
   template <class Rule, int J>

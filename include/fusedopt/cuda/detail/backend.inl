@@ -187,17 +187,28 @@ struct plan_steps {
                                                            stream, plan.programmatic_);
   }
 
-  /// The rule's factored passes (factored.hpp), before its reduction passes: they need the
+  /// The rule's factored passes (factored.hpp), in chain order between its reduction passes: they need the
   /// tensor table in device memory (transport::device_table, checked by run).
-  template <class Plan, class Rule, int... J>
-  static void factored(Plan const& plan, Rule const& rule, step_info const& step, cudaStream_t stream,
-                       std::integer_sequence<int, J...>)
+  /// Those that come after `before` reduction passes in the chain (factor_before_v).
+  template <class Plan, class Rule, int P>
+  static void factored(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
+                       int before, cudaStream_t stream)
+  {
+    factored(plan, rule, step, results, before, stream,
+             std::make_integer_sequence<int, ::fusedopt::detail::factor_count_v<Rule>>{});
+  }
+  template <class Plan, class Rule, int P, int... J>
+  static void factored(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
+                       int before, cudaStream_t stream, std::integer_sequence<int, J...>)
   {
     auto const* entries = plan.tables_.current();
     auto const count = static_cast<std::int32_t>(plan.tensors_.size());
-    (launch_factored_pass<Rule, typename Plan::lists_type, J>(rule, step, entries, count, plan.max_blocks_, stream,
-                                                              plan.programmatic_),
+    ((::fusedopt::detail::factor_before_v<Rule, J> == before
+        ? launch_factored_pass<Rule, typename Plan::lists_type, J>(rule, step, results, entries, count,
+                                                                   plan.max_blocks_, stream, plan.programmatic_)
+        : void()),
      ...);
+    (void)entries, (void)count, (void)before;
   }
 
   /// run's check that the rule's accumulators fit a workspace.
@@ -223,7 +234,9 @@ void basic_plan<Policy, B...>::run_passes(Rule const& rule, step_info const& ste
 {
   // Chunk partials of every pass share one area: pass J's are consumed by its finalize
   // kernel before pass J + 1 runs (stream order).
-  ((detail::plan_steps::pass<J>(*this, rule, step, results, workspace_.partials, 0, stream),
+  // Factored passes (if any) in chain order between them.
+  ((detail::plan_steps::factored(*this, rule, step, results, J, stream),
+    detail::plan_steps::pass<J>(*this, rule, step, results, workspace_.partials, 0, stream),
     detail::plan_steps::finalize<Rule, J>(*this, workspace_, results, stream)),
    ...);
 }
@@ -243,11 +256,9 @@ void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cuda
   }
   // Every check is done: from here on work is enqueued.
   detail::plan_steps::begin(*this, step, stream);
-  if constexpr (factored > 0) {
-    detail::plan_steps::factored(*this, rule, step, stream, std::make_integer_sequence<int, factored>{});
-  }
   auto const results = detail::make_pass_results<Rule>(workspace_.results, workspace_.rows(), std::make_integer_sequence<int, passes>{});
   if constexpr (passes > 0) { run_passes(rule, step, results, stream, std::make_integer_sequence<int, passes>{}); }
+  if constexpr (factored > 0) { detail::plan_steps::factored(*this, rule, step, results, passes, stream); }
   if constexpr (!::fusedopt::detail::skips_update_v<Rule>) {
     detail::plan_steps::update(*this, rule, step, results, stream);
   }

@@ -84,10 +84,11 @@ __device__ __forceinline__ tensor_entry<S> const& entry_of(tensor_entry<S> const
 /// thread computes the values of 16 elements of the tile (consecutive threads, consecutive
 /// columns: coalesced loads) into shared memory; then thread c < 64 adds column c's values
 /// in row order and thread 64 + r row r's in column order, and writes the partials.
-template <class Rule, class Bound, int J, class T>
+template <class Rule, class Bound, int J, int P, class T>
 FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
-  factored_tiles_kernel(Rule const rule, step_info const step, tensor_entry<Bound::num_slots> const* entries,
-                        std::int32_t num_entries, factored_table<T> const table)
+  factored_tiles_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
+                        tensor_entry<Bound::num_slots> const* entries, std::int32_t num_entries,
+                        factored_table<T> const table)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   using reads = typename ::fusedopt::detail::factor_traits<Rule, J>::reads;
@@ -95,7 +96,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
   constexpr int threads = factored_block_threads;
   __shared__ double values[B][B + 1];  // + 1: a row's values in other banks than the next row's
   await_predecessor();
-  auto const body = ::fusedopt::detail::prepare_factor_pass<J>(rule, step);
+  auto const body = ::fusedopt::detail::prepare_factor_pass<J>(rule, step, results.data());
   int const tid = static_cast<int>(threadIdx.x);
   for (std::int64_t k = blockIdx.x; k < table.tiles; k += gridDim.x) {
     std::int64_t const t =
@@ -210,20 +211,23 @@ inline unsigned factored_grid(std::int64_t items, std::int64_t cap)
 }
 
 /// Enqueues factored pass J of `Rule` over the plan's tensor entries (`entries`, device
-/// memory, `num_entries` of them in list order): tiles, fold, totals. The table and its
+/// memory, `num_entries` of them in list order), after the reduction passes whose `results`
+/// the parts before its owner read: tiles, fold, totals. The table and its
 /// totals are the rule's values (factors()); nothing is read from device memory here.
-template <class Rule, class Bound, int J>
-void launch_factored_pass(Rule const& rule, step_info const& step, tensor_entry<Bound::num_slots> const* entries,
-                          std::int32_t num_entries, std::int64_t max_blocks, cudaStream_t stream, bool programmatic)
+template <class Rule, class Bound, int J, int P>
+void launch_factored_pass(Rule const& rule, step_info const& step, pass_results<P> const& results,
+                          tensor_entry<Bound::num_slots> const* entries, std::int32_t num_entries,
+                          std::int64_t max_blocks, cudaStream_t stream, bool programmatic)
 {
   auto const table = ::fusedopt::detail::factor_owner<J>(rule).factors();
   using T = ::fusedopt::detail::factor_state_t<Rule, J>;
-  static_assert(fits_params<Rule, factored_table<T>, sizeof(void*) + 8>,
+  static_assert(fits_params<Rule, factored_table<T>, results_bytes<P> + sizeof(void*) + 8>,
                 "fusedopt: this rule is larger than a kernel's 4 KB of parameters");
   std::int64_t const cap = max_blocks > 0 ? max_blocks : std::int64_t{1} << 20;
   if (table.tiles > 0) {
-    launch_kernel(&factored_tiles_kernel<Rule, Bound, J, T>, dim3(factored_grid(table.tiles, cap)),
-                  dim3(factored_block_threads), stream, programmatic, rule, step, entries, num_entries, table);
+    launch_kernel(&factored_tiles_kernel<Rule, Bound, J, P, T>, dim3(factored_grid(table.tiles, cap)),
+                  dim3(factored_block_threads), stream, programmatic, rule, step, results, entries, num_entries,
+                  table);
   }
   if (table.lines > 0) {
     constexpr std::int64_t threads = 256;
