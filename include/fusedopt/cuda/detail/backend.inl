@@ -194,8 +194,12 @@ struct plan_steps {
   static void factored(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
                        int before, cudaStream_t stream)
   {
-    factored(plan, rule, step, results, before, stream,
-             std::make_integer_sequence<int, ::fusedopt::detail::factor_count_v<Rule>>{});
+    if constexpr (::fusedopt::detail::factor_count_v<Rule> > 0) {  // nothing at all for other rules
+      factored(plan, rule, step, results, before, stream,
+               std::make_integer_sequence<int, ::fusedopt::detail::factor_count_v<Rule>>{});
+    } else {
+      (void)plan, (void)rule, (void)step, (void)results, (void)before, (void)stream;
+    }
   }
   template <class Plan, class Rule, int P, int... J>
   static void factored(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
