@@ -128,12 +128,15 @@ FUSEDOPT_RULE_TEST("adafactor matches torch's Adafactor step by step", "[optimiz
   using T = TestType;
   using p = precision<T>;
   using namespace adafactor_test;
-  // lr, beta2_decay, eps1 (< 0: None), d, weight_decay, maximize, the parameters' scale
-  auto const [lr, beta2_decay, eps1, d, weight_decay, maximize, scale] =
-    GENERATE(table<double, double, double, double, double, bool, double>({
-      {1e-2, -0.8, -1.0, 1.0, 0.0, false, 1.0},   // torch's defaults
-      {0.3, -0.8, 1e-3, 1.0, 0.1, true, 1.0},     // rho_t = 1 / sqrt(t) from step 12 on; decay; maximize
-      {0.05, -0.5, -1.0, 2.0, 0.0, false, 1e-5},  // eps2 above RMS(param); another beta2 schedule and d
+  // lr, beta2_decay, eps1 (< 0: None), d, weight_decay, maximize, the parameters' scale, the
+  // plan's chunk length (0: the backend's; 16: chunks that cut rows and tiles, each with its
+  // own per-tensor body)
+  auto const [lr, beta2_decay, eps1, d, weight_decay, maximize, scale, chunk] =
+    GENERATE(table<double, double, double, double, double, bool, double, std::int64_t>({
+      {1e-2, -0.8, -1.0, 1.0, 0.0, false, 1.0, 0},   // torch's defaults
+      {0.3, -0.8, 1e-3, 1.0, 0.1, true, 1.0, 0},     // rho_t = 1 / sqrt(t) from step 12 on; decay; maximize
+      {0.05, -0.5, -1.0, 2.0, 0.0, false, 1e-5, 0},  // eps2 above RMS(param); another beta2 schedule and d
+      {1e-2, -0.8, -1.0, 1.0, 0.0, false, 1.0, 16},
     }));
   options o;
   o.lr = lr;
@@ -159,12 +162,12 @@ FUSEDOPT_RULE_TEST("adafactor matches torch's Adafactor step by step", "[optimiz
 
   std::ostringstream label;
   label << "lr=" << lr << " beta2_decay=" << beta2_decay << " eps1=" << eps1 << " d=" << d
-        << " weight_decay=" << weight_decay << " maximize=" << maximize << " scale=" << scale;
+        << " weight_decay=" << weight_decay << " maximize=" << maximize << " scale=" << scale << " chunk=" << chunk;
   INFO(context<T>("adafactor", label.str()));
   random r(42);
   slot_data<T> param(sizes, 0), grad(sizes, 0);
   param.randomize(r, -scale, scale);
-  auto const plan = executor::make_plan(0, writes(fusedopt::slot::param, param), reads(fusedopt::slot::grad, grad));
+  auto const plan = executor::make_plan(chunk, writes(fusedopt::slot::param, param), reads(fusedopt::slot::grad, grad));
   // The tolerances: the statistics are stored in T after a few operations in the arithmetic
   // type; the update reads the stored statistics (the reference its exact ones), so its
   // terms carry their rounding, halved by the square root, and the RMS over the tensor; sums
