@@ -115,8 +115,9 @@ class muon_plan {
   using output_plan = plan<binding<slot::param_t, param_type>, binding<slot::ns_matrix_t, NS const>>;
 
   /// @brief Groups the tensors by shape, allocates the workspace (cudaMalloc), uploads the
-  /// ratio tables, creates the cuBLAS handle and plans both passes on `stream` (synchronised).
-  /// Do not build a plan while `stream` is being captured.
+  /// ratio tables, creates the cuBLAS handle, plans both passes and runs one Newton-Schulz
+  /// iteration over the zeroed workspace (so that cuBLAS loads its kernels before a step is
+  /// captured), on `stream`, synchronised. Do not build a plan while `stream` is being captured.
   /// @param shapes one per tensor, row-major (torch's `p.shape`): rows x cols must be the
   /// tensor's size; sides and group sizes must fit in an int (cuBLAS's dimensions).
   /// @throws fusedopt::error on a shape that does not fit its tensor, options cuda::plan rejects,
@@ -136,6 +137,12 @@ class muon_plan {
                          std::to_string(g.shape.rows) + " x " + std::to_string(g.shape.cols) +
                          " does not fit cuBLAS's int dimensions");
     }
+    // One iteration over the zeroed workspace now: cuBLAS chooses and loads its kernels
+    // (lazily loaded modules, heuristics) here, not in the first step, which may be captured.
+    rules::muon warm_up;
+    warm_up.ns_steps = 1;
+    newton_schulz(warm_up, stream);
+    FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
   muon_plan(muon_plan&&) noexcept = default;
