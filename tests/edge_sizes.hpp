@@ -16,7 +16,7 @@ inline std::vector<std::int64_t> all_edge_sizes()
           16385, 16391, 40000, 65537, 100000};
 }
 
-/// A few of them, for runs under a sanitizer (FUSEDOPT_TEST_QUICK).
+/// A few of them: the trajectories of tests/rules (sanitised runs too).
 inline std::vector<std::int64_t> quick_edge_sizes() { return {0, 1, 7, 9, 17, 129, 4097, 16391}; }
 
 }  // namespace fusedopt_test

@@ -471,18 +471,21 @@ def _expression_struct(spec: RuleSpec) -> str:
 QUANTIZED_FAMILIES = ("sgd", "adam", "adamw", "lion")
 
 
-def aot_units(backend: str, fine: bool = False) -> Dict[str, Tuple[str, dict]]:
+def aot_units(backend: str, fine: bool = False, dtype: Optional[str] = None) -> Dict[str, Tuple[str, dict]]:
     """Every built-in unit of `backend` ahead of time, by name: (source, what it covers: a dict
     of 'kind' (plan, norm or support), 'families', 'dtype' and 'quantized' (None: all)). Each
     compiles every layout it covers and GradScaler's kernels. `fine`: one unit per family and
     dtype (8-bit layouts apart), so that setup.py compiles them in parallel (the whole of
     Adam's bfloat16 plans took 217 s in one unit on the H200 machine); else one per family (CI's
-    compile-only check: fewer translation units)."""
+    compile-only check: fewer translation units). `dtype` (a DTYPES name; not with `fine`): the
+    families' units compile that parameter dtype's plans only (every layout and GradScaler's)."""
     units = {}
+    only = None if dtype is None else Only(DTYPES.index(dtype), None, True, None)
     for family in FAMILIES:
         if not fine:
-            units[family] = (builtin_source(backend, [family]), dict(kind="plan", families=[family], dtype=None,
-                                                                    quantized=None))
+            units[family] = (builtin_source(backend, [family], only),
+                             dict(kind="plan", families=[family], dtype=None if only is None else only.dtype,
+                                  quantized=None))
             continue
         for d, name in enumerate(DTYPES):
             splits = (False, True) if family in QUANTIZED_FAMILIES and name != "f64" else (None,)
@@ -504,10 +507,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", metavar="DIR", required=True, help="write the sources of the built-in units here")
     parser.add_argument("--backend", choices=("host", "cuda"), action="append", help="default: both")
+    parser.add_argument("--cuda-dtype", choices=DTYPES,
+                        help="the CUDA units compile this parameter dtype's plans only (CI's compile-only check, "
+                             "where the host units check every dtype's instantiations)")
     args = parser.parse_args(argv)
     os.makedirs(args.write, exist_ok=True)
     for backend in args.backend or ("host", "cuda"):
-        for name, (text, _) in aot_units(backend).items():
+        for name, (text, _) in aot_units(backend, dtype=args.cuda_dtype if backend == "cuda" else None).items():
             path = os.path.join(args.write, f"{backend}_{name}{extension(backend)}")
             old = open(path).read() if os.path.exists(path) else None
             if old != text:  # unchanged files keep their time stamp: no rebuild
