@@ -21,7 +21,10 @@
 ///
 /// `factored_layout` builds the table from the tensors' shapes and sizes the workspace the pass
 /// needs (its tile partials and the row totals), which the caller allocates once, beside the
-/// statistics. Nothing is allocated or synchronised in a step.
+/// statistics. Nothing is allocated or synchronised in a step. The host backend checks each
+/// entry against its tensor's size before writing anything; the CUDA backend cannot (the table
+/// is device memory): there an entry that does not describe its tensor reads and writes out of
+/// bounds.
 #pragma once
 
 #include <cstddef>
