@@ -16,7 +16,7 @@ import torch
 
 from .rules import rule
 
-__all__ = ["Rprop", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW", "ScheduleFreeSGD"]
+__all__ = ["Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW", "ScheduleFreeSGD"]
 
 
 def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, doc=None):
@@ -74,6 +74,51 @@ class Rprop(_RpropRule):
         lo, hi = _pair(step_sizes, "step_sizes")
         super().__init__(params, lr=lr, etaminus=float(etaminus), etaplus=float(etaplus), step_size_min=float(lo),
                          step_size_max=float(hi), maximize=bool(maximize), capturable=capturable, fused=fused)
+
+
+_ASGDRule = _library_rule(
+    "_ASGDRule", "fo::rules::asgd",
+    hypers=dict(lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0, maximize=False, double_scalars=False),
+    states=dict(ax=0.0), elementwise=True)
+
+
+class ASGD(_ASGDRule):
+    """torch.optim.ASGD's arguments and semantics (``_single_tensor_asgd``: eta and mu are functions
+    of the step, formed per step in the kernel's preparation in torch's float32 rounding, or
+    float64 under a float64 default dtype). The state holds ``ax`` (the average); ``state_dict()``
+    adds torch's per-parameter ``eta`` and ``mu``, so that torch.optim.ASGD loads it."""
+
+    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0, *, maximize=False,
+                 capturable=False, fused=None, **kwargs):
+        _check("ASGD", lr, kwargs, capturable)
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        super().__init__(params, lr=lr, lambd=float(lambd), alpha=float(alpha), t0=float(t0),
+                         weight_decay=float(weight_decay), maximize=bool(maximize),
+                         double_scalars=torch.get_default_dtype() == torch.float64, capturable=capturable,
+                         fused=fused)
+
+    def state_dict(self):
+        saved = super().state_dict()
+        for group, saved_group in zip(self.param_groups, saved["param_groups"]):
+            lr = group["lr"].item() if isinstance(group["lr"], torch.Tensor) else group["lr"]
+            dtype = torch.float64 if group["double_scalars"] else torch.float32
+            for p, index in zip(group["params"], saved_group["params"]):
+                entry = saved["state"].get(index)
+                if not entry or "step" not in entry:
+                    continue
+                step = float(entry["step"])
+                device = p.device if group["capturable"] else "cpu"
+                entry["eta"] = torch.as_tensor(lr / ((1 + group["lambd"] * lr * step) ** group["alpha"]), dtype=dtype,
+                                               device=device)
+                entry["mu"] = torch.as_tensor(1 / max(1, step - group["t0"]), dtype=dtype, device=device)
+        return saved
+
+    def load_state_dict(self, state_dict):
+        # eta and mu follow from the step: torch's entries are dropped, not kept beside ours.
+        state_dict = dict(state_dict, state={i: {k: v for k, v in s.items() if k not in ("eta", "mu")}
+                                             for i, s in state_dict["state"].items()})
+        return super().load_state_dict(state_dict)
 
 
 _AdEMAMixRule = _library_rule(

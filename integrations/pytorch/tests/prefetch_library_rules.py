@@ -10,7 +10,7 @@ import torch
 
 import fusedopt_torch as ft
 
-CLASSES = [ft.Rprop, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft.CAdamW, ft.ScheduleFreeAdamW, ft.ScheduleFreeSGD]
+CLASSES = [ft.Rprop, ft.ASGD, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft.CAdamW, ft.ScheduleFreeAdamW, ft.ScheduleFreeSGD]
 
 
 def main():
@@ -19,7 +19,7 @@ def main():
     print(f"core {time.time() - start:.1f} s", flush=True)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     jobs = [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
-    jobs += [(ft.Rprop, d, torch.float64) for d in devices]
+    jobs += [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
 
     def build(job):
         try:

@@ -283,7 +283,7 @@ class TorchReference(Reference):
         self.opt.step()
 
     def states(self, i):
-        return {k: v for k, v in self.opt.state[self.params[i]].items() if k != "step"}
+        return {k: v for k, v in self.opt.state[self.params[i]].items() if k not in ("step", "eta", "mu")}
 
 
 # (class, reference factory, options) per case: defaults and the options switched on.
@@ -291,6 +291,9 @@ CASES = {
     "rprop": (ft.Rprop, lambda ps, **o: TorchReference(ps, torch.optim.Rprop, **o), dict(lr=1e-2)),
     "rprop_options": (ft.Rprop, lambda ps, **o: TorchReference(ps, torch.optim.Rprop, **o),
                       dict(lr=3e-3, etas=(0.3, 1.5), step_sizes=(1e-4, 0.02), maximize=True)),
+    "asgd": (ft.ASGD, lambda ps, **o: TorchReference(ps, torch.optim.ASGD, **o), dict(lr=1e-2)),
+    "asgd_averaging": (ft.ASGD, lambda ps, **o: TorchReference(ps, torch.optim.ASGD, **o),
+                       dict(lr=1e-2, lambd=1e-2, alpha=0.5, t0=3, weight_decay=0.01, maximize=True)),
     "ademamix": (ft.AdEMAMix, AdEMAMixReference, dict(lr=1e-2, betas=(0.9, 0.999, 0.9999))),
     "ademamix_schedulers": (ft.AdEMAMix, AdEMAMixReference,
                             dict(lr=1e-2, betas=(0.9, 0.999, 0.999), alpha=5.0, alpha_warmup=8, beta3_warmup=6,
@@ -350,7 +353,8 @@ def test_against_reference(case, device):
         opt.step()
 
 
-@pytest.mark.parametrize("case", ["ademamix", "adan", "adopt", "rprop", "stable_adamw", "cadamw", "schedule_free_adamw"])
+@pytest.mark.parametrize("case", ["asgd_averaging", "ademamix", "adan", "adopt", "rprop", "stable_adamw", "cadamw",
+                                  "schedule_free_adamw"])
 def test_state_dict_round_trip(case):
     device = DEVICES[-1]
     cls, _, options = CASES[case]
@@ -377,7 +381,8 @@ def test_state_dict_round_trip(case):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("case", ["ademamix_schedulers", "adan_no_prox", "adopt", "rprop", "stable_adamw", "cadamw"])
+@pytest.mark.parametrize("case", ["asgd_averaging", "ademamix_schedulers", "adan_no_prox", "adopt", "rprop", "stable_adamw",
+                                  "cadamw"])
 def test_cuda_graph(case):
     cls, _, options = CASES[case]
     pc, pd = make_params("cuda"), make_params("cuda")
@@ -430,6 +435,36 @@ def test_bfloat16_params(case, device):
     for p, q in zip(params, ref.params):
         assert p.dtype == torch.bfloat16 and torch.isfinite(p).all()
         torch.testing.assert_close(p.float(), q, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_asgd_state_dict_loads_into_torch(device):
+    """ASGD's state_dict carries torch's eta and mu: torch.optim.ASGD continues from it, and ours
+    from torch's."""
+    a, b = make_params(device), make_params(device)
+    options = dict(lr=1e-2, lambd=1e-2, t0=2)
+    ours = ft.ASGD(a, **options)
+    for step in range(4):
+        for p, g in zip(a, grads_of(a, step)):
+            p.grad = g
+        ours.step()
+    with torch.no_grad():
+        for p, q in zip(a, b):
+            q.copy_(p)
+    theirs = torch.optim.ASGD(b, foreach=False, **options)
+    theirs.load_state_dict(ours.state_dict())
+    back = ft.ASGD(make_params(device), **options)
+    back.load_state_dict(theirs.state_dict())
+    for step in range(4, 7):
+        for params in (a, b):
+            for p, g in zip(params, grads_of(params, step)):
+                p.grad = g
+        ours.step()
+        theirs.step()
+    for p, q in zip(a, b):
+        assert_close_to(p, q, "ASGD continued by torch", 7)
+        assert_close_to(ours.state[p]["ax"], theirs.state[q]["ax"], "ASGD's ax continued by torch", 7)
+    assert set(back.state[back.param_groups[0]["params"][0]]) == {"step", "ax"}
 
 
 def test_lr_scheduler_and_groups():
