@@ -35,6 +35,15 @@ def _pair(value, what, n=2):
     return value
 
 
+def _betas(betas, n=2):
+    """`betas` as n floats in [0, 1), with torch's message for one out of range."""
+    betas = _pair(betas, "betas", n)
+    for i, b in enumerate(betas):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+    return tuple(float(b) for b in betas)
+
+
 def _check(cls, lr, kwargs, capturable=False):
     """torch's checks of lr, and the references' implementation switches: foreach is accepted and
     means nothing here (the step is one fused kernel); differentiable=True is refused; any other
@@ -136,13 +145,10 @@ class AdEMAMix(_AdEMAMixRule):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=2.0, beta3_warmup=None, alpha_warmup=None,
                  weight_decay=0.0, eps=1e-8, *, maximize=False, capturable=False, fused=None, **kwargs):
         _check("AdEMAMix", lr, kwargs, capturable)
-        b1, b2, b3 = _pair(betas, "betas", 3)
-        for i, b in enumerate((b1, b2, b3)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        b1, b2, b3 = _betas(betas, 3)
         if not 0.0 <= alpha:
             raise ValueError(f"Invalid alpha value: {alpha}")
-        super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), beta3=float(b3), alpha=float(alpha),
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, beta3=b3, alpha=float(alpha),
                          beta3_warmup=int(beta3_warmup or 0), alpha_warmup=int(alpha_warmup or 0), eps=float(eps),
                          weight_decay=float(weight_decay), maximize=bool(maximize), capturable=capturable,
                          fused=fused)
@@ -163,13 +169,10 @@ class Adan(_AdanRule):
     def __init__(self, params, lr=1e-3, betas=(0.98, 0.92, 0.99), eps=1e-8, weight_decay=0.0, max_grad_norm=0.0,
                  no_prox=False, *, maximize=False, capturable=False, fused=None, **kwargs):
         _check("Adan", lr, kwargs, capturable)
-        b1, b2, b3 = _pair(betas, "betas", 3)
         if max_grad_norm:
             raise NotImplementedError("Adan: max_grad_norm > 0 is not supported; clip the gradients before the step")
-        for i, b in enumerate((b1, b2, b3)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
-        super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), beta3=float(b3), eps=float(eps),
+        b1, b2, b3 = _betas(betas, 3)
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, beta3=b3, eps=float(eps),
                          weight_decay=float(weight_decay), no_prox=bool(no_prox), maximize=bool(maximize),
                          capturable=capturable, fused=fused)
 
@@ -194,12 +197,12 @@ class ADOPT(_ADOPTRule):
                  weight_decay=0.0, decouple=False, *, clip_exp=None, maximize=False, capturable=False, fused=None,
                  **kwargs):
         _check("ADOPT", lr, kwargs, capturable)
-        b1, b2 = _pair(betas, "betas")
+        b1, b2 = _betas(betas)
         if clip_lambda is not None and clip_lambda is not _default_clip_lambda:
             raise ValueError("ADOPT: clip_lambda must be the default (step ** 0.25) or None; give another power of the "
                              "step as clip_exp")
         clip = clip_lambda is not None or clip_exp is not None
-        super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), eps=float(eps), clip=clip,
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, eps=float(eps), clip=clip,
                          clip_exp=float(0.25 if clip_exp is None else clip_exp), weight_decay=float(weight_decay),
                          decouple=bool(decouple), maximize=bool(maximize), capturable=capturable, fused=fused)
 
@@ -223,8 +226,8 @@ class StableAdamW(_StableAdamWRule):
             raise NotImplementedError("StableAdamW: kahan_sum is not supported (fusedopt_torch.AdamW(kahan=True) is "
                                       "AdamW with Kahan-summed bfloat16 parameters)")
         _check("StableAdamW", lr, kwargs, capturable)
-        b1, b2 = _pair(betas, "betas")
-        super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), weight_decay=float(weight_decay),
+        b1, b2 = _betas(betas)
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, weight_decay=float(weight_decay),
                          eps=float(eps), decouple_lr=bool(decouple_lr), max_lr=float(max_lr or 0.0),
                          maximize=bool(maximize), capturable=capturable, fused=fused)
 
@@ -244,8 +247,8 @@ class CAdamW(_CAdamWRule):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, maximize=False,
                  capturable=False, fused=None, **kwargs):
         _check("CAdamW", lr, kwargs, capturable)
-        b1, b2 = _pair(betas, "betas")
-        super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), eps=float(eps),
+        b1, b2 = _betas(betas)
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, eps=float(eps),
                          weight_decay=float(weight_decay), maximize=bool(maximize), capturable=capturable,
                          fused=fused)
 
@@ -341,8 +344,8 @@ class ScheduleFreeAdamW(_ScheduleFree, _ScheduleFreeAdamWRule):
     def __init__(self, params, lr=0.0025, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
                  weight_lr_power=2.0, *, fused=None, capturable=False, **kwargs):
         _check("ScheduleFreeAdamW", lr, kwargs)
-        b1, b2 = _pair(betas, "betas")
-        super().__init__(params, lr=lr, beta1=float(b1), beta2=float(b2), eps=float(eps),
+        b1, b2 = _betas(betas)
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, eps=float(eps),
                          weight_decay=float(weight_decay), fused=fused)
         self._init_schedule(warmup_steps, r, weight_lr_power, capturable)
 
