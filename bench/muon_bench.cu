@@ -64,7 +64,19 @@ double ns_flops(std::vector<fo::matrix_shape> const& shapes, int steps)
 }
 
 template <class NS>
+void run_on(workload const& w, int steps, cudaStream_t stream);
+
+template <class NS>
 void run(workload const& w, int steps)
+{
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  run_on<NS>(w, steps, stream);
+  check(cudaStreamDestroy(stream), "cudaStreamDestroy");  // after the plan, whose handle was on it
+}
+
+template <class NS>
+void run_on(workload const& w, int steps, cudaStream_t stream)
 {
   std::int64_t total = 0;
   for (auto const& s : w.shapes) { total += s.rows * s.cols; }
@@ -92,8 +104,6 @@ void run(workload const& w, int steps)
     bufs.push_back(m + offset, n);
     offset += n;
   }
-  cudaStream_t stream = nullptr;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   auto const plan = fo::cuda::make_muon_plan<NS>(
     fo::bind(fo::slot::param = params, fo::slot::grad = grads, fo::slot::momentum_buffer = bufs), w.shapes, {},
     stream);
@@ -144,7 +154,6 @@ void run(workload const& w, int steps)
   }
   check(cudaEventDestroy(start), "cudaEventDestroy");
   check(cudaEventDestroy(stop), "cudaEventDestroy");
-  check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   check(cudaFree(p), "cudaFree");
   check(cudaFree(g), "cudaFree");
   check(cudaFree(m), "cudaFree");

@@ -133,15 +133,27 @@ struct bounds {
   double frobenius, element;
 };
 
+template <class DeviceNS, class HostNS>
+void compare_on_stream(std::vector<matrix_shape> const& shapes, muon const& opt, int steps, bounds bound,
+                       std::string const& name, std::uint64_t seed, cudaStream_t stream);
+
 // `steps` steps of a CUDA plan (Newton-Schulz in DeviceNS) and of a host plan (HostNS) on the
 // same gradients: buffers bit for bit, O and parameters within `bound`.
 template <class DeviceNS, class HostNS>
 void compare_with_host(std::vector<matrix_shape> const& shapes, muon const& opt, int steps, bounds bound,
                        std::string const& name, std::uint64_t seed = 1)
 {
-  muon_problem pr(shapes, seed);
   cudaStream_t stream = nullptr;
   FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  compare_on_stream<DeviceNS, HostNS>(shapes, opt, steps, bound, name, seed, stream);
+  FO_TEST_CUDA(cudaStreamDestroy(stream));  // after the plans: the CUDA plan's handle was on it
+}
+
+template <class DeviceNS, class HostNS>
+void compare_on_stream(std::vector<matrix_shape> const& shapes, muon const& opt, int steps, bounds bound,
+                       std::string const& name, std::uint64_t seed, cudaStream_t stream)
+{
+  muon_problem pr(shapes, seed);
   fo::cuda::muon_options opts;
   opts.passes.chunk_elements = 256;  // several chunks per matrix: the norms combine partials
   auto const device_plan = fo::cuda::make_muon_plan<DeviceNS>(pr.device_lists(), shapes, opts, stream);
@@ -174,7 +186,6 @@ void compare_with_host(std::vector<matrix_shape> const& shapes, muon const& opt,
   }
   std::printf("muon distances: %s: O within %.3g of ||O||, %.3g of max|O|\n", name.c_str(), worst.frobenius,
               worst.element);
-  FO_TEST_CUDA(cudaStreamDestroy(stream));
 }
 
 std::vector<matrix_shape> mixed_shapes()
@@ -239,7 +250,8 @@ TEST_CASE("cuda muon: per-iteration coefficients and other lengths", "[cuda][muo
   opt = muon{};
   opt.ns_steps = GENERATE(0, 1, 7);
   opt.momentum = 0.5;
-  compare_with_host<float, float>({{5, 7}, {7, 5}, {1, 9}, {9, 1}}, opt, 2, float_bounds, "float NS, other lengths", 11);
+  compare_with_host<float, float>({{5, 7}, {7, 5}, {1, 9}, {9, 1}}, opt, 2, float_bounds, "float NS, other lengths",
+                                  11);
 }
 
 TEST_CASE("cuda muon: a step captured in a CUDA graph replays as eager steps", "[cuda][muon][graph]")
@@ -248,54 +260,57 @@ TEST_CASE("cuda muon: a step captured in a CUDA graph replays as eager steps", "
   muon_problem replayed(shapes, 13), eager(shapes, 13);
   cudaStream_t stream = nullptr;
   FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto const graph_plan = fo::cuda::make_muon_plan<float>(replayed.device_lists(), shapes, {}, stream);
-  auto const eager_plan = fo::cuda::make_muon_plan<float>(eager.device_lists(), shapes, {}, stream);
+  {
+    auto const graph_plan = fo::cuda::make_muon_plan<float>(replayed.device_lists(), shapes, {}, stream);
+    auto const eager_plan = fo::cuda::make_muon_plan<float>(eager.device_lists(), shapes, {}, stream);
 
-  device_array<double> lr(1), wd(1), mu(1);
-  device_array<std::int64_t> counter(1);
-  muon from_memory;
-  from_memory.lr = fo::scalar<double>::from_pointer(lr.get());
-  from_memory.weight_decay = fo::scalar<double>::from_pointer(wd.get());
-  from_memory.momentum = fo::scalar<double>::from_pointer(mu.get());
-  fo::step_info counted{fo::scalar<std::int64_t>::from_pointer(counter.get())};
-  counted.advance = counter.get();
-  captured_graph const graph(stream, [&] { graph_plan.run(from_memory, counted, stream); });
+    device_array<double> lr(1), wd(1), mu(1);
+    device_array<std::int64_t> counter(1);
+    muon from_memory;
+    from_memory.lr = fo::scalar<double>::from_pointer(lr.get());
+    from_memory.weight_decay = fo::scalar<double>::from_pointer(wd.get());
+    from_memory.momentum = fo::scalar<double>::from_pointer(mu.get());
+    fo::step_info counted{fo::scalar<std::int64_t>::from_pointer(counter.get())};
+    counted.advance = counter.get();
+    captured_graph const graph(stream, [&] { graph_plan.run(from_memory, counted, stream); });
 
-  int const steps = 3;
-  for (std::int64_t t = 1; t <= steps; ++t) {
-    eager.new_gradients();
-    for (std::size_t m = 0; m < shapes.size(); ++m) { replayed.device_grads[m]->upload(eager.grads[m]); }
-    muon opt;
-    opt.lr = 0.01 * static_cast<double>(t);
-    opt.weight_decay = 0.05 * static_cast<double>(t);
-    opt.momentum = 0.9 - 0.1 * static_cast<double>(t);
-    lr.set(opt.lr.value);
-    wd.set(opt.weight_decay.value);
-    mu.set(opt.momentum.value);
-    graph.launch(stream);
-    eager_plan.run(opt, fo::step_info{t}, stream);
-    FO_TEST_CUDA(cudaStreamSynchronize(stream));
-    for (std::size_t m = 0; m < shapes.size(); ++m) {
-      INFO("step " << t << ", matrix " << m);
-      auto const n = shapes[m].rows * shapes[m].cols;
-      auto const bufs_replayed = replayed.device_bufs[m]->download();
-      auto const bufs_eager = eager.device_bufs[m]->download();
-      CHECK(std::equal(bufs_replayed.begin(), bufs_replayed.end(), bufs_eager.begin(),
-                       [](float a, float b) { return same_bits(a, b); }));
-      // cuBLAS gives the same bits for the same problem on one stream; the bound is for a
-      // replay that picked another kernel.
-      distances const d = distance(download_matrix(graph_plan.matrix(m), n), download_matrix(eager_plan.matrix(m), n));
-      CHECK(d.frobenius <= 1e-5);
-      auto const p_replayed = replayed.device_params[m]->download();
-      auto const p_eager = eager.device_params[m]->download();
-      double param_diff = 0;
-      for (std::size_t i = 0; i < p_eager.size(); ++i) {
-        param_diff = std::max(param_diff, std::abs(static_cast<double>(p_replayed[i]) - p_eager[i]));
+    int const steps = 3;
+    for (std::int64_t t = 1; t <= steps; ++t) {
+      eager.new_gradients();
+      for (std::size_t m = 0; m < shapes.size(); ++m) { replayed.device_grads[m]->upload(eager.grads[m]); }
+      muon opt;
+      opt.lr = 0.01 * static_cast<double>(t);
+      opt.weight_decay = 0.05 * static_cast<double>(t);
+      opt.momentum = 0.9 - 0.1 * static_cast<double>(t);
+      lr.set(opt.lr.value);
+      wd.set(opt.weight_decay.value);
+      mu.set(opt.momentum.value);
+      graph.launch(stream);
+      eager_plan.run(opt, fo::step_info{t}, stream);
+      FO_TEST_CUDA(cudaStreamSynchronize(stream));
+      for (std::size_t m = 0; m < shapes.size(); ++m) {
+        INFO("step " << t << ", matrix " << m);
+        auto const n = shapes[m].rows * shapes[m].cols;
+        auto const bufs_replayed = replayed.device_bufs[m]->download();
+        auto const bufs_eager = eager.device_bufs[m]->download();
+        CHECK(std::equal(bufs_replayed.begin(), bufs_replayed.end(), bufs_eager.begin(),
+                         [](float a, float b) { return same_bits(a, b); }));
+        // cuBLAS gives the same bits for the same problem on one stream; the bound is for a
+        // replay that picked another kernel.
+        distances const d =
+          distance(download_matrix(graph_plan.matrix(m), n), download_matrix(eager_plan.matrix(m), n));
+        CHECK(d.frobenius <= 1e-5);
+        auto const p_replayed = replayed.device_params[m]->download();
+        auto const p_eager = eager.device_params[m]->download();
+        double param_diff = 0;
+        for (std::size_t i = 0; i < p_eager.size(); ++i) {
+          param_diff = std::max(param_diff, std::abs(static_cast<double>(p_replayed[i]) - p_eager[i]));
+        }
+        CHECK(param_diff <= 1e-6);
       }
-      CHECK(param_diff <= 1e-6);
     }
-  }
-  CHECK(counter.value() == steps);
+    CHECK(counter.value() == steps);
+  }  // the plans and the graph go before their stream
   FO_TEST_CUDA(cudaStreamDestroy(stream));
 }
 

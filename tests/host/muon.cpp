@@ -380,7 +380,8 @@ TEST_CASE("muon plan: errors before anything is written", "[muon]")
   std::vector<matrix_shape> const shapes = {{8, 12}, {12, 8}};
   problem<float> pr(shapes, 29);
   expect_error([&] { (void)fo::host::make_muon_plan(pr.lists(), {{8, 12}}); }, {"2 tensors", "one shape per tensor"});
-  expect_error([&] { (void)fo::host::make_muon_plan(pr.lists(), {{8, 12}, {12, 9}}); }, {"tensor 1", "96 elements", "12 x 9"});
+  expect_error([&] { (void)fo::host::make_muon_plan(pr.lists(), {{8, 12}, {12, 9}}); },
+               {"tensor 1", "96 elements", "12 x 9"});
   expect_error([&] { (void)fo::host::make_muon_plan(pr.lists(), {{8, 12}, {-12, -8}}); }, {"negative shape"});
   auto const plan = fo::host::make_muon_plan(pr.lists(), shapes);
   auto const before = pr.params;

@@ -186,7 +186,8 @@ class muon_plan {
   /// of both passes, on `stream`). @throws fusedopt::error if the geometry differs.
   void rebind(lists_type const& lists, cudaStream_t stream = nullptr)
   {
-    FUSEDOPT_EXPECTS(can_rebind(lists), "muon_plan::rebind: the lists do not have the plan's geometry; make a new plan");
+    FUSEDOPT_EXPECTS(can_rebind(lists),
+                     "muon_plan::rebind: the lists do not have the plan's geometry; make a new plan");
     input_.rebind(input_lists(lists), stream);
     output_.rebind(output_lists(lists), stream);
     lists_ = lists;
@@ -216,7 +217,12 @@ class muon_plan {
     void operator()(void* p) const noexcept { (void)cudaFree(p); }  // fails only when the context is gone
   };
   struct handle_destroy {
-    void operator()(cublasHandle_t h) const noexcept { (void)cublasDestroy(h); }
+    void operator()(cublasHandle_t h) const noexcept
+    {
+      // Off the last step's stream first: the caller may have destroyed it already.
+      (void)cublasSetStream(h, nullptr);
+      (void)cublasDestroy(h);
+    }
   };
 
   // The plan's one allocation, cut in 256-byte-aligned parts (cuBLAS's workspace needs 256).
@@ -234,7 +240,8 @@ class muon_plan {
 
   static std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-  static workspace allocate(::fusedopt::detail::muon_layout const& layout, std::size_t cublas_bytes, cudaStream_t stream)
+  static workspace allocate(::fusedopt::detail::muon_layout const& layout, std::size_t cublas_bytes,
+                            cudaStream_t stream)
   {
     std::vector<double> const ratios = layout.ratio_tables();
     std::size_t const sizes[] = {aligned(ratios.size() * sizeof(double)),

@@ -140,10 +140,13 @@ class muon_plan {
 
   /// @brief Points the gradients at `addresses`, one per tensor (new gradient buffers every
   /// step), checked as host::plan::rebind(slot, ...) checks them.
-  void rebind(slot::grad_t, typename input_plan::template slot_pointer_t<slot::grad_t> const* addresses, std::size_t count)
+  void rebind(slot::grad_t, typename input_plan::template slot_pointer_t<slot::grad_t> const* addresses,
+              std::size_t count)
   {
     input_.rebind(slot::grad, addresses, count);
-    for (std::size_t t = 0; t < count; ++t) { ::fusedopt::detail::bound_lists_access::repoint<grad_at>(lists_, t, addresses[t]); }
+    for (std::size_t t = 0; t < count; ++t) {
+      ::fusedopt::detail::bound_lists_access::repoint<grad_at>(lists_, t, addresses[t]);
+    }
   }
 
   /// @brief Tensor `t`'s matrix in the workspace, row-major like the parameter: after `run`,

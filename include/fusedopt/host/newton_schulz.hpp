@@ -62,7 +62,8 @@ template <class NS>
 void ns_symmetric_product(float const* x, std::int64_t s, std::int64_t n, float alpha, float beta, float const* c,
                        float* out, int threads)
 {
-  bool const parallel = s * s * n >= (std::int64_t{1} << 22);  // a parallel region per product: worth it from ~4M multiply-adds
+  // A parallel region per product: worth it from ~4M multiply-adds.
+  bool const parallel = s * s * n >= (std::int64_t{1} << 22);
   (void)threads;
   (void)parallel;
 #if defined(_OPENMP)
@@ -80,9 +81,10 @@ void ns_symmetric_product(float const* x, std::int64_t s, std::int64_t n, float 
 
 // next = round(p m + a m): p is s x s, m and next s x l, row-major.
 template <class NS>
-void ns_polynomial_step(float const* p, float const* m, std::int64_t s, std::int64_t l, float a, float* next, int threads)
+void ns_polynomial_step(float const* p, float const* m, std::int64_t s, std::int64_t l, float a, float* next,
+                        int threads)
 {
-  bool const parallel = s * s * l >= (std::int64_t{1} << 22);  // a parallel region per product: worth it from ~4M multiply-adds
+  bool const parallel = s * s * l >= (std::int64_t{1} << 22);  // as above
   (void)threads;
   (void)parallel;
 #if defined(_OPENMP)
@@ -137,7 +139,8 @@ void newton_schulz(NS* matrices, std::int64_t count, std::int64_t stride, matrix
     for (int it = 0; it < opt.ns_steps; ++it) {
       rules::ns_coefficients const k = opt.iteration(it);
       detail::ns_symmetric_product<NS>(m, s, l, 1.0f, 0.0f, nullptr, gram, threads);
-      detail::ns_symmetric_product<NS>(gram, s, s, static_cast<float>(k.c), static_cast<float>(k.b), gram, poly, threads);
+      detail::ns_symmetric_product<NS>(gram, s, s, static_cast<float>(k.c), static_cast<float>(k.b), gram, poly,
+                                       threads);
       detail::ns_polynomial_step<NS>(poly, m, s, l, static_cast<float>(k.a), next, threads);
       std::swap(m, next);
     }

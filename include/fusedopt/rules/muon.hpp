@@ -106,7 +106,10 @@ struct muon {
   muon_lr_adjustment adjust_lr = muon_lr_adjustment::original;
 
   /// @brief The coefficients of iteration `i`.
-  [[nodiscard]] ns_coefficients iteration(int i) const { return ns_schedule != nullptr ? ns_schedule[i] : coefficients; }
+  [[nodiscard]] ns_coefficients iteration(int i) const
+  {
+    return ns_schedule != nullptr ? ns_schedule[i] : coefficients;
+  }
 
   /// @brief Checks the options as torch's constructor does (lr, weight_decay, momentum not
   /// negative; ns_steps below 100), and eps not negative.
@@ -207,7 +210,10 @@ struct muon_momentum {
     }
   };
 
-  FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {direction{momentum.get(), nesterov}}; }
+  FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const
+  {
+    return {direction{momentum.get(), nesterov}};
+  }
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const
   {
     return prepared{direction{momentum.get(), nesterov}, r,
