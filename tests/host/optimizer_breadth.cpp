@@ -115,6 +115,11 @@ TEST_CASE("the new optimizers move the bytes docs/rules.md states (fp32)", "[opt
   STATIC_REQUIRE(fp32_bytes<r::cautious_weight_decay<r::adamw>, s::exp_avg_t, s::exp_avg_sq_t> == 28);
   STATIC_REQUIRE(fp32_bytes<r::prodigy, s::p0_t, s::s_t, s::exp_avg_t, s::exp_avg_sq_t> == 24 + 40);
   STATIC_REQUIRE(fp32_bytes<r::prodigy, s::p0_t, s::s_t, s::exp_avg_sq_t> == 20 + 32);
+  // Factored passes count their slot reads (not the tile partials and statistics, docs/rules.md):
+  // Adafactor's reads grad (4), its reduction pass param and grad (8); CAME's first factored
+  // pass grad, its reduction pass grad, its second factored pass grad and exp_avg.
+  STATIC_REQUIRE(fp32_bytes<r::adafactor> == 4 + 8 + 12);
+  STATIC_REQUIRE(fp32_bytes<r::came, s::exp_avg_t> == 4 + 4 + 8 + 20);
 }
 
 TEST_CASE("the new optimizers are trivially copyable", "[optimizers]")
@@ -131,4 +136,6 @@ TEST_CASE("the new optimizers are trivially copyable", "[optimizers]")
   STATIC_REQUIRE(std::is_trivially_copyable_v<r::cautious<r::lion>>);
   STATIC_REQUIRE(std::is_trivially_copyable_v<r::cautious_weight_decay<r::adamw>>);
   STATIC_REQUIRE(std::is_trivially_copyable_v<r::prodigy>);
+  STATIC_REQUIRE(std::is_trivially_copyable_v<r::adafactor>);
+  STATIC_REQUIRE(std::is_trivially_copyable_v<r::basic_came<double>>);
 }
