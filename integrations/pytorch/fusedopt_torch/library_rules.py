@@ -286,6 +286,7 @@ class _ScheduleFree:
     """train()/eval() and the per-group scalars of facebookresearch/schedule_free's classes."""
 
     _beta_key = "beta1"
+    _scalars_per_step = True  # step() advances the group's scalars (step_in_backward refuses it)
 
     def _init_schedule(self, warmup_steps, r, weight_lr_power, capturable):
         if capturable:

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""The optimizer step inside backward (issue 46) on a GPT-2-small-shaped model (transformers'
+GPT2LMHeadModel, 124M parameters, float32 parameters, bfloat16 autocast, batch 8 x 512 tokens),
+in one process on the GPU machine, one iteration = forward + backward + the step:
+
+  ordinary          fusedopt_torch.AdamW: backward(); step(); zero_grad(set_to_none=True)
+  in_backward       fusedopt_torch.step_in_backward(AdamW): backward() alone (buckets of 32 MiB)
+  torch_per_param   torch's recipe: one torch.optim.AdamW(fused=True) per parameter, stepped and
+                    zeroed in a post-accumulate-grad hook
+
+Per mode: median iteration time over --iterations (after two warm-up iterations that create the
+states), peak memory of an iteration (torch.cuda.max_memory_allocated after a reset), and the
+gradients' bytes for scale. (That the two fusedopt modes step the same bits is
+integrations/pytorch/tests/test_in_backward.py's.)
+
+Usage: python3 bench/in_backward.py [--iterations 20] [--out FILE]
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integrations", "pytorch"))
+import fusedopt_torch as ft  # noqa: E402
+
+
+def make_model(seed=0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
+    return GPT2LMHeadModel(config).cuda()
+
+
+def run(mode, iterations, tokens):
+    model = make_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    step = None
+    if mode == "ordinary":
+        opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
+
+        def step():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    elif mode == "in_backward":
+        opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
+        ft.step_in_backward(opt, bucket_bytes=32 << 20)
+    else:
+        per_param = {p: torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, fused=True) for p in params}
+
+        def hook(p):
+            per_param[p].step()
+            per_param[p].zero_grad(set_to_none=True)
+
+        for p in params:
+            p.register_post_accumulate_grad_hook(hook)
+    times, peaks = [], []
+    for k in range(iterations + 2):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        if step is not None:
+            step()
+        torch.cuda.synchronize()
+        if k >= 2:
+            times.append(time.perf_counter() - start)
+            peaks.append(torch.cuda.max_memory_allocated())
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    return model, dict(iteration_ms=statistics.median(times) * 1e3, iteration_ms_min=min(times) * 1e3,
+                       peak_mib=max(peaks) / 2**20, grad_mib=grad_bytes / 2**20)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    tokens = torch.randint(0, 50257, (8, 512), device="cuda", generator=gen)
+    rows = {}
+    for mode in ("ordinary", "in_backward", "torch_per_param"):
+        model, rows[mode] = run(mode, args.iterations, tokens)
+        r = rows[mode]
+        print(f"{mode:16s} iteration {r['iteration_ms']:7.2f} ms (min {r['iteration_ms_min']:.2f}), peak "
+              f"{r['peak_mib']:8.1f} MiB (gradients {r['grad_mib']:.1f} MiB)", flush=True)
+        del model
+        gc.collect()  # the hooks make cycles (parameter -> hook -> optimizer -> parameter)
+        torch.cuda.empty_cache()
+        print(f"  left allocated after {mode}: {torch.cuda.memory_allocated() / 2**20:.1f} MiB", flush=True)
+    base = rows["ordinary"]
+    for mode in ("in_backward", "torch_per_param"):
+        r = rows[mode]
+        r["memory_saved_of_gradients"] = (base["peak_mib"] - r["peak_mib"]) / base["grad_mib"]
+        r["time_vs_ordinary"] = r["iteration_ms"] / base["iteration_ms"]
+        print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.0f}% of the gradients' bytes, iteration "
+              f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows)
+    out = args.out or (os.path.join(os.environ["OUT"], "in_backward.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

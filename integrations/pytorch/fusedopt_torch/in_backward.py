@@ -1,0 +1,142 @@
+"""The optimizer step inside backward (issue 46): each parameter is stepped soon after its gradient
+is ready, in fused launches over buckets of parameters, and its gradient is freed at once.
+
+    opt = fusedopt_torch.AdamW(model.parameters(), lr=3e-4)
+    stepper = fusedopt_torch.step_in_backward(opt)       # hooks every parameter of opt
+    for batch in data:
+        loss = model(batch).sum()
+        loss.backward()          # steps opt's parameters bucket by bucket, frees their gradients
+        scheduler.step()         # LR schedulers act on opt as usual; no opt.step(), no zero_grad()
+
+Why: a model's gradients are held only to feed the optimizer; stepping as they arrive frees
+their memory during backward (peak memory lower by up to the gradients' bytes) and overlaps the
+step with the rest of backward. torch's recipe (one optimizer per parameter, stepped in a
+post-accumulate-grad hook) launches once per tensor; here a bucket of parameters whose
+gradients are ready is one fused launch of the optimizer's own plans.
+
+How: a post-accumulate-grad hook per parameter puts it into a pending bucket; when the bucket
+holds `bucket_bytes` of gradients, ``optimizer.step()`` runs over it (the parameters that have a
+gradient at that moment are exactly the bucket's: the others' gradients are not computed yet or
+already freed) and sets their gradients to None. The rest is stepped by a callback at the end of
+backward. The step of every element is the ordinary step's (the same kernels, on fewer tensors):
+parameters are bit-identical to ``backward(); step(); zero_grad()`` for the elementwise
+optimizers. The first backward creates the states (the ordinary first step's work); later ones
+find the buckets' plans rebuilt in C++ (a change of which parameters have a gradient), no Python.
+
+Gradient accumulation: ``with stepper.accumulate(): loss.backward()`` for every micro-batch but
+the last (gradients accumulate, nothing is stepped). What needs every gradient before any step
+does not combine with it: LAMB's max_grad_norm and user rules that read a reduction's total over
+every tensor are refused here; GradScaler (the hooks would step scaled gradients: use bfloat16
+autocast, which needs no scaler) and clip_grad_norm_ (after backward there is nothing left to
+clip) cannot be detected from the hooks, so do not use them with it. Per-tensor reductions (LAMB's
+trust ratios, StableAdamW, CAdamW) are per bucket as they are per step. docs/memory.md.
+"""
+
+import contextlib
+
+import torch
+
+__all__ = ["StepInBackward", "step_in_backward"]
+
+
+class StepInBackward:
+    """Hooks that step `optimizer`'s parameters during backward (see the module's text). Keep the
+    object: ``remove()`` takes the hooks away, ``accumulate()`` is the context for micro-batches
+    whose gradients must only accumulate, ``buckets`` counts the fused steps of the last backward."""
+
+    def __init__(self, optimizer, bucket_bytes=32 << 20):
+        from .optimizers import FusedOptimizer
+
+        if not isinstance(optimizer, FusedOptimizer):
+            raise TypeError(f"step_in_backward: a fusedopt_torch optimizer is needed, not {type(optimizer).__name__}")
+        spec = getattr(optimizer, "_spec", None)
+        if spec is not None and any(f"{r.name}_total" in (spec.body or "") for r in spec.reductions):
+            # A reduction's total is over every tensor of the launch: a bucket's would differ.
+            raise NotImplementedError(f"step_in_backward: {type(optimizer).__name__} reads a reduction's total over "
+                                      "every tensor, which a bucket is not")
+        if getattr(optimizer, "_scalars_per_step", False):
+            # Schedule-Free advances its group's scalars at every step() call: once per bucket.
+            raise NotImplementedError(f"step_in_backward: {type(optimizer).__name__} advances per-step scalars in "
+                                      "step(), which a bucket would advance once per bucket")
+        if any(g.get("max_grad_norm", 0) for g in optimizer.param_groups):
+            # LAMB clips by the norm of every gradient before its step.
+            raise NotImplementedError(f"step_in_backward: {type(optimizer).__name__} with max_grad_norm > 0 needs every "
+                                      "gradient before any step; set max_grad_norm=0")
+        if int(bucket_bytes) <= 0:
+            raise ValueError(f"step_in_backward: bucket_bytes must be positive, not {bucket_bytes}")
+        self.optimizer = optimizer
+        self.bucket_bytes = int(bucket_bytes)
+        self.buckets = 0
+        self._pending, self._pending_bytes = [], 0
+        self._accumulating = False
+        self._flush_queued = False
+        self._handles = []
+        self._params = []
+        seen = set()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                self._params.append(p)
+                self._handles.append(p.register_post_accumulate_grad_hook(self._ready))
+
+    @contextlib.contextmanager
+    def accumulate(self):
+        """Within: backward accumulates gradients and steps nothing (micro-batches before the last)."""
+        previous, self._accumulating = self._accumulating, True
+        try:
+            yield self
+        finally:
+            self._accumulating = previous
+
+    def remove(self):
+        """Takes the hooks away: the optimizer is stepped by its own step() again."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _ready(self, p):
+        if self._accumulating:
+            return
+        if not self._flush_queued:
+            # The last bucket of this backward, whatever its size, at the end of backward.
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._flush_queued = True
+            self.buckets = 0
+        self._pending.append(p)
+        self._pending_bytes += p.grad.numel() * p.grad.element_size()
+        if self._pending_bytes >= self.bucket_bytes:
+            self._flush()
+
+    def _finish(self):
+        self._flush_queued = False
+        self._flush()
+
+    def _flush(self):
+        if not self._pending:
+            return
+        opt = self.optimizer
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        # step() steps every parameter that has a gradient: those not in the bucket (their
+        # gradients still accumulating from earlier micro-batches) are hidden from it meanwhile.
+        in_bucket = {id(p) for p in pending}
+        hidden = [(p, p.grad) for p in self._params if p.grad is not None and id(p) not in in_bucket]
+        for p, _ in hidden:
+            p.grad = None
+        try:
+            with torch.no_grad():
+                opt.step()
+        finally:
+            for p, g in hidden:
+                p.grad = g
+        for p in pending:
+            p.grad = None
+        self.buckets += 1
+
+
+def step_in_backward(optimizer, bucket_bytes=32 << 20):
+    """Steps `optimizer` (a fusedopt_torch optimizer) inside backward from now on: every bucket of
+    `bucket_bytes` of ready gradients is one fused step, and their gradients are freed. Returns the
+    StepInBackward (keep it; ``remove()`` ends it). docs/memory.md."""
+    return StepInBackward(optimizer, bucket_bytes)
