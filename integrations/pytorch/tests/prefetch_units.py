@@ -1,0 +1,55 @@
+"""Compiles units in parallel before a test run that would compile them one at a time at first
+steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 for Rprop's and
+ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py) and the built-in
+optimizers' of test_in_backward.py (one first step each, on a small model, in threads). Prints
+what failed; exit status 1 if anything did."""
+
+import concurrent.futures
+import sys
+import time
+
+import torch
+
+import fusedopt_torch as ft
+
+CLASSES = [ft.Rprop, ft.ASGD, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft.CAdamW, ft.ScheduleFreeAdamW, ft.ScheduleFreeSGD]
+
+
+def main():
+    start = time.time()
+    ft.extension()
+    print(f"core {time.time() - start:.1f} s", flush=True)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    jobs = [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
+    jobs += [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
+
+    def build(job):
+        try:
+            job[0].compile(job[1], job[2])
+            return None
+        except Exception as e:  # reported, and the tests then fail with the same error
+            return f"{job[0].__name__} {job[1]} {job[2]}: {e}"
+
+    def first_step(job):
+        make, device = job
+        try:
+            params = [torch.zeros(4, 3, device=device, requires_grad=True), torch.zeros(3, device=device, requires_grad=True)]
+            for p in params:
+                p.grad = torch.ones_like(p)
+            make(params).step()
+            return None
+        except Exception as e:
+            return f"first step on {device}: {e}"
+
+    builtins = [lambda ps: ft.AdamW(ps), lambda ps: ft.Adam(ps, amsgrad=True), lambda ps: ft.SGD(ps, momentum=0.9, nesterov=True),
+                lambda ps: ft.Lion(ps), lambda ps: ft.LAMB(ps, max_grad_norm=0.0)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        steps = pool.map(first_step, [(b, d) for b in builtins for d in devices])
+        errors = [e for e in pool.map(build, jobs) if e] + [e for e in steps if e]
+    print(f"{len(jobs)} rule units and {len(builtins) * len(devices)} first steps in {time.time() - start:.1f} s; "
+          f"{len(errors)} failed", *errors, sep="\n")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
