@@ -20,6 +20,7 @@
 
 #include "chain.hpp"
 #include "config.hpp"
+#include "detail/factored.hpp"
 #include "detail/pack.hpp"
 #include "detail/phases.hpp"
 #include "detail/rule_traits.hpp"
@@ -127,6 +128,9 @@ struct groups : detail::groups_reduction<Rule> {
   static_assert(!detail::needs_after_step<Rule>::value,
                 "fusedopt::groups: the rule has an after-step hook (flags, norms, loss scale), which "
                 "each group would run; chain such rules outside the groups");
+  static_assert(detail::factor_count_v<Rule> == 0,
+                "fusedopt::groups: the rule has a factored pass (Adafactor, CAME: factored.hpp), which a "
+                "group cannot hold; run one plan per group");
 
   using reads = detail::rule_reads_t<Rule>;
   using writes = detail::rule_writes_t<Rule>;

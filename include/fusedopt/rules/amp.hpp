@@ -31,6 +31,7 @@
 
 #include "../chain.hpp"
 #include "../config.hpp"
+#include "../detail/factored.hpp"
 #include "../detail/phases.hpp"
 #include "../detail/rule_traits.hpp"
 #include "../error.hpp"
@@ -261,6 +262,9 @@ struct count_nonfinite_gradients {
 /// Parts chained before the wrapper run on every step and must not write memory.
 template <class Decide, class Inner>
 struct skip_step_when : chained<skip_step_when<Decide, Inner>, chain_rule<Decide, detail::guard_t<Inner>>> {
+  static_assert(fusedopt::detail::factor_count_v<Inner> == 0,
+                "fusedopt: skip_if_nonfinite and skip_if_set cannot wrap a rule with factored passes (Adafactor, "
+                "CAME: factored.hpp) yet: a skipped step would still fold its factored statistics");
   using base = chained<skip_step_when<Decide, Inner>, chain_rule<Decide, detail::guard_t<Inner>>>;
   using typename base::chain_type;
   /// What the chain reads, and every slot it writes: a skipped step stores loaded values.
