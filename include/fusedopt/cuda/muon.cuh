@@ -341,51 +341,30 @@ class muon_plan {
       static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
-  // The workspace holds each matrix as the parameter, row-major rows x cols: to cuBLAS
-  // (column-major) that is the cols x rows matrix X^T, so no transposition is ever copied.
-  // rows <= cols: torch's X is the matrix itself; W = X^T (large x small, ld large):
-  //   A = W^T W; B = c A A + b A; W = W B^T + a W (= (B X + a X)^T).
-  // rows > cols: torch orthogonalises X^T, which is what cuBLAS sees, M (small x large, ld small):
-  //   A = M M^T; B = c A A + b A; M = B M + a M.
-  // Each iteration first copies the group's matrices, so that the last GEMM reads the copy
-  // and rewrites the workspace in place (C = beta C + ...: no aliasing of input and output).
+  // detail::newton_schulz_gemms (rules/muon.hpp) has the sequence and why; here its copies
+  // and GEMMs go to the stream and cuBLAS.
   void newton_schulz(rules::muon const& opt, cudaStream_t stream) const
   {
     if (opt.ns_steps == 0) { return; }
     FUSEDOPT_CUBLAS_TRY(cublasSetStream(handle_.get(), stream));
     // After the stream: cublasSetStream puts the handle back on cuBLAS's own workspace pool.
     FUSEDOPT_CUBLAS_TRY(cublasSetWorkspace(handle_.get(), memory_.cublas, memory_.cublas_bytes));
+    auto const copy = [stream](NS* destination, NS const* source, std::int64_t elements) {
+      FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(destination, source, static_cast<std::size_t>(elements) * sizeof(NS),
+                                        cudaMemcpyDeviceToDevice, stream));
+    };
+    auto const gemm_call = [this](::fusedopt::detail::gemm_op ta, ::fusedopt::detail::gemm_op tb, auto... rest) {
+      gemm(operation(ta), operation(tb), rest...);
+    };
     for (auto const& g : layout_.groups) {
-      if (g.small == 0 || g.large == 0) { continue; }
-      bool const transposed = g.shape.rows > g.shape.cols;
-      std::int64_t const s = g.small;
-      std::int64_t const l = g.large;
-      NS* const x = memory_.matrices + g.offset;
-      for (int it = 0; it < opt.ns_steps; ++it) {
-        rules::ns_coefficients const k = opt.iteration(it);
-        FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(memory_.copies, x, static_cast<std::size_t>(g.count * g.stride) * sizeof(NS),
-                                          cudaMemcpyDeviceToDevice, stream));
-        if (transposed) {
-          gemm(CUBLAS_OP_N, CUBLAS_OP_T, s, s, l, 1.0f, memory_.copies, s, g.stride, memory_.copies, s, g.stride, 0.0f,
-               memory_.gram, s, g.square_stride, g.count);
-        } else {
-          gemm(CUBLAS_OP_T, CUBLAS_OP_N, s, s, l, 1.0f, memory_.copies, l, g.stride, memory_.copies, l, g.stride, 0.0f,
-               memory_.gram, s, g.square_stride, g.count);
-        }
-        FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(memory_.poly, memory_.gram,
-                                          static_cast<std::size_t>(g.count * g.square_stride) * sizeof(NS),
-                                          cudaMemcpyDeviceToDevice, stream));
-        gemm(CUBLAS_OP_N, CUBLAS_OP_N, s, s, s, static_cast<float>(k.c), memory_.gram, s, g.square_stride, memory_.gram,
-             s, g.square_stride, static_cast<float>(k.b), memory_.poly, s, g.square_stride, g.count);
-        if (transposed) {
-          gemm(CUBLAS_OP_N, CUBLAS_OP_N, s, l, s, 1.0f, memory_.poly, s, g.square_stride, memory_.copies, s, g.stride,
-               static_cast<float>(k.a), x, s, g.stride, g.count);
-        } else {
-          gemm(CUBLAS_OP_N, CUBLAS_OP_T, l, s, s, 1.0f, memory_.copies, l, g.stride, memory_.poly, s, g.square_stride,
-               static_cast<float>(k.a), x, l, g.stride, g.count);
-        }
-      }
+      ::fusedopt::detail::newton_schulz_gemms(g, memory_.matrices + g.offset, memory_.copies, memory_.gram,
+                                              memory_.poly, opt, copy, gemm_call);
     }
+  }
+
+  static cublasOperation_t operation(::fusedopt::detail::gemm_op op)
+  {
+    return op == ::fusedopt::detail::gemm_op::t ? CUBLAS_OP_T : CUBLAS_OP_N;
   }
 
   ::fusedopt::detail::muon_layout layout_;

@@ -377,5 +377,53 @@ struct muon_layout {
   }
 };
 
+/// A GEMM operand as cuBLAS takes it: as stored (column-major) or transposed.
+enum class gemm_op { n, t };
+
+/// One group's Newton-Schulz as a sequence of copies and batched column-major GEMMs
+/// (C = alpha op(A) op(B) + beta C over `g.count` matrices): what the CUDA plan hands cuBLAS,
+/// kept here, free of CUDA, so that host tests run the same sequence through an emulated GEMM.
+/// `copy(destination, source, elements)`; `gemm(op_a, op_b, m, n, k, alpha, a, lda, stride_a,
+/// b, ldb, stride_b, beta, c, ldc, stride_c, batch)`.
+///
+/// The workspace holds each matrix as the parameter, row-major rows x cols: to a column-major
+/// GEMM that is the cols x rows matrix X^T, so no transposition is ever copied.
+/// rows <= cols: torch's X is the matrix itself; W = X^T (large x small, ld large):
+///   A = W^T W; B = c A A + b A; W = W B^T + a W (= (B X + a X)^T).
+/// rows > cols: torch orthogonalises X^T, which is what the GEMM sees, M (small x large, ld small):
+///   A = M M^T; B = c A A + b A; M = B M + a M.
+/// Each iteration first copies the group's matrices, so that the last GEMM reads the copy and
+/// rewrites the workspace in place (its C is its output: no input may alias it), and A into B
+/// (B's beta term).
+template <class T, class Copy, class Gemm>
+void newton_schulz_gemms(muon_layout::group const& g, T* x, T* copies, T* gram, T* poly, rules::muon const& opt,
+                         Copy&& copy, Gemm&& gemm)
+{
+  if (g.small == 0 || g.large == 0) { return; }
+  bool const transposed = g.shape.rows > g.shape.cols;
+  std::int64_t const s = g.small;
+  std::int64_t const l = g.large;
+  std::int64_t const sq = g.square_stride;
+  for (int it = 0; it < opt.ns_steps; ++it) {
+    rules::ns_coefficients const k = opt.iteration(it);
+    copy(copies, x, g.count * g.stride);
+    if (transposed) {
+      gemm(gemm_op::n, gemm_op::t, s, s, l, 1.0f, copies, s, g.stride, copies, s, g.stride, 0.0f, gram, s, sq, g.count);
+    } else {
+      gemm(gemm_op::t, gemm_op::n, s, s, l, 1.0f, copies, l, g.stride, copies, l, g.stride, 0.0f, gram, s, sq, g.count);
+    }
+    copy(poly, gram, g.count * sq);
+    gemm(gemm_op::n, gemm_op::n, s, s, s, static_cast<float>(k.c), gram, s, sq, gram, s, sq, static_cast<float>(k.b),
+         poly, s, sq, g.count);
+    if (transposed) {
+      gemm(gemm_op::n, gemm_op::n, s, l, s, 1.0f, poly, s, sq, copies, s, g.stride, static_cast<float>(k.a), x, s,
+           g.stride, g.count);
+    } else {
+      gemm(gemm_op::n, gemm_op::t, l, s, s, 1.0f, copies, l, g.stride, poly, s, sq, static_cast<float>(k.a), x, l,
+           g.stride, g.count);
+    }
+  }
+}
+
 }  // namespace detail
 FUSEDOPT_NAMESPACE_END
