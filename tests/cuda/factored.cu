@@ -1,0 +1,128 @@
+// Factored passes on the GPU give the host backend's bits (factored.hpp: both backends add in
+// one order): Adafactor and CAME over the same tensors, step by step, on the host backend and
+// on the CUDA backend, every parameter, exp_avg and statistic compared bit for bit after every
+// step; shapes of 1-D, 0-D and empty tensors, R > C, R < C, 1 x N, N x 1, around the 64 x 64
+// tiles, 3-D and 4-D batches; default chunks and chunks of 16 elements; the four element types.
+// (tests/rules/adafactor.hpp and came.hpp check both backends against the references.)
+#include <fusedopt/fusedopt.cuh>
+
+#include <cstdint>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "catch.hpp"
+#include "reference/factored.hpp"
+#include "rules/cuda_executor.cuh"
+#include "rules/executor.hpp"
+
+namespace fusedopt_test {
+namespace {
+
+using namespace factored_test;
+
+std::vector<std::vector<std::int64_t>> bit_shapes()
+{
+  return {{7}, {}, {0}, {1}, {130, 3}, {3, 130}, {1, 67}, {67, 1}, {65, 64}, {64, 65}, {2, 5, 9}, {3, 70, 66}, {2, 2, 1, 5}};
+}
+
+/// Whether two vectors hold the same bytes.
+template <class T>
+bool same_bits(std::vector<T> const& a, std::vector<T> const& b)
+{
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+template <class T>
+bool same_bits(slot_data<T>& a, slot_data<T>& b)
+{
+  for (std::size_t k = 0; k < a.num_tensors(); ++k) {
+    if (!same_bits(a.tensors()[k], b.tensors()[k])) { return false; }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("adafactor's statistics and steps on the GPU have the host backend's bits", "[factored][adafactor]",
+                   float, double, fusedopt::half, fusedopt::bfloat16)
+{
+  using T = TestType;
+  std::int64_t const chunk = GENERATE(std::int64_t{0}, std::int64_t{16});
+  bool const decay = GENERATE(false, true);
+  auto const dims = bit_shapes();
+  std::vector<std::int64_t> sizes;
+  for (auto const& s : dims) { sizes.push_back(elements(s)); }
+  statistics<host_executor, T> host_stats(dims);
+  statistics<cuda_executor, T> device_stats(dims);
+  slot_data<T> host_param(sizes, 0), host_grad(sizes, 0), device_param(sizes, 0), device_grad(sizes, 0);
+  random r(11);
+  host_param.randomize(r, -1, 1);
+  device_param.tensors() = host_param.tensors();
+  auto const host_plan =
+    host_executor::make_plan(chunk, writes(fusedopt::slot::param, host_param), reads(fusedopt::slot::grad, host_grad));
+  auto const device_plan = cuda_executor::make_plan(chunk, writes(fusedopt::slot::param, device_param),
+                                                    reads(fusedopt::slot::grad, device_grad));
+  fusedopt::rules::basic_adafactor<T> host_rule, device_rule;
+  host_rule.lr = device_rule.lr = 0.3;
+  host_rule.weight_decay = device_rule.weight_decay = decay ? 0.1 : 0.0;
+  host_rule.maximize = device_rule.maximize = decay;
+  host_rule.statistics = host_stats.table();
+  device_rule.statistics = device_stats.table();
+  for (std::int64_t t = 1; t <= 6; ++t) {
+    INFO("chunk " << chunk << " decay " << decay << " step " << t);
+    host_grad.randomize(r, t % 3 == 0 ? -10 : -1, t % 3 == 0 ? 10 : 1);
+    device_grad.tensors() = host_grad.tensors();
+    host_plan.run(host_rule, fusedopt::step_info{t});
+    device_plan.run(device_rule, fusedopt::step_info{t});
+    CHECK(same_bits(host_stats.rows.get(), device_stats.rows.get()));
+    CHECK(same_bits(host_stats.cols.get(), device_stats.cols.get()));
+    CHECK(same_bits(host_param, device_param));
+  }
+}
+
+TEMPLATE_TEST_CASE("came's statistics and steps on the GPU have the host backend's bits", "[factored][came]", float,
+                   double, fusedopt::half, fusedopt::bfloat16)
+{
+  using T = TestType;
+  using S = fusedopt::opmath_t<T>;
+  std::int64_t const chunk = GENERATE(std::int64_t{0}, std::int64_t{16});
+  auto const dims = bit_shapes();
+  std::vector<std::int64_t> sizes;
+  for (auto const& s : dims) { sizes.push_back(elements(s)); }
+  statistics<host_executor, S> host_second(dims), host_confidence(dims, false);
+  statistics<cuda_executor, S> device_second(dims), device_confidence(dims, false);
+  slot_data<T> host_param(sizes, 0), host_grad(sizes, 0), device_param(sizes, 0), device_grad(sizes, 0);
+  slot_data<S> host_m(sizes, 0), device_m(sizes, 0);
+  random r(12);
+  host_param.randomize(r, -1, 1);
+  device_param.tensors() = host_param.tensors();
+  auto const host_plan = host_executor::make_plan(chunk, writes(fusedopt::slot::param, host_param),
+                                                  reads(fusedopt::slot::grad, host_grad),
+                                                  writes(fusedopt::slot::exp_avg, host_m));
+  auto const device_plan = cuda_executor::make_plan(chunk, writes(fusedopt::slot::param, device_param),
+                                                    reads(fusedopt::slot::grad, device_grad),
+                                                    writes(fusedopt::slot::exp_avg, device_m));
+  fusedopt::rules::basic_came<S> host_rule, device_rule;
+  host_rule.lr = device_rule.lr = 1e-2;
+  host_rule.weight_decay = device_rule.weight_decay = 0.1;
+  host_rule.clip_threshold = device_rule.clip_threshold = 0.5;
+  host_rule.second_moment = host_second.table();
+  host_rule.confidence = host_confidence.table();
+  device_rule.second_moment = device_second.table();
+  device_rule.confidence = device_confidence.table();
+  for (std::int64_t t = 1; t <= 6; ++t) {
+    INFO("chunk " << chunk << " step " << t);
+    host_grad.randomize(r, t % 3 == 0 ? -10 : -1, t % 3 == 0 ? 10 : 1);
+    device_grad.tensors() = host_grad.tensors();
+    host_plan.run(host_rule, fusedopt::step_info{t});
+    device_plan.run(device_rule, fusedopt::step_info{t});
+    CHECK(same_bits(host_second.rows.get(), device_second.rows.get()));
+    CHECK(same_bits(host_second.cols.get(), device_second.cols.get()));
+    CHECK(same_bits(host_confidence.rows.get(), device_confidence.rows.get()));
+    CHECK(same_bits(host_confidence.cols.get(), device_confidence.cols.get()));
+    CHECK(same_bits(host_m, device_m));
+    CHECK(same_bits(host_param, device_param));
+  }
+}
+
+}  // namespace fusedopt_test
