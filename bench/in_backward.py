@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The optimizer step inside backward (issue 46) on a GPT-2-small-shaped model (transformers'
-GPT2LMHeadModel, 124M parameters, float32 parameters, bfloat16 autocast, batch 8 x 512 tokens),
+GPT2LMHeadModel, 124M parameters, float32 parameters, bfloat16 autocast, batch 8 x 512 tokens by default: --batch, --tokens),
 in one process on the GPU machine, one iteration = forward + backward + the step:
 
   ordinary          fusedopt_torch.AdamW: backward(); step(); zero_grad(set_to_none=True)
@@ -43,6 +43,7 @@ def run(mode, iterations, tokens):
     model = make_model()
     params = [p for p in model.parameters() if p.requires_grad]
     step = None
+    hooks = []  # removed at the end: hooks live in C++, where the collector does not see their cycles
     if mode == "ordinary":
         opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
 
@@ -51,7 +52,7 @@ def run(mode, iterations, tokens):
             opt.zero_grad(set_to_none=True)
     elif mode == "in_backward":
         opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
-        ft.step_in_backward(opt, bucket_bytes=32 << 20)
+        hooks.append(ft.step_in_backward(opt, bucket_bytes=32 << 20))
     else:
         per_param = {p: torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, fused=True) for p in params}
 
@@ -60,7 +61,7 @@ def run(mode, iterations, tokens):
             per_param[p].zero_grad(set_to_none=True)
 
         for p in params:
-            p.register_post_accumulate_grad_hook(hook)
+            hooks.append(p.register_post_accumulate_grad_hook(hook))
     times, peaks = [], []
     for k in range(iterations + 2):
         torch.cuda.synchronize()
@@ -76,6 +77,8 @@ def run(mode, iterations, tokens):
             times.append(time.perf_counter() - start)
             peaks.append(torch.cuda.max_memory_allocated())
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    for h in hooks:
+        h.remove()
     return model, dict(iteration_ms=statistics.median(times) * 1e3, iteration_ms_min=min(times) * 1e3,
                        peak_mib=max(peaks) / 2**20, grad_mib=grad_bytes / 2**20)
 
@@ -83,10 +86,12 @@ def run(mode, iterations, tokens):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--out")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(1)
-    tokens = torch.randint(0, 50257, (8, 512), device="cuda", generator=gen)
+    tokens = torch.randint(0, 50257, (args.batch, args.tokens), device="cuda", generator=gen)
     rows = {}
     for mode in ("ordinary", "in_backward", "torch_per_param"):
         model, rows[mode] = run(mode, args.iterations, tokens)
@@ -104,7 +109,8 @@ def main():
         r["time_vs_ordinary"] = r["iteration_ms"] / base["iteration_ms"]
         print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.0f}% of the gradients' bytes, iteration "
               f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows)
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, batch=args.batch, tokens=args.tokens,
+                  rows=rows)
     out = args.out or (os.path.join(os.environ["OUT"], "in_backward.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:

@@ -190,7 +190,21 @@ struct group_data {
   std::vector<void const*> next_param_ptrs, next_grad_ptrs;
   std::vector<bucket> buckets;
   bool built = false;
+  // The plans of other gradient memberships (which parameters have a gradient), kept for when
+  // that membership comes back: the step inside backward steps a model's buckets in turn, and
+  // MoE experts without tokens come and go. A change of membership then swaps the kept plans in
+  // and rebinds them, where building new ones would retire the old (a CUDA plan's destruction
+  // frees its tables, which synchronises the device). Keyed by the membership (one char per
+  // parameter), at most kept_limit sets.
+  struct kept_plans {
+    std::vector<bucket> buckets;
+    std::vector<void const*> param_ptrs, grad_ptrs;
+  };
+  std::map<std::vector<char>, kept_plans> kept;
 };
+
+/// At most this many memberships' plans are kept per group (group_data::kept).
+constexpr std::size_t kept_limit = 64;
 
 /// Checks that `t` (the gradient or a state of parameter `p`) has p's device, shape and strides,
 /// and p's dtype (or `dtype` where given: a user rule's float32 state).
@@ -523,12 +537,17 @@ class engine {
     std::int64_t n = times_.table_uploads;
     for (auto const& d : groups_) {
       for (auto const& b : d.buckets) { n += static_cast<std::int64_t>(b.p->table_uploads()); }
+      for (auto const& [members, k] : d.kept) {
+        for (auto const& b : k.buckets) { n += static_cast<std::int64_t>(b.p->table_uploads()); }
+      }
     }
     return n;
   }
 
   /// Plans built so far (tests: a changed parameter set rebuilds).
   [[nodiscard]] std::int64_t rebuilds() const { return rebuilds_; }
+  /// Kept plans swapped back in so far (a membership of gradients seen before: group_data::kept).
+  [[nodiscard]] std::int64_t reuses() const { return reuses_; }
   /// Groups rebound to moved tensors so far (tests and benchmarks: set_to_none rebinds).
   [[nodiscard]] std::int64_t rebinds() const { return rebinds_; }
   /// Plans in use, over all groups.
@@ -609,14 +628,32 @@ class engine {
     return std::unique_ptr<plan>(made);
   }
 
-  void rebuild(std::size_t g)
+  /// Makes the plans of group `g` for the parameters that have a gradient now: the kept plans of
+  /// that membership where there are (and `reuse`), rebound to the current addresses, else new
+  /// ones. The plans replaced are kept for their membership (group_data::kept).
+  void rebuild(std::size_t g, bool reuse = true)
   {
     auto& d = groups_[g];
     flush(d);
-    for (auto const& b : d.buckets) { times_.table_uploads += static_cast<std::int64_t>(b.p->table_uploads()); }
+    std::size_t const n = d.params.size();
+    // Counts kept on the device (capturable, GradScaler) would have to be written back into
+    // kept plans: those plans are not kept.
+    bool const keep = reuse && !counted_on_device_;
+    if (keep && d.built && d.grad_ptrs.size() == n) {
+      std::vector<char> members(n);
+      for (std::size_t i = 0; i < n; ++i) { members[i] = d.grad_ptrs[i] != nullptr; }
+      if (d.kept.size() >= kept_limit) { retire(d.kept.begin()->second.buckets); d.kept.erase(d.kept.begin()); }
+      d.kept[std::move(members)] = group_data::kept_plans{std::move(d.buckets), d.param_ptrs, d.grad_ptrs};
+    } else {
+      retire(d.buckets);
+      if (counted_on_device_) {  // kept plans are never reused from now on
+        for (auto& entry : d.kept) { retire(entry.second.buckets); }
+        d.kept.clear();
+      }
+    }
     d.buckets.clear();
     d.built = false;
-    std::size_t const n = d.params.size();
+    if (keep && reuse_kept(g)) { return; }
     d.param_ptrs.assign(n, nullptr);
     d.grad_ptrs.assign(n, nullptr);
     d.next_param_ptrs.assign(n, nullptr);  // sized here: a step allocates nothing
@@ -669,6 +706,57 @@ class engine {
     }
     d.built = true;
     ++rebuilds_;
+  }
+
+  void retire(std::vector<bucket>& buckets)
+  {
+    for (auto const& b : buckets) { times_.table_uploads += static_cast<std::int64_t>(b.p->table_uploads()); }
+    buckets.clear();
+  }
+
+  /// Swaps in group g's kept plans of the current membership, rebound to the current addresses,
+  /// when every bucket's members still share one step count (and NAdam's mu_product): a member
+  /// stepped by another membership's plans since would need another bucket. False: none usable.
+  bool reuse_kept(std::size_t g)
+  {
+    auto& d = groups_[g];
+    std::size_t const n = d.params.size();
+    std::vector<char> members(n);
+    for (std::size_t i = 0; i < n; ++i) { members[i] = d.params[i].grad().defined(); }
+    auto const found = d.kept.find(members);
+    if (found == d.kept.end()) { return false; }
+    auto kept = std::move(found->second);
+    d.kept.erase(found);
+    for (auto& b : kept.buckets) {
+      auto const first = static_cast<std::size_t>(b.members.front());
+      for (int i : b.members) {
+        auto const u = static_cast<std::size_t>(i);
+        bool const same = d.steps[u] == d.steps[first] && (d.mu_products.empty() || d.mu_products[u] == d.mu_products[first]);
+        if (!same || check_states(d, u) != b.lay.quantized) {
+          retire(kept.buckets);
+          return false;
+        }
+      }
+      b.step = d.steps[first];
+      if (!d.mu_products.empty()) { b.mu_product = d.mu_products[first]; }
+    }
+    // The addresses now (each new gradient checked as gather checks them), then a rebind.
+    d.param_ptrs = std::move(kept.param_ptrs);
+    d.grad_ptrs = std::move(kept.grad_ptrs);
+    d.next_param_ptrs.assign(n, nullptr);
+    d.next_grad_ptrs.assign(n, nullptr);
+    for (std::size_t i = 0; i < n; ++i) {
+      at::Tensor const& p = d.params[i];
+      at::Tensor const& gr = p.grad();
+      if (gr.defined() && gr.data_ptr() != d.grad_ptrs[i]) { check_same_layout(p, gr, "gradient", i); }
+      d.next_param_ptrs[i] = p.data_ptr();
+      d.next_grad_ptrs[i] = gr.defined() ? gr.data_ptr() : nullptr;
+    }
+    d.buckets = std::move(kept.buckets);
+    d.built = true;
+    ++reuses_;
+    rebind_buckets(g);
+    return true;
   }
 
   /// Sets changed_ for every group from its gradients' and parameters' addresses, noting them
@@ -753,7 +841,7 @@ class engine {
       }
       if (!rebound) {
         phase_clock const rebuilding(times_.rebuild_ns);
-        rebuild(g);
+        rebuild(g, /*reuse=*/false);  // new plans (these refused the addresses: not kept)
         return;
       }
     }
@@ -921,6 +1009,7 @@ class engine {
   std::vector<at::Tensor> amp_tensors_;  // this step's copies of GradScaler's tensors
   std::int64_t rebuilds_ = 0;
   std::int64_t rebinds_ = 0;
+  std::int64_t reuses_ = 0;
   phase_times times_;
   std::chrono::steady_clock::time_point launched_;  // when the step's last plan run returned
 };
@@ -1138,6 +1227,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
     .def("mu_products", &engine::mu_products)
     .def("rebuilds", &engine::rebuilds)
+    .def("reuses", &engine::reuses)
     .def("rebinds", &engine::rebinds)
     .def("host_times", &engine::host_times)
     .def("plans", &engine::plans);

@@ -40,9 +40,12 @@ __all__ = ["StepInBackward", "step_in_backward"]
 
 
 class StepInBackward:
-    """Hooks that step `optimizer`'s parameters during backward (see the module's text). Keep the
-    object: ``remove()`` takes the hooks away, ``accumulate()`` is the context for micro-batches
-    whose gradients must only accumulate, ``buckets`` counts the fused steps of the last backward."""
+    """Hooks that step `optimizer`'s parameters during backward (see the module's text).
+    ``remove()`` takes the hooks away (until then the parameters, their hooks and the optimizer
+    keep each other alive: the hooks are held in C++, where Python's collector does not see the
+    cycle, as with torch's per-parameter recipe), ``accumulate()`` is the context for
+    micro-batches whose gradients must only accumulate, ``buckets`` counts the fused steps of
+    the last backward."""
 
     def __init__(self, optimizer, bucket_bytes=32 << 20):
         from .optimizers import FusedOptimizer

@@ -464,6 +464,11 @@ class FusedOptimizer(Optimizer):
         """How many times plans were built (one per group whose set of parameters with a gradient changed)."""
         return self._engine.rebuilds() if self._engine is not None else 0
 
+    def plan_reuses(self):
+        """How many times a group's kept plans of a set of parameters with a gradient seen before were
+        swapped back in instead of built (step_in_backward's buckets in turn, experts coming and going)."""
+        return self._engine.reuses() if self._engine is not None else 0
+
     def plan_rebinds(self):
         """How many times a group's plans followed moved tensors (new gradients under set_to_none=True)."""
         return self._engine.rebinds() if self._engine is not None else 0

@@ -72,6 +72,8 @@ def test_bits_as_the_ordinary_loop(name, device):
         sched_a.step()
         sched_b.step()
         assert_same(ordinary, opt_a, inside, opt_b)
+    # From the second backward on, every bucket's plans are the kept ones of its membership.
+    assert opt_b.plan_reuses() >= 4 * stepper.buckets, (opt_b.plan_reuses(), stepper.buckets, opt_b.plan_rebuilds())
     stepper.remove()
 
 
