@@ -1,0 +1,222 @@
+// Factored passes on the host backend (factored.hpp), apart from any optimizer: a test part that
+// sums the gradient (signed small integers: every sum exact) per row and column and stores
+// the sums as its statistics; the update reads each element's statistics back. It runs after a
+// reducing part that scales the gradient by its tensor's element count, so the factored pass
+// sees a reduction pass's results (chain order). Then: the same bits for any thread count and
+// chunk length, and tables that do not describe their tensors rejected before anything is
+// written.
+#include <fusedopt/fusedopt.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "catch.hpp"
+#include "prelude.hpp"
+
+namespace {
+
+/// grad *= the number of elements of its tensor (a reduction pass counting them).
+struct scale_by_count {
+  using reduction = fo::reduction<fo::reduce_op::sum>;
+  using reads = fo::slots<>;
+  using writes = fo::slots<>;
+  struct count {
+    template <class E, class Acc>
+    void operator()(E&, Acc& acc) const
+    {
+      acc[0] += 1;
+    }
+  };
+  count prepare_reduce(fo::step_info const&) const { return {}; }
+  struct scale {
+    fo::reduced r;
+    template <class E>
+    void operator()(E& e) const
+    {
+      e[fo::slot::grad] *= static_cast<typename E::value_type>(r.tensor(e.tensor(), 0));
+    }
+  };
+  scale prepare(fo::step_info const&, fo::reduced const& r) const { return {r}; }
+};
+
+/// Factoring part: statistics = the sums of grad (the old values ignored); update: param =
+/// row statistic + 1000 x column statistic (a vector: its row statistic) + the matrix's row
+/// total / 1e6.
+struct sum_gradients {
+  fo::factored_table<double> table{};
+  using reads = fo::slots<fo::slot::grad_t>;
+  using writes = fo::slots<fo::slot::param_t>;
+  fo::factored_table<double> factors() const { return table; }
+  struct value {
+    template <class E>
+    double operator()(E& e) const
+    {
+      return static_cast<double>(e[fo::slot::grad]);
+    }
+  };
+  value prepare_factor(fo::step_info const&) const { return {}; }
+  struct fold {
+    template <class O>
+    O operator()(O, double sum, std::int64_t) const
+    {
+      return static_cast<O>(sum);
+    }
+  };
+  fold prepare_fold(fo::step_info const&) const { return {}; }
+  struct body {
+    fo::factored_table<double> table;
+    template <class E>
+    void operator()(E& e) const
+    {
+      auto const l = fo::factored_lookup<double>::of(table, e.tensor());
+      auto const at = l.locate(e.index());
+      e[fo::slot::param] = l.factored() ? l.row[at.row_line] + 1000 * l.col[at.col_line] + l.row_total[at.matrix] / 1e6
+                                        : l.row[e.index()];
+    }
+  };
+  body prepare(fo::step_info const&) const { return {table}; }
+};
+
+struct problem {
+  std::vector<std::vector<std::int64_t>> dims{{3, 70, 130}, {129, 1}, {5}, {1, 200}, {0}, {64, 64}};
+  fo::factored_layout layout;
+  std::vector<std::vector<double>> p, g;
+  std::vector<double> rows, cols, workspace;
+  std::vector<fo::factored_tensor<double>> entries;
+
+  problem()
+  {
+    for (auto const& d : dims) { layout.add_torch_shape(d); }
+    std::int64_t nr = 0, nc = 0;
+    for (std::size_t t = 0; t < dims.size(); ++t) {
+      nr += layout.row_elements(t);
+      nc += layout.col_elements(t);
+      p.emplace_back(static_cast<std::size_t>(layout.elements(t)), 0.0);
+      g.emplace_back(static_cast<std::size_t>(layout.elements(t)));
+      for (std::size_t i = 0; i < g.back().size(); ++i) {
+        g.back()[i] = static_cast<double>(static_cast<int>((i * 31 + t * 7) % 11) - 5);
+      }
+    }
+    rows.assign(static_cast<std::size_t>(nr), -1.0);
+    cols.assign(static_cast<std::size_t>(nc), -1.0);
+    workspace.assign(static_cast<std::size_t>(layout.workspace_doubles()), 0.0);
+    std::vector<double*> rp, cp;
+    std::int64_t r = 0, c = 0;
+    for (std::size_t t = 0; t < dims.size(); ++t) {
+      rp.push_back(rows.data() + r);
+      cp.push_back(cols.data() + c);
+      r += layout.row_elements(t);
+      c += layout.col_elements(t);
+    }
+    entries = layout.entries<double>(rp, cp, workspace.data());
+  }
+  auto lists()
+  {
+    fo::tensor_list<double> pl;
+    fo::tensor_list<double const> gl;
+    for (std::size_t t = 0; t < p.size(); ++t) {
+      pl.push_back(p[t].data(), static_cast<std::int64_t>(p[t].size()));
+      gl.push_back(g[t].data(), static_cast<std::int64_t>(g[t].size()));
+    }
+    return fo::bind(param = pl, grad = gl);
+  }
+  auto rule() { return fo::chain(scale_by_count{}, sum_gradients{layout.table<double>(entries.data())}); }
+};
+
+}  // namespace
+
+TEST_CASE("a factored pass sums each row and column, after the reduction passes before it", "[factored]")
+{
+  STATIC_REQUIRE(fo::factor_count_v<decltype(problem{}.rule())> == 1);
+  STATIC_REQUIRE(fo::detail::factor_before_v<decltype(problem{}.rule()), 0> == 1);
+  problem pr;
+  auto const plan = fo::host::make_plan(pr.lists());
+  plan.run(pr.rule(), fo::step_info{1});
+  std::int64_t row_offset = 0, col_offset = 0;
+  for (std::size_t t = 0; t < pr.dims.size(); ++t) {
+    auto const& d = pr.dims[t];
+    auto const& g = pr.g[t];
+    auto const n = static_cast<double>(g.size());
+    if (d.size() < 2) {
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        CHECK(pr.rows[static_cast<std::size_t>(row_offset) + i] == g[i] * n);
+        CHECK(pr.p[t][i] == g[i] * n);
+      }
+    } else {
+      std::int64_t const R = d[d.size() - 2], C = d.back(), M = static_cast<std::int64_t>(g.size()) / (R * C);
+      for (std::int64_t m = 0; m < M; ++m) {
+        double total = 0;
+        for (std::int64_t r = 0; r < R; ++r) {
+          double s = 0;
+          for (std::int64_t c = 0; c < C; ++c) { s += g[static_cast<std::size_t>((m * R + r) * C + c)] * n; }
+          CHECK(pr.rows[static_cast<std::size_t>(row_offset + m * R + r)] == s);
+          total += s;
+        }
+        for (std::int64_t c = 0; c < C; ++c) {
+          double s = 0;
+          for (std::int64_t r = 0; r < R; ++r) { s += g[static_cast<std::size_t>((m * R + r) * C + c)] * n; }
+          CHECK(pr.cols[static_cast<std::size_t>(col_offset + m * C + c)] == s);
+        }
+        for (std::int64_t r = 0; r < R; ++r) {
+          for (std::int64_t c = 0; c < C; ++c) {
+            double const want = pr.rows[static_cast<std::size_t>(row_offset + m * R + r)] +
+                                1000 * pr.cols[static_cast<std::size_t>(col_offset + m * C + c)] + total / 1e6;
+            CHECK(pr.p[t][static_cast<std::size_t>((m * R + r) * C + c)] == want);
+          }
+        }
+      }
+    }
+    row_offset += pr.layout.row_elements(t);
+    col_offset += pr.layout.col_elements(t);
+  }
+}
+
+TEST_CASE("a factored pass gives the same bits for any thread count and chunk length", "[factored]")
+{
+  problem reference;
+  // Values whose sums round: the order of the additions shows in the bits.
+  for (auto& t : reference.g) {
+    for (std::size_t i = 0; i < t.size(); ++i) { t[i] = 1.0 / static_cast<double>(3 + i % 17) + 1e-3 * static_cast<double>(i); }
+  }
+  fo::host::options one;
+  one.threads = 1;
+  fo::host::make_plan(reference.lists(), one).run(reference.rule(), fo::step_info{1});
+  for (std::int64_t chunk : {std::int64_t{7}, std::int64_t{4096}}) {
+    problem other;
+    other.g = reference.g;
+    fo::host::options opts;
+    opts.threads = 2;
+    opts.chunk_elements = chunk;
+    fo::host::make_plan(other.lists(), opts).run(other.rule(), fo::step_info{1});
+    CHECK(std::memcmp(other.rows.data(), reference.rows.data(), reference.rows.size() * sizeof(double)) == 0);
+    CHECK(std::memcmp(other.cols.data(), reference.cols.data(), reference.cols.size() * sizeof(double)) == 0);
+    CHECK(other.p == reference.p);
+  }
+}
+
+TEST_CASE("a factored table that does not describe its tensors is rejected before anything is written", "[factored]")
+{
+  problem pr;
+  auto const plan = fo::host::make_plan(pr.lists());
+  auto const before = pr.p;
+  SECTION("an entry of another size")
+  {
+    pr.entries[0].cols = 129;
+  }
+  SECTION("an entry without row statistics")
+  {
+    pr.entries[2].row = nullptr;
+  }
+  SECTION("a table of fewer entries than tensors")
+  {
+    auto rule = pr.rule();
+    rule.get<1>().table.num_tensors = 2;
+    REQUIRE_THROWS_AS(plan.run(rule, fo::step_info{1}), fo::error);
+    CHECK(pr.p == before);
+    return;
+  }
+  REQUIRE_THROWS_AS(plan.run(pr.rule(), fo::step_info{1}), fo::error);
+  CHECK(pr.p == before);
+  CHECK(pr.rows == std::vector<double>(pr.rows.size(), -1.0));
+}
