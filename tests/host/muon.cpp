@@ -288,7 +288,8 @@ TEST_CASE("muon plan: bfloat16 parameters and buffers", "[muon]")
 
 TEST_CASE("muon plan: host Newton-Schulz gives the same bits for any thread count", "[muon]")
 {
-  std::vector<matrix_shape> const shapes = {{256, 192}, {4, 6}};  // large enough for parallel products
+  // One matrix large enough for parallel products; small ones spread over the threads.
+  std::vector<matrix_shape> const shapes = {{256, 192}, {4, 6}, {24, 40}, {24, 40}, {24, 40}, {24, 40}, {24, 40}};
   problem<float> one(shapes, 11), many(shapes, 11);
   fo::host::options single;
   single.threads = 1;

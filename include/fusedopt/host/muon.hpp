@@ -81,9 +81,9 @@ class muon_plan {
   muon_plan(lists_type lists, std::vector<matrix_shape> const& shapes, options opts = {})
       : layout_(shapes, lists.num_tensors(), [&lists](std::size_t t) { return lists.tensor_size(t); }),
         matrices_(allocate<NS>(layout_.matrix_elements)),
-        scratch_(allocate<float>(newton_schulz_scratch(layout_.largest_matrix_small, layout_.largest_matrix_large))),
+        threads_(resolve_threads(opts.threads)),
+        scratch_(allocate<float>(scratch_floats(layout_, threads_))),
         ratios_(layout_.ratio_tables()),
-        threads_(opts.threads),
         lists_(lists),
         input_(input_lists(lists), input_options(opts)),
         output_(output_lists(lists), opts)
@@ -167,6 +167,25 @@ class muon_plan {
     }
   }
 
+  static int resolve_threads(int threads)
+  {
+#if defined(_OPENMP)
+    return threads > 0 ? threads : omp_get_max_threads();
+#else
+    (void)threads;
+    return 1;
+#endif
+  }
+
+  static std::int64_t scratch_floats(::fusedopt::detail::muon_layout const& layout, int threads)
+  {
+    std::int64_t floats = 0;
+    for (auto const& g : layout.groups) {
+      floats = std::max(floats, newton_schulz_scratch(g.small, g.large, g.count, threads));
+    }
+    return floats;
+  }
+
   static options input_options(options opts)
   {
     opts.reduction_capacity = std::max(opts.reduction_capacity, 1);
@@ -201,9 +220,9 @@ class muon_plan {
 
   ::fusedopt::detail::muon_layout layout_;
   mutable std::vector<NS> matrices_;  // written by a step, which is const as host::plan::run is
+  int threads_ = 1;                   // Newton-Schulz's, resolved when the plan is made
   mutable std::vector<float> scratch_;
   std::vector<double> ratios_;
-  int threads_ = 0;
   lists_type lists_;
   input_plan input_;
   output_plan output_;

@@ -10,6 +10,7 @@
 /// Plain loops, correct first: a 768 x 768 matrix's five iterations are 13.6 GFLOP.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -25,10 +26,23 @@
 FUSEDOPT_NAMESPACE_BEGIN
 namespace host {
 
-/// @brief Floats of scratch newton_schulz needs for a matrix whose sides are `small` <= `large`.
-inline std::int64_t newton_schulz_scratch(std::int64_t small, std::int64_t large)
+/// @brief True when one matrix with sides `small` <= `large` is worth parallel products (~4M
+/// multiply-adds a product or more); the smaller matrices of a group are spread over the
+/// threads instead, one matrix to a thread at a time.
+inline bool newton_schulz_splits_matrix(std::int64_t small, std::int64_t large)
 {
-  return 2 * small * large + 2 * small * small;
+  return small * small * large >= (std::int64_t{1} << 22);
+}
+
+/// @brief Floats of scratch newton_schulz needs for `count` matrices whose sides are `small` <=
+/// `large`, on `threads` threads: one matrix's (2 small large + 2 small^2) for each thread that
+/// takes matrices of its own.
+inline std::int64_t newton_schulz_scratch(std::int64_t small, std::int64_t large, std::int64_t count = 1,
+                                          int threads = 1)
+{
+  std::int64_t const one = 2 * small * large + 2 * small * small;
+  if (threads <= 1 || count <= 1 || newton_schulz_splits_matrix(small, large)) { return one; }
+  return one * std::min<std::int64_t>(count, threads);
 }
 
 }  // namespace host
@@ -62,8 +76,7 @@ template <class NS>
 void ns_symmetric_product(float const* x, std::int64_t s, std::int64_t n, float alpha, float beta, float const* c,
                        float* out, int threads)
 {
-  // A parallel region per product: worth it from ~4M multiply-adds.
-  bool const parallel = s * s * n >= (std::int64_t{1} << 22);
+  bool const parallel = threads > 1 && s * s * n >= (std::int64_t{1} << 22);  // host::newton_schulz_splits_matrix
   (void)threads;
   (void)parallel;
 #if defined(_OPENMP)
@@ -84,7 +97,7 @@ template <class NS>
 void ns_polynomial_step(float const* p, float const* m, std::int64_t s, std::int64_t l, float a, float* next,
                         int threads)
 {
-  bool const parallel = s * s * l >= (std::int64_t{1} << 22);  // as above
+  bool const parallel = threads > 1 && s * s * l >= (std::int64_t{1} << 22);  // as above
   (void)threads;
   (void)parallel;
 #if defined(_OPENMP)
@@ -110,24 +123,23 @@ namespace host {
 /// @brief Newton-Schulz in place on `count` matrices of `shape` (row-major), `stride` elements
 /// apart from `matrices`, with `opt`'s iterations and coefficients. A matrix with more rows
 /// than columns is orthogonalised as its transpose (torch's `X.T`), and stored back in its
-/// own layout. `scratch` holds newton_schulz_scratch(min, max) floats. `threads`: OpenMP
-/// threads for one matrix's products (0: OpenMP's default); the result does not depend on it.
+/// own layout. `threads` (at least 1): OpenMP threads, over the rows of each product for large
+/// matrices, over the matrices for small ones (newton_schulz_splits_matrix); `scratch` holds
+/// newton_schulz_scratch(min, max, count, threads) floats. The bits do not depend on `threads`.
 template <class NS>
 void newton_schulz(NS* matrices, std::int64_t count, std::int64_t stride, matrix_shape shape, rules::muon const& opt,
-                   float* scratch, int threads = 0)
+                   float* scratch, int threads = 1)
 {
   static_assert(std::is_same_v<NS, bfloat16> || std::is_same_v<NS, float>,
                 "newton_schulz<NS>: the workspace holds fusedopt::bfloat16 or float");
   bool const transposed = shape.rows > shape.cols;
   std::int64_t const s = transposed ? shape.cols : shape.rows;
   std::int64_t const l = transposed ? shape.rows : shape.cols;
-  if (s == 0 || l == 0) { return; }
-#if defined(_OPENMP)
-  if (threads <= 0) { threads = omp_get_max_threads(); }
-#endif
-  for (std::int64_t matrix = 0; matrix < count; ++matrix) {
+  if (s == 0 || l == 0 || count == 0) { return; }
+  threads = threads < 1 ? 1 : threads;
+  auto const one = [&](std::int64_t matrix, float* slot, int product_threads) {
     NS* x = matrices + matrix * stride;
-    float* m = scratch;
+    float* m = slot;
     float* next = m + s * l;
     float* gram = next + s * l;
     float* poly = gram + s * s;
@@ -138,10 +150,10 @@ void newton_schulz(NS* matrices, std::int64_t count, std::int64_t stride, matrix
     }
     for (int it = 0; it < opt.ns_steps; ++it) {
       rules::ns_coefficients const k = opt.iteration(it);
-      detail::ns_symmetric_product<NS>(m, s, l, 1.0f, 0.0f, nullptr, gram, threads);
+      detail::ns_symmetric_product<NS>(m, s, l, 1.0f, 0.0f, nullptr, gram, product_threads);
       detail::ns_symmetric_product<NS>(gram, s, s, static_cast<float>(k.c), static_cast<float>(k.b), gram, poly,
-                                       threads);
-      detail::ns_polynomial_step<NS>(poly, m, s, l, static_cast<float>(k.a), next, threads);
+                                       product_threads);
+      detail::ns_polynomial_step<NS>(poly, m, s, l, static_cast<float>(k.a), next, product_threads);
       std::swap(m, next);
     }
     for (std::int64_t i = 0; i < s; ++i) {
@@ -149,6 +161,25 @@ void newton_schulz(NS* matrices, std::int64_t count, std::int64_t stride, matrix
         (transposed ? x[k * s + i] : x[i * l + k]) = from_opmath<NS>(m[i * l + k]);
       }
     }
+  };
+  if (threads == 1 || count == 1 || newton_schulz_splits_matrix(s, l)) {
+    for (std::int64_t matrix = 0; matrix < count; ++matrix) { one(matrix, scratch, threads); }
+    return;
+  }
+  std::int64_t const per_thread = newton_schulz_scratch(s, l);
+  int const workers = static_cast<int>(std::min<std::int64_t>(count, threads));
+  (void)workers;
+  (void)per_thread;
+#if defined(_OPENMP)
+#  pragma omp parallel for schedule(dynamic, 1) num_threads(workers)
+#endif
+  for (std::int64_t matrix = 0; matrix < count; ++matrix) {
+#if defined(_OPENMP)
+    float* const slot = scratch + per_thread * omp_get_thread_num();
+#else
+    float* const slot = scratch;
+#endif
+    one(matrix, slot, 1);
   }
 }
 
