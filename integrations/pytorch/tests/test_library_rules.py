@@ -28,6 +28,14 @@ def grads_of(params, step):
     return [torch.randn(p.shape, generator=gen).to(device=p.device, dtype=p.dtype) for p in params]
 
 
+def set_grads(params, step):
+    """Gives `params` the gradients of `step` (grads_of) and returns them."""
+    grads = grads_of(params, step)
+    for p, g in zip(params, grads):
+        p.grad = g
+    return grads
+
+
 # ---- references (plain PyTorch, one tensor at a time, as the reference repositories) ---------
 
 class Reference:
@@ -361,8 +369,7 @@ def test_state_dict_round_trip(case):
     a, b = make_params(device), make_params(device)
     oa = cls(a, **options)
     for step in range(4):
-        for p, g in zip(a, grads_of(a, step)):
-            p.grad = g
+        set_grads(a, step)
         oa.step()
     saved = copy.deepcopy(oa.state_dict())
     with torch.no_grad():
@@ -372,8 +379,7 @@ def test_state_dict_round_trip(case):
     ob.load_state_dict(saved)
     for step in range(4, 8):
         for params in (a, b):
-            for p, g in zip(params, grads_of(params, step)):
-                p.grad = g
+            set_grads(params, step)
         oa.step()
         ob.step()
     for p, q in zip(a, b):
@@ -392,8 +398,7 @@ def test_cuda_graph(case):
     d = cls(pd, **{**options, "lr": lr})
     for step in range(2):
         for params in (pc, pd):
-            for p, g in zip(params, grads_of(params, step)):
-                p.grad = g
+            set_grads(params, step)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -427,9 +432,7 @@ def test_bfloat16_params(case, device):
     ref = make_reference(make_params(device), **options)
     opt = cls(params, **options)
     for step in range(4):
-        grads = grads_of(params, step)
-        for p, g in zip(params, grads):
-            p.grad = g
+        grads = set_grads(params, step)
         opt.step()
         ref.step([g.float() for g in grads])
     for p, q in zip(params, ref.params):
@@ -445,8 +448,7 @@ def test_asgd_state_dict_loads_into_torch(device):
     options = dict(lr=1e-2, lambd=1e-2, t0=2)
     ours = ft.ASGD(a, **options)
     for step in range(4):
-        for p, g in zip(a, grads_of(a, step)):
-            p.grad = g
+        set_grads(a, step)
         ours.step()
     with torch.no_grad():
         for p, q in zip(a, b):
@@ -457,8 +459,7 @@ def test_asgd_state_dict_loads_into_torch(device):
     back.load_state_dict(theirs.state_dict())
     for step in range(4, 7):
         for params in (a, b):
-            for p, g in zip(params, grads_of(params, step)):
-                p.grad = g
+            set_grads(params, step)
         ours.step()
         theirs.step()
     for p, q in zip(a, b):
@@ -474,9 +475,7 @@ def test_lr_scheduler_and_groups():
     sa = torch.optim.lr_scheduler.StepLR(oa, step_size=2, gamma=0.5)
     refs = [AdanReference(b[:2], lr=1e-2), AdanReference(b[2:], lr=5e-3, weight_decay=0.1)]
     for step in range(6):
-        grads = grads_of(a, step)
-        for p, g in zip(a, grads):
-            p.grad = g
+        grads = set_grads(a, step)
         oa.step()
         refs[0].step(grads[:2])
         refs[1].step(grads[2:])
