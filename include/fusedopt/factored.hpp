@@ -176,7 +176,11 @@ class factored_layout {
  public:
   /// @brief A tensor seen as `matrices` matrices of `rows` x `cols`; `columns` false keeps row
   /// statistics only (a vector: rows = its elements, cols = 1). rows 0: no statistics (the
-  /// pass skips the tensor; its rule reads none).
+  /// pass skips the tensor), for a rule that reads none there: CAME's confidence statistics of
+  /// a vector. Adafactor's and CAME's second moments read the row statistics of every
+  /// non-empty tensor: give their tables vectors (add_torch_shape's default). An entry of no
+  /// rows there would be read through a null pointer, and neither backend can tell it from a
+  /// confidence entry, where it is valid.
   /// @throws fusedopt::error for negative sizes or more than 2^48 elements.
   void add(std::int64_t matrices, std::int64_t rows, std::int64_t cols, bool columns)
   {

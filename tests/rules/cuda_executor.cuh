@@ -93,9 +93,19 @@ class cuda_plan {
   {
     std::apply([](auto const&... m) { (m.upload(), ...); }, mirrors_);
     FUSEDOPT_TEST_CUDA_CHECK(cudaDeviceSynchronize());  // pageable copies may return before they land
-    plan_.run(rule, step);
-    FUSEDOPT_TEST_CUDA_CHECK(cudaDeviceSynchronize());
-    std::apply([](auto const&... m) { (m.download(), ...); }, mirrors_);
+    auto const download = [this] {
+      FUSEDOPT_TEST_CUDA_CHECK(cudaDeviceSynchronize());
+      std::apply([](auto const&... m) { (m.download(), ...); }, mirrors_);
+    };
+    try {
+      plan_.run(rule, step);
+    } catch (...) {
+      // What the device holds after a refused run, so that a test's "nothing was written"
+      // looks at the GPU's memory rather than at the host copy the run never touched.
+      download();
+      throw;
+    }
+    download();
   }
 
  private:

@@ -187,6 +187,23 @@ struct plan_steps {
                                                            stream, plan.programmatic_);
   }
 
+  /// Refuses a factored pass's statistics table that does not cover the plan's tensors: its count
+  /// and its pointer are host values (the entries themselves are in device memory, which the host
+  /// backend reads and this one cannot), and a default or short table would send the kernels
+  /// reading entries that are not there.
+  template <class Rule, int... J>
+  static void check_factored_tables(Rule const& rule, std::size_t tensors, std::integer_sequence<int, J...>)
+  {
+    auto const check = [tensors](auto const& table) {
+      FUSEDOPT_EXPECTS(table.num_tensors == static_cast<std::int64_t>(tensors) &&
+                         (table.num_tensors == 0 || table.tensors != nullptr),
+                       "factored statistics: the table has " + std::to_string(table.num_tensors) +
+                         " entries for lists of " + std::to_string(tensors) + " tensors");
+    };
+    (check(::fusedopt::detail::factor_owner<J>(rule).factors()), ...);
+    (void)check;
+  }
+
   /// The rule's factored passes (factored.hpp), in chain order between its reduction passes: they need the
   /// tensor table in device memory (transport::device_table, checked by run).
   /// Those that come after `before` reduction passes in the chain (factor_before_v).
@@ -257,6 +274,7 @@ void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cuda
     FUSEDOPT_EXPECTS(transport_ == transport::device_table,
                      "a rule with a factored pass (factored.hpp: Adafactor, ...) needs the plan's tables in device "
                      "memory: transport::device_table (the default)");
+    detail::plan_steps::check_factored_tables(rule, lists_.num_tensors(), std::make_integer_sequence<int, factored>{});
   }
   // Every check is done: from here on work is enqueued.
   detail::plan_steps::begin(*this, step, stream);

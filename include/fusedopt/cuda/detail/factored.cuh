@@ -204,10 +204,11 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads) factored_total_ke
 #endif
 
 /// Blocks of a grid-stride launch over `items`: all of them up to `cap` (a few waves of the
-/// device), at least one.
+/// device), at least one, at most a grid's x dimension (2^31 - 1).
 inline unsigned factored_grid(std::int64_t items, std::int64_t cap)
 {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(items, cap)));
+  std::int64_t const blocks = std::max<std::int64_t>(1, std::min(items, cap));
+  return static_cast<unsigned>(std::min<std::int64_t>(blocks, std::numeric_limits<std::int32_t>::max()));
 }
 
 /// Enqueues factored pass J of `Rule` over the plan's tensor entries (`entries`, device
