@@ -71,6 +71,11 @@ if(CUDA_COMPILER)
   if(CUDA_HOST_COMPILER)
     list(APPEND configure_args -DCMAKE_CUDA_HOST_COMPILER=${CUDA_HOST_COMPILER})
   endif()
+  if(CUDA_COMPILE_ONLY)
+    # As the tree that runs this test (FUSEDOPT_CUDA_COMPILE_ONLY): the consumer's kernels are
+    # skipped there anyway, so its CUDA sources are compiled without optimisation.
+    list(APPEND configure_args "-DCMAKE_CUDA_FLAGS=-Xcicc -O0" "-DCMAKE_CUDA_FLAGS_RELEASE=-DNDEBUG")
+  endif()
 endif()
 
 file(REMOVE_RECURSE "${WORK_DIR}")
