@@ -38,7 +38,7 @@ set(layers
   backends "host/backend\\.hpp|cuda/backend\\.cuh|cuda/detail/backend\\.inl"
   # Plans with a matrix stage between fused passes (Muon): Newton-Schulz on the host, the
   # host plan, the CUDA plan over cuBLAS.
-  matrix "host/newton_schulz\\.hpp|host/muon\\.hpp|cuda/muon\\.cuh"
+  matrix "detail/muon_lists\\.hpp|host/newton_schulz\\.hpp|host/muon\\.hpp|cuda/muon\\.cuh"
   # Sharded plans over a communicator (local_group: N ranks on one GPU; nccl: NCCL).
   distributed "cuda/sharded\\.cuh|cuda/detail/sharded\\.inl|cuda/local_group\\.cuh|nccl\\.cuh"
   # Umbrella headers.

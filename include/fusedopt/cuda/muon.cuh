@@ -35,6 +35,7 @@
 
 #include "../bind.hpp"
 #include "../config.hpp"
+#include "../detail/muon_lists.hpp"
 #include "../detail/rebind.hpp"
 #include "../error.hpp"
 #include "../rules/muon.hpp"
@@ -87,32 +88,23 @@ class muon_plan {
   static_assert(std::is_same_v<NS, bfloat16> || std::is_same_v<NS, float>,
                 "cuda::muon_plan<NS>: Newton-Schulz runs in fusedopt::bfloat16 or float");
 
- public:
-  using lists_type = bound_lists<B...>;
-
  private:
-  using bound = typename lists_type::memory_slots;
-  static_assert(sizeof...(B) == 3 && contains_v<bound, slot::param_t> && contains_v<bound, slot::grad_t> &&
-                  contains_v<bound, slot::momentum_buffer_t>,
-                "a muon plan binds exactly slot::param, slot::grad and slot::momentum_buffer");
-  static constexpr std::size_t param_at = ::fusedopt::detail::bound_position_v<lists_type, slot::param_t>;
-  static constexpr std::size_t grad_at = ::fusedopt::detail::bound_position_v<lists_type, slot::grad_t>;
-  static constexpr std::size_t buffer_at = ::fusedopt::detail::bound_position_v<lists_type, slot::momentum_buffer_t>;
-  using param_type = typename lists_type::template element_t<param_at>;
-  using grad_type = typename lists_type::template element_t<grad_at>;
-  using buffer_type = typename lists_type::template element_t<buffer_at>;
-  static_assert(!std::is_const_v<param_type> && !std::is_const_v<buffer_type>,
-                "a muon plan writes slot::param and slot::momentum_buffer: bind them to lists that are not const");
-  static_assert(!is_blockwise_v<param_type> && !is_blockwise_v<grad_type> && !is_blockwise_v<buffer_type>,
-                "a muon plan does not take 8-bit quantized lists");
+  using traits = ::fusedopt::detail::muon_lists<NS, B...>;
+  using param_type = typename traits::param_type;
+  using grad_type = typename traits::grad_type;
+  using buffer_type = typename traits::buffer_type;
+  static constexpr std::size_t param_at = traits::param_at;
+  static constexpr std::size_t grad_at = traits::grad_at;
+  static constexpr std::size_t buffer_at = traits::buffer_at;
 
  public:
-  using input_lists_type = bound_lists<binding<slot::grad_t, grad_type>, binding<slot::momentum_buffer_t, buffer_type>,
-                                       binding<slot::ns_matrix_t, NS>>;
-  using input_plan = plan<binding<slot::grad_t, grad_type>, binding<slot::momentum_buffer_t, buffer_type>,
-                          binding<slot::ns_matrix_t, NS>>;
-  using output_lists_type = bound_lists<binding<slot::param_t, param_type>, binding<slot::ns_matrix_t, NS const>>;
-  using output_plan = plan<binding<slot::param_t, param_type>, binding<slot::ns_matrix_t, NS const>>;
+  using lists_type = typename traits::lists_type;
+  /// Pass 1's lists and plan: gradients and buffers in, Newton-Schulz inputs out.
+  using input_lists_type = typename traits::input_lists_type;
+  using input_plan = typename traits::template input_plan<plan>;
+  /// Pass 2's lists and plan: the orthogonalised matrices into the parameters.
+  using output_lists_type = typename traits::output_lists_type;
+  using output_plan = typename traits::template output_plan<plan>;
 
   /// @brief Groups the tensors by shape, allocates the workspace (cudaMalloc), uploads the
   /// ratio tables, creates the cuBLAS handle, plans both passes and runs one Newton-Schulz
