@@ -30,6 +30,17 @@ FUSEDOPT_HOST_DEVICE O came_average(O old, O value, double beta)
   return old * static_cast<O>(beta) + static_cast<O>(1.0 - beta) * value;
 }
 
+/// The fold of CAME's factored statistics (both): the moving average towards the mean of the
+/// pass's sums over a row (or column) of `count` elements, with retention `beta`.
+struct came_fold {
+  double beta;
+  template <class O>
+  FUSEDOPT_HOST_DEVICE O operator()(O old, double sum, std::int64_t count) const
+  {
+    return came_average(old, static_cast<O>(sum / static_cast<double>(count)), beta);
+  }
+};
+
 /// CAME's _approx_sq_grad at one element: rsqrt(row / mean(row)) rsqrt(col), the mean over the
 /// matrix's row statistics from their total.
 template <class O, class T>
@@ -72,14 +83,7 @@ struct scale_by_came_second_moment {
   };
   FUSEDOPT_HOST_DEVICE square prepare_factor(step_info const&) const { return {eps1.get()}; }
 
-  struct fold {
-    double beta;
-    template <class O>
-    FUSEDOPT_HOST_DEVICE O operator()(O old, double sum, std::int64_t count) const
-    {
-      return detail::came_average(old, static_cast<O>(sum / static_cast<double>(count)), beta);
-    }
-  };
+  using fold = detail::came_fold;
   FUSEDOPT_HOST_DEVICE fold prepare_fold(step_info const&) const { return {beta2.get()}; }
 
   struct tensor_direction {
@@ -203,14 +207,7 @@ struct came_confidence {
   };
   FUSEDOPT_HOST_DEVICE instability prepare_factor(step_info const&) const { return {beta1.get(), eps2.get()}; }
 
-  struct fold {
-    double beta;
-    template <class O>
-    FUSEDOPT_HOST_DEVICE O operator()(O old, double sum, std::int64_t count) const
-    {
-      return detail::came_average(old, static_cast<O>(sum / static_cast<double>(count)), beta);
-    }
-  };
+  using fold = detail::came_fold;
   FUSEDOPT_HOST_DEVICE fold prepare_fold(step_info const&) const { return {beta3.get()}; }
 
   struct tensor_direction {
