@@ -62,21 +62,12 @@ struct factor_count<chain_rule<Parts...>, void>
 template <std::size_t K, class... Parts>
 FUSEDOPT_HOST_DEVICE constexpr int factor_offset()
 {
-  constexpr int counts[] = {factor_count<Parts>::value..., 0};
-  int offset = 0;
-  for (std::size_t i = 0; i != K; ++i) { offset += counts[i]; }
-  return offset;
+  return counted_offset<factor_count, K, Parts...>();
 }
 template <int J, class... Parts>
 FUSEDOPT_HOST_DEVICE constexpr std::size_t part_of_factor()
 {
-  constexpr int counts[] = {factor_count<Parts>::value..., 0};
-  int offset = 0;
-  for (std::size_t i = 0; i < sizeof...(Parts); ++i) {
-    if (J < offset + counts[i]) { return i; }
-    offset += counts[i];
-  }
-  return sizeof...(Parts);
+  return counted_owner<factor_count, J, Parts...>();
 }
 
 /// What factored pass J reads, the part that owns it, and the type of its statistics.

@@ -32,28 +32,44 @@ struct pass_count<R, std::enable_if_t<is_named_v<R>>> : pass_count<typename R::c
 template <class... Parts>
 struct pass_count<chain_rule<Parts...>, void> : std::integral_constant<int, (0 + ... + pass_count<Parts>::value)> {};
 
-/// Pass offset of part K of a chain: the passes of the parts before it.
-template <std::size_t K, class... Parts>
-FUSEDOPT_HOST_DEVICE constexpr int part_offset()
+/// Offset of part K of a chain in a numbering of its parts' passes of one kind, `Count<Part>`
+/// of them each (pass_count: reduction passes; factor_count: factored passes): the passes of
+/// the parts before it.
+template <template <class, class = void> class Count, std::size_t K, class... Parts>
+FUSEDOPT_HOST_DEVICE constexpr int counted_offset()
 {
-  constexpr int counts[] = {pass_count<Parts>::value..., 0};
+  constexpr int counts[] = {Count<Parts>::value..., 0};
   int offset = 0;
   // `!=`, not `<`: with K = 0, `i < K` is nvcc's warning 186 (an error under --Werror=all-warnings).
   for (std::size_t i = 0; i != K; ++i) { offset += counts[i]; }
   return offset;
 }
 
-/// The part of a chain that owns pass J.
-template <int J, class... Parts>
-FUSEDOPT_HOST_DEVICE constexpr std::size_t part_of_pass()
+/// The part of a chain that owns pass J of such a numbering (sizeof...(Parts) if none does).
+template <template <class, class = void> class Count, int J, class... Parts>
+FUSEDOPT_HOST_DEVICE constexpr std::size_t counted_owner()
 {
-  constexpr int counts[] = {pass_count<Parts>::value..., 0};
+  constexpr int counts[] = {Count<Parts>::value..., 0};
   int offset = 0;
   for (std::size_t i = 0; i < sizeof...(Parts); ++i) {
     if (J < offset + counts[i]) { return i; }
     offset += counts[i];
   }
   return sizeof...(Parts);
+}
+
+/// Pass offset of part K of a chain: the reduction passes of the parts before it.
+template <std::size_t K, class... Parts>
+FUSEDOPT_HOST_DEVICE constexpr int part_offset()
+{
+  return counted_offset<pass_count, K, Parts...>();
+}
+
+/// The part of a chain that owns reduction pass J.
+template <int J, class... Parts>
+FUSEDOPT_HOST_DEVICE constexpr std::size_t part_of_pass()
+{
+  return counted_owner<pass_count, J, Parts...>();
 }
 
 // ---- what pass J accumulates and reads ----------------------------------------------------
