@@ -11,6 +11,7 @@
 #include "../config.hpp"
 #include "../numeric/dtypes.hpp"
 #include "../rules/muon.hpp"
+#include "../tensor_list.hpp"
 #include "rebind.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
@@ -52,6 +53,18 @@ struct muon_lists {
   using output_lists_type = bound_lists<binding<slot::param_t, param_type>, binding<slot::ns_matrix_t, NS const>>;
   template <template <class...> class Plan>
   using output_plan = Plan<binding<slot::param_t, param_type>, binding<slot::ns_matrix_t, NS const>>;
+
+  /// Pass 1's lists: `lists`' gradients and buffers, and the plan's Newton-Schulz matrices.
+  static input_lists_type input_lists(lists_type const& lists, tensor_list<NS> const& matrices)
+  {
+    return bind(slot::grad = lists.template list<grad_at>(), slot::momentum_buffer = lists.template list<buffer_at>(),
+                slot::ns_matrix = matrices);
+  }
+  /// Pass 2's lists: `lists`' parameters and the orthogonalised matrices.
+  static output_lists_type output_lists(lists_type const& lists, tensor_list<NS const> const& matrices)
+  {
+    return bind(slot::param = lists.template list<param_at>(), slot::ns_matrix = matrices);
+  }
 };
 
 }  // namespace detail

@@ -45,12 +45,6 @@ template <class NS, class... B>
 class muon_plan {
  private:
   using traits = ::fusedopt::detail::muon_lists<NS, B...>;
-  using param_type = typename traits::param_type;
-  using grad_type = typename traits::grad_type;
-  using buffer_type = typename traits::buffer_type;
-  static constexpr std::size_t param_at = traits::param_at;
-  static constexpr std::size_t grad_at = traits::grad_at;
-  static constexpr std::size_t buffer_at = traits::buffer_at;
 
  public:
   using lists_type = typename traits::lists_type;
@@ -135,7 +129,7 @@ class muon_plan {
   {
     input_.rebind(slot::grad, addresses, count);
     for (std::size_t t = 0; t < count; ++t) {
-      ::fusedopt::detail::bound_lists_access::repoint<grad_at>(lists_, t, addresses[t]);
+      ::fusedopt::detail::bound_lists_access::repoint<traits::grad_at>(lists_, t, addresses[t]);
     }
   }
 
@@ -198,15 +192,8 @@ class muon_plan {
     return list;
   }
 
-  input_lists_type input_lists(lists_type const& lists) const
-  {
-    return bind(slot::grad = lists.template list<grad_at>(), slot::momentum_buffer = lists.template list<buffer_at>(),
-                slot::ns_matrix = workspace_list<NS>());
-  }
-  output_lists_type output_lists(lists_type const& lists) const
-  {
-    return bind(slot::param = lists.template list<param_at>(), slot::ns_matrix = workspace_list<NS const>());
-  }
+  input_lists_type input_lists(lists_type const& lists) const { return traits::input_lists(lists, workspace_list<NS>()); }
+  output_lists_type output_lists(lists_type const& lists) const { return traits::output_lists(lists, workspace_list<NS const>()); }
 
   ::fusedopt::detail::muon_layout layout_;
   mutable std::vector<NS> matrices_;  // written by a step, which is const as host::plan::run is
