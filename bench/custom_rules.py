@@ -88,12 +88,6 @@ class ForeachAdEMAMix:
                 h["beta2"], h["beta3"], h["alpha"], h["eps"], h["weight_decay"])
 
 
-def timed(timer, step, copy_bps, n, bytes_per_element):
-    r = peers.measure(timer, step, 3, 10, 5)
-    r["pct_copy"] = 100 * bytes_per_element * n / (r["gpu_us"] * 1e-6) / copy_bps
-    return r
-
-
 COMPILE_CHILD = """
 import sys, time, json, torch
 sys.argv = ["custom_rules.py"]
@@ -103,7 +97,7 @@ params = peers.make_params(peers.WORKLOADS[{w!r}][1](), torch.float32, torch.dev
 opt = c.ForeachAdEMAMix(params, True)
 t = time.perf_counter(); opt.step(); torch.cuda.synchronize(); first = time.perf_counter() - t
 timer = peers.Timer(torch.device("cuda"))
-r = c.timed(timer, opt.step, {copy}, {n}, c.BYTES["ademamix"])
+r = peers.timed(timer, opt.step, {copy}, {n}, c.BYTES["ademamix"])
 r["first_step_s"] = first
 print("RESULT", json.dumps(r))
 """
@@ -151,17 +145,17 @@ def main():
         torch.cuda.synchronize()
         row_first = time.perf_counter() - t
         compiled_fresh = True
-        row["fusedopt_rule"] = dict(timed(timer, opt.step, copy_bps, n, BYTES["ademamix"]), first_step_s=row_first)
+        row["fusedopt_rule"] = dict(peers.timed(timer, opt.step, copy_bps, n, BYTES["ademamix"]), first_step_s=row_first)
         del opt
         eager = ForeachAdEMAMix(params, False)
-        row["foreach"] = timed(timer, eager.step, copy_bps, n, BYTES["ademamix"])
+        row["foreach"] = peers.timed(timer, eager.step, copy_bps, n, BYTES["ademamix"])
         del eager, params
         torch.cuda.empty_cache()
         row["foreach_compile"] = compiled_row(w, copy_bps, n, args.compile_limit)
         for name, cls in (("fusedopt_adamw", fusedopt_torch.AdamW), ("fusedopt_adamw_rule", AdamWRule)):
             params = peers.make_params(sizes, torch.float32, device, 1)
             opt = cls(params, lr=1e-3, weight_decay=1e-2)
-            row[name] = timed(timer, opt.step, copy_bps, n, BYTES["adamw"])
+            row[name] = peers.timed(timer, opt.step, copy_bps, n, BYTES["adamw"])
             del opt, params
             torch.cuda.empty_cache()
         rule = row["fusedopt_rule"]["gpu_us"]

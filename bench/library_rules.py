@@ -66,12 +66,6 @@ def reference_step(refs, name, params, options):
     return lambda: ref.step(grads)
 
 
-def timed(timer, step, copy_bps, n, bytes_per_element):
-    r = peers.measure(timer, step, 3, 10, 5)
-    r["pct_copy"] = 100 * bytes_per_element * n / (r["gpu_us"] * 1e-6) / copy_bps
-    return r
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="W1,W2,W3,W4")
@@ -93,7 +87,7 @@ def main():
             params = peers.make_params(sizes, torch.float32, device, 1)
             opt = getattr(ft, name)(params, **options)
             opt.step()  # compiles (or loads) the unit, creates the states
-            row["fusedopt"] = timed(timer, opt.step, copy_bps, n, BYTES[name])
+            row["fusedopt"] = peers.timed(timer, opt.step, copy_bps, n, BYTES[name])
             del opt
             peers_of = {}
             if name == "Rprop":
@@ -104,7 +98,7 @@ def main():
                 peers_of["reference"] = reference_step(refs, name, params, options)
             for variant, step in peers_of.items():
                 step()
-                row[variant] = timed(timer, step, copy_bps, n, BYTES[name])
+                row[variant] = peers.timed(timer, step, copy_bps, n, BYTES[name])
                 row[f"speedup_vs_{variant}"] = row[variant]["gpu_us"] / row["fusedopt"]["gpu_us"]
             del peers_of, params
             torch.cuda.empty_cache()

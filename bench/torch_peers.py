@@ -180,6 +180,14 @@ def measure(timer, step, warmup, steps_per_round, rounds):
     }
 
 
+def timed(timer, step, copy_bps, n, bytes_per_element):
+    """measure() of `step` (3 warm-up calls, 5 rounds of 10) and its fraction of the copy
+    (pct_copy) at `bytes_per_element` over `n` elements."""
+    r = measure(timer, step, 3, 10, 5)
+    r["pct_copy"] = 100 * bytes_per_element * n / (r["gpu_us"] * 1e-6) / copy_bps
+    return r
+
+
 def copy_bandwidth(timer, device, repetitions=20):
     """Bytes per second (read + write) of a 1 GiB device-to-device copy."""
     n = 1 << 28
