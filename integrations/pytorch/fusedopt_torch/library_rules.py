@@ -19,13 +19,13 @@ from .rules import rule
 __all__ = ["Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW", "ScheduleFreeSGD"]
 
 
-def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, doc=None):
+def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None):
     """A rule class running `cpp_type` (a fusedopt::rules type with one member per hyperparameter,
     of the same name); `wrap` turns that rule `r` into another expression (a modifier)."""
     assignments = "".join(f"r.{h} = {h}; " for h in hypers)
     made = wrap.format(r="r") if wrap else "r"
     expression = f"[&] {{ {cpp_type} r; {assignments}return {made}; }}()"
-    return rule(name, hypers=hypers, states=states, rule=expression, elementwise=elementwise, doc=doc)
+    return rule(name, hypers=hypers, states=states, rule=expression, elementwise=elementwise)
 
 
 def _pair(value, what, n=2):
