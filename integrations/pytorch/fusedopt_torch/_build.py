@@ -129,7 +129,7 @@ def includes():
     return [f"-I{INCLUDE}", f"-I{CSRC}"]
 
 
-def host_command(source: Path, output: Path):
+def host_command(source: Path, output: Path, libs=()):
     """The host compiler's command for a host unit: OpenMP (as fusedopt's CMake target gives its
     users), -fno-math-errno (the library's loops vectorise without it since issue 47, a user
     rule's exp, log or pow do not), -ffp-contract=off (a step's bits do not depend on which
@@ -139,10 +139,10 @@ def host_command(source: Path, output: Path):
              "-fno-math-errno", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
     if march() != "none":
         flags.append(f"-march={march()}")
-    return [cxx()] + flags + includes() + [str(source), "-o", str(output)]
+    return [cxx()] + flags + includes() + [str(source), "-o", str(output)] + list(libs)
 
 
-def cuda_command(source: Path, output: Path, archs):
+def cuda_command(source: Path, output: Path, archs, libs=()):
     """nvcc's command for a CUDA unit: SASS for each of `archs` ('90' for sm_90), the CUDA
     runtime shared (torch's, once loaded), hidden symbols but the entry point."""
     if not archs:
@@ -153,16 +153,16 @@ def cuda_command(source: Path, output: Path, archs):
              "shared", "-DNDEBUG", f"-Xlinker=-rpath,{lib}"]
     for a in archs:
         flags.append(f"-gencode=arch=compute_{a},code=sm_{a}")
-    return [tool] + flags + includes() + [str(source), "-o", str(output)]
+    return [tool] + flags + includes() + [str(source), "-o", str(output)] + list(libs)
 
 
-def _command(backend, source, output, archs):
-    return host_command(source, output) if backend == "host" else cuda_command(source, output, archs)
+def _command(backend, source, output, archs, libs=()):
+    return host_command(source, output, libs) if backend == "host" else cuda_command(source, output, archs, libs)
 
 
-def unit_key(name: str, source: str, backend: str, archs=()) -> str:
+def unit_key(name: str, source: str, backend: str, archs=(), libs=()) -> str:
     tool = cxx() if backend == "host" else nvcc()
-    probe = _command(backend, Path("unit"), Path("unit.so"), list(archs))
+    probe = _command(backend, Path("unit"), Path("unit.so"), list(archs), libs)
     inputs = dict(name=name, source=source, backend=backend, command=probe[1:], compiler=compiler_id(tool),
                   library=library_digest())
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:24]
@@ -173,11 +173,12 @@ def _announce(text):
         print(f"fusedopt_torch: {text}", file=sys.stderr, flush=True)
 
 
-def build_unit(name: str, source: str, backend: str, archs=(), what: str = "") -> Path:
+def build_unit(name: str, source: str, backend: str, archs=(), what: str = "", libs=()) -> Path:
     """The path of the compiled unit `name` of `source` on `backend` ('host' or 'cuda', for the
     architectures `archs`), compiled into the cache first where it is not there. `what` says in
-    words what is compiled (announced on stderr). Raises BuildError on a failed compile."""
-    key = unit_key(name, source, backend, archs)
+    words what is compiled (announced on stderr); `libs`, what it links besides (the muon
+    unit's -lcublas, from the toolkit that compiles it). Raises BuildError on a failed compile."""
+    key = unit_key(name, source, backend, archs, libs)
     with _lock:
         future = _building.get(key)
         owner = future is None
@@ -186,7 +187,7 @@ def build_unit(name: str, source: str, backend: str, archs=(), what: str = "") -
     if not owner:
         return future.result()
     try:
-        path = _build_locked(name, key, source, backend, list(archs), what)
+        path = _build_locked(name, key, source, backend, list(archs), what, libs)
     except BaseException as e:
         future.set_exception(e)
         with _lock:
@@ -196,7 +197,7 @@ def build_unit(name: str, source: str, backend: str, archs=(), what: str = "") -
     return path
 
 
-def _build_locked(name, key, source, backend, archs, what) -> Path:
+def _build_locked(name, key, source, backend, archs, what, libs) -> Path:
     root = cache_root()
     entry = root / f"{name}-{key}"
     unit = entry / "unit.so"
@@ -210,7 +211,7 @@ def _build_locked(name, key, source, backend, archs, what) -> Path:
         try:
             src = work / f"unit{_codegen.extension(backend)}"
             src.write_text(source)
-            command = _command(backend, src, work / "unit.so", archs)
+            command = _command(backend, src, work / "unit.so", archs, libs)
             _announce(f"compiling {what or name} ({backend}) ...")
             if os.environ.get("FUSEDOPT_TORCH_VERBOSE") == "1":
                 print(" ".join(command), file=sys.stderr, flush=True)

@@ -1,7 +1,8 @@
 """Compiles units in parallel before a test run that would compile them one at a time at first
 steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 for Rprop's and
 ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py) and the built-in
-optimizers' of test_in_backward.py (one first step each, on a small model, in threads). Prints
+optimizers' of test_in_backward.py (one first step each, on a small model, in threads), and
+Muon's (test_muon.py, bench/muon.py). `prefetch_units.py muon`: Muon's and AdamW's only. Prints
 what failed; exit status 1 if anything did."""
 
 import concurrent.futures
@@ -11,6 +12,7 @@ import time
 import torch
 
 import fusedopt_torch as ft
+from fusedopt_torch import _ext, _muon_unit
 
 CLASSES = [ft.Rprop, ft.ASGD, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft.CAdamW, ft.ScheduleFreeAdamW, ft.ScheduleFreeSGD]
 
@@ -20,8 +22,11 @@ def main():
     ft.extension()
     print(f"core {time.time() - start:.1f} s", flush=True)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    jobs = [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
-    jobs += [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
+    muon_only = sys.argv[1:] == ["muon"]
+    jobs = [] if muon_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
+    jobs += [] if muon_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
+    muon_jobs = [(d, t, ns) for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"),
+                                                             ("bfloat16", "bfloat16"))]
 
     def build(job):
         try:
@@ -29,6 +34,15 @@ def main():
             return None
         except Exception as e:  # reported, and the tests then fail with the same error
             return f"{job[0].__name__} {job[1]} {job[2]}: {e}"
+
+    def build_muon(job):
+        device, dtype, ns = job
+        try:
+            archs = (_ext.arch_of(0),) if device == "cuda" else ()
+            _muon_unit.unit("cuda" if device == "cuda" else "host", dtype, ns, archs)
+            return None
+        except Exception as e:
+            return f"Muon {device} {dtype} NS {ns}: {e}"
 
     def first_step(job):
         make, device = job
@@ -43,10 +57,14 @@ def main():
 
     builtins = [lambda ps: ft.AdamW(ps), lambda ps: ft.Adam(ps, amsgrad=True), lambda ps: ft.SGD(ps, momentum=0.9, nesterov=True),
                 lambda ps: ft.Lion(ps), lambda ps: ft.LAMB(ps, max_grad_norm=0.0)]
+    if muon_only:
+        builtins = builtins[:1]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         steps = pool.map(first_step, [(b, d) for b in builtins for d in devices])
-        errors = [e for e in pool.map(build, jobs) if e] + [e for e in steps if e]
-    print(f"{len(jobs)} rule units and {len(builtins) * len(devices)} first steps in {time.time() - start:.1f} s; "
+        muons = pool.map(build_muon, muon_jobs)
+        errors = [e for e in pool.map(build, jobs) if e] + [e for e in steps if e] + [e for e in muons if e]
+    print(f"{len(jobs)} rule units, {len(muon_jobs)} Muon units and {len(builtins) * len(devices)} first steps in "
+          f"{time.time() - start:.1f} s; "
           f"{len(errors)} failed", *errors, sep="\n")
     return 1 if errors else 0
 
