@@ -68,75 +68,119 @@ def _check_2d(p):
         raise ValueError(f"Muon only supports 2D parameters whereas we found a parameter with size: {p.size()}")
 
 
+def _check_grad(p):
+    """torch's errors for a gradient Muon cannot step, and fusedopt's for one it cannot bind."""
+    g = p.grad
+    if g.is_sparse:
+        raise RuntimeError("Muon does not support sparse gradients")
+    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+        raise RuntimeError(f"fusedopt_torch.Muon: a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device} for a "
+                           f"parameter of shape {tuple(p.shape)}, {p.dtype} on {p.device}")
+    if not g.is_contiguous():
+        raise RuntimeError("fusedopt_torch.Muon: gradients must be contiguous")
+
+
+class _Bucket:
+    """The parameters of one group on one device and of one dtype, and their muon plan."""
+
+    __slots__ = ("params", "device", "dtype", "plan", "grads", "table", "scalars")
+
+    def __init__(self, params, device, dtype):
+        self.params, self.device, self.dtype = params, device, dtype
+        self.plan = self.grads = self.table = self.scalars = None
+
+
+class _GroupPlans:
+    """A group's parameters with a gradient at the last step, their addresses and buckets: a step
+    whose parameters are those (the same tensors, at the same addresses) checks only the
+    gradients, and only when they are new tensors (zero_grad(set_to_none=True))."""
+
+    __slots__ = ("params", "addresses", "grads", "ns_dtype", "buckets")
+
+
 class _MuonEngine:
     """The muon plans of parameter groups: one per (group, device, dtype), rebuilt when the set of
-    parameters with a gradient or their buffers change, gradients rebound when they move."""
+    parameters with a gradient or their addresses change, gradients rebound when they move."""
 
     def __init__(self):
-        self.plans = {}  # (group index, device, dtype) -> [key, Plan, grad addresses, table, scalars]
+        self.groups = {}  # group index -> _GroupPlans
         self.builds = 0
 
     def step(self, groups, state, group_indices):
         for gi, group in zip(group_indices, groups):
             table, per_iteration = _coefficient_table(group["ns_coefficients"], group["ns_steps"])
             ns_dtype = group.get("ns_dtype", torch.bfloat16)
-            buckets = {}
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if torch.is_complex(p):
-                    raise RuntimeError("Muon does not support complex parameters")
-                if p.grad.is_sparse:
-                    raise RuntimeError("Muon does not support sparse gradients")
-                _check_2d(p)
-                if p.grad.shape != p.shape or p.grad.dtype != p.dtype or p.grad.device != p.device:
-                    raise RuntimeError(f"fusedopt_torch.Muon: a gradient of shape {tuple(p.grad.shape)}, "
-                                       f"{p.grad.dtype} on {p.grad.device} for a parameter of shape {tuple(p.shape)}, "
-                                       f"{p.dtype} on {p.device}")
-                if p.dtype not in _DTYPE_NAMES:
-                    raise RuntimeError(f"fusedopt_torch.Muon: parameters of dtype {p.dtype} are not supported")
-                st = state[p]
-                if "momentum_buffer" not in st:
-                    st["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.contiguous_format)
-                buckets.setdefault((p.device, p.dtype), []).append(p)
-            for (device, dtype), params in buckets.items():
-                self._run(gi, group, state, device, dtype, params, table, per_iteration, ns_dtype)
+            params = [p for p in group["params"] if p.grad is not None]
+            known = self.groups.get(gi)
+            if (known is None or known.ns_dtype != ns_dtype or len(params) != len(known.params)
+                    or any(p is not q for p, q in zip(params, known.params))
+                    or [p.data_ptr() for p in params] != known.addresses):
+                known = self.groups[gi] = self._plan_group(params, state, ns_dtype)
+            elif any(p.grad is not g for p, g in zip(params, known.grads)):
+                for p in params:
+                    _check_grad(p)
+                known.grads = [p.grad for p in params]
+            for bucket in known.buckets:
+                self._run(bucket, group, table, per_iteration)
 
-    def _run(self, gi, group, state, device, dtype, params, table, per_iteration, ns_dtype):
+    def _plan_group(self, params, state, ns_dtype):
+        buckets = {}
         for p in params:
-            if not (p.is_contiguous() and p.grad.is_contiguous() and state[p]["momentum_buffer"].is_contiguous()):
-                raise RuntimeError("fusedopt_torch.Muon: parameters, gradients and momentum buffers must be contiguous")
-        buffers = [state[p]["momentum_buffer"] for p in params]
-        cuda = device.type == "cuda"
-        if not cuda and device.type != "cpu":
-            raise RuntimeError(f"fusedopt_torch.Muon: tensors on {device} are not supported (CUDA or CPU)")
-        key = (tuple(p.data_ptr() for p in params), tuple(b.data_ptr() for b in buffers),
-               tuple(tuple(p.shape) for p in params), ns_dtype)
-        grads = [p.grad.data_ptr() for p in params]
-        slot = (gi, device, dtype)
-        entry = self.plans.get(slot)
-        with torch.cuda.device(device) if cuda else contextlib.nullcontext():
-            stream = torch.cuda.current_stream(device).cuda_stream if cuda else 0
-            if entry is None or entry[0] != key:
+            if torch.is_complex(p):
+                raise RuntimeError("Muon does not support complex parameters")
+            _check_grad(p)
+            _check_2d(p)
+            if p.dtype not in _DTYPE_NAMES:
+                raise RuntimeError(f"fusedopt_torch.Muon: parameters of dtype {p.dtype} are not supported")
+            if p.device.type not in ("cuda", "cpu"):
+                raise RuntimeError(f"fusedopt_torch.Muon: tensors on {p.device} are not supported (CUDA or CPU)")
+            if not p.is_contiguous():
+                raise RuntimeError("fusedopt_torch.Muon: parameters must be contiguous")
+            st = state[p]
+            buffer = st.get("momentum_buffer")
+            if buffer is None:
+                buffer = st["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.contiguous_format)
+            if not buffer.is_contiguous() or buffer.shape != p.shape or buffer.dtype != p.dtype:
+                raise RuntimeError("fusedopt_torch.Muon: a momentum_buffer must be contiguous, of its parameter's shape "
+                                   "and dtype")
+            buckets.setdefault((p.device, p.dtype), []).append(p)
+        plans = _GroupPlans()
+        plans.params, plans.grads = params, [p.grad for p in params]
+        plans.addresses = [p.data_ptr() for p in params]
+        plans.ns_dtype = ns_dtype
+        plans.buckets = []
+        for (device, dtype), members in buckets.items():
+            bucket = _Bucket(members, device, dtype)
+            cuda = device.type == "cuda"
+            with torch.cuda.device(device) if cuda else contextlib.nullcontext():
+                stream = torch.cuda.current_stream(device).cuda_stream if cuda else 0
                 if cuda and torch.cuda.is_current_stream_capturing():
                     raise RuntimeError("fusedopt_torch.Muon: the first step of a set of parameters cannot be captured "
                                        "(its plan is built then): run one step before capturing, as for torch's "
                                        "capturable optimizers")
-                if entry is not None:
-                    entry[1].close()
                 unit = _muon_unit.unit("cuda" if cuda else "host", _DTYPE_NAMES[dtype], _NS_NAMES[ns_dtype],
                                        (_ext.arch_of(device.index),) if cuda else ())
-                plan = _muon_unit.Plan(unit, [p.data_ptr() for p in params], grads, [b.data_ptr() for b in buffers],
-                                       [p.numel() for p in params], [tuple(p.shape) for p in params], 0, stream)
-                scalars = torch.zeros(3, dtype=torch.float64, device=device)
-                entry = self.plans[slot] = [key, plan, list(grads), None, scalars]
-                self.builds += 1
-            elif entry[2] != grads:
-                entry[1].rebind_grads(grads, stream)
-                entry[2] = list(grads)
-            if entry[3] is None or entry[3][0] != table:
-                entry[3] = (table, (ctypes.c_double * len(table))(*table))  # kept alive with the plan
-            hyper = _muon_unit.Hyper(eps=float(group["eps"]), coefficients=ctypes.addressof(entry[3][1]),
+                bucket.grads = [p.grad.data_ptr() for p in members]
+                bucket.plan = _muon_unit.Plan(unit, [p.data_ptr() for p in members], bucket.grads,
+                                              [state[p]["momentum_buffer"].data_ptr() for p in members],
+                                              [p.numel() for p in members], [tuple(p.shape) for p in members], 0,
+                                              stream)
+            bucket.scalars = torch.zeros(3, dtype=torch.float64, device=device)
+            self.builds += 1
+            plans.buckets.append(bucket)
+        return plans
+
+    def _run(self, bucket, group, table, per_iteration):
+        cuda = bucket.device.type == "cuda"
+        with torch.cuda.device(bucket.device) if cuda else contextlib.nullcontext():
+            stream = torch.cuda.current_stream(bucket.device).cuda_stream if cuda else 0
+            grads = [p.grad.data_ptr() for p in bucket.params]
+            if grads != bucket.grads:
+                bucket.plan.rebind_grads(grads, stream)
+                bucket.grads = grads
+            if bucket.table is None or bucket.table[0] != table:
+                bucket.table = (table, (ctypes.c_double * len(table))(*table))  # kept alive with the plan
+            hyper = _muon_unit.Hyper(eps=float(group["eps"]), coefficients=ctypes.addressof(bucket.table[1]),
                                      per_iteration=int(per_iteration), ns_steps=int(group["ns_steps"]),
                                      nesterov=int(bool(group["nesterov"])),
                                      match_rms_adamw=int(group["adjust_lr_fn"] == "match_rms_adamw"))
@@ -144,14 +188,14 @@ class _MuonEngine:
             if any(isinstance(v, torch.Tensor) for v in values):
                 # Tensors are read on the device at every step (a captured graph sees a scheduler's
                 # lr): copied in stream order into the plan's three doubles.
-                scalars = entry[4]
+                scalars = bucket.scalars
                 for k, v in enumerate(values):  # copy_ and fill_ are kernels: capturable
                     scalars[k].copy_(v) if isinstance(v, torch.Tensor) else scalars[k].fill_(float(v))
                 base = scalars.data_ptr()
                 hyper.lr_pointer, hyper.weight_decay_pointer, hyper.momentum_pointer = base, base + 8, base + 16
             else:
                 hyper.lr, hyper.weight_decay, hyper.momentum = (float(v) for v in values)
-            entry[1].run(hyper, stream)
+            bucket.plan.run(hyper, stream)
 
 
 class Muon(Optimizer):
