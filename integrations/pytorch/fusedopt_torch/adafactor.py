@@ -1,0 +1,268 @@
+"""Adafactor, fused: ``fusedopt_torch.Adafactor`` (torch.optim.Adafactor's constructor, checks,
+algorithm and state_dict).
+
+A step of a parameter group runs the library's Adafactor plan (fusedopt/rules/adafactor.hpp,
+fusedopt/factored.hpp): one factored pass (the row and column sums of grad^2 of every tensor,
+folded into torch's row_var and col_var, or its variance below two dimensions), one reduction
+pass (each tensor's RMS(param) and RMS(update)) and the update, over every tensor of the group
+at once. torch.optim.Adafactor runs the same algorithm one tensor at a time and reads three
+values back to the host per tensor (``.item()``); here nothing is read back.
+
+The plans live in a unit (csrc/adafactor_unit.hpp) compiled on first use into fusedopt_torch's
+cache and called through ctypes (_adafactor_unit.py): no core, no torch in the unit.
+"""
+import contextlib
+
+import torch
+from torch.optim import Optimizer
+
+from . import _adafactor_unit, _ext
+
+__all__ = ["Adafactor"]
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.bfloat16: "bfloat16"}
+
+
+def _scalar_dtype():
+    """torch.optim.optimizer._get_scalar_dtype: the dtype of state['step']."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def _check_options(lr, beta2_decay, eps, d, weight_decay):
+    """torch.optim.Adafactor's checks and messages."""
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 <= lr:
+        raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+    if not 0.0 >= beta2_decay:
+        raise ValueError(f"beta2_decay should be <= 0 but is: {beta2_decay}")
+    if eps[0] is not None and not 0.0 <= eps[0]:
+        raise ValueError(f"epsilon1 should be >= 0 but is: {eps[0]}")
+    if not 0.0 <= eps[1]:
+        raise ValueError(f"epsilon2 should be >= 0 but is: {eps[1]}")
+    if not 1.0 <= d:
+        raise ValueError(f"Clipping threshold d should be >= 1 but is: {d}")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"weight_decay should be >= 0 but is: {weight_decay}")
+
+
+def _check_grad(p):
+    """torch's error for a gradient Adafactor cannot step, and fusedopt's for one it cannot bind."""
+    g = p.grad
+    if g.is_sparse:
+        raise RuntimeError("Adafactor does not support sparse gradients")
+    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+        raise RuntimeError(f"fusedopt_torch.Adafactor: a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device} "
+                           f"for a parameter of shape {tuple(p.shape)}, {p.dtype} on {p.device}")
+    if not g.is_contiguous():
+        raise RuntimeError("fusedopt_torch.Adafactor: gradients must be contiguous")
+
+
+def _torch_shapes(p):
+    """torch's shapes of p's statistics: (row_var, col_var) for two or more dimensions, else
+    (variance,)."""
+    if p.dim() <= 1:
+        return (list(p.shape),)
+    row_shape, col_shape = list(p.shape), list(p.shape)
+    row_shape[-1] = 1
+    col_shape[-2] = 1
+    return row_shape, col_shape
+
+
+def _statistics(p, st):
+    """p's statistics as the plan binds them, (row_var, col_var) or (variance, None), from torch's
+    state (created as torch's _init_group creates it when empty, the step count made a tensor
+    where a loaded state holds a number, as torch's __setstate__ does)."""
+    shapes = _torch_shapes(p)
+    if len(st) == 0:
+        st["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+        if len(shapes) == 2:
+            st["row_var"], st["col_var"] = (p.grad.new_zeros(shape) for shape in shapes)
+        else:
+            st["variance"] = torch.zeros_like(p.grad, memory_format=torch.contiguous_format)
+    if not torch.is_tensor(st["step"]):
+        st["step"] = torch.tensor(float(st["step"]), dtype=_scalar_dtype())
+    stats = (st["row_var"], st["col_var"]) if len(shapes) == 2 else (st["variance"],)
+    for s, shape in zip(stats, shapes):
+        if list(s.shape) != shape or s.dtype != p.dtype or s.device != p.device or not s.is_contiguous():
+            raise RuntimeError("fusedopt_torch.Adafactor: row_var, col_var and variance must be contiguous tensors "
+                               "of torch's shapes, on their parameter's device and of its dtype")
+    return stats if len(stats) == 2 else (stats[0], None)
+
+
+def _refuse_capture():
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("fusedopt_torch.Adafactor: a step cannot be captured in a CUDA graph (its step count is "
+                           "kept on the host, as torch.optim.Adafactor's)")
+
+
+class _Bucket:
+    """The parameters of one group with one device, dtype and step count, and their plan (over
+    those of them that are not empty: an empty tensor only counts its steps)."""
+
+    __slots__ = ("params", "planned", "steps", "step", "device", "dtype", "plan", "grads", "scalars")
+
+    def __init__(self, params, device, dtype, step):
+        self.params, self.device, self.dtype, self.step = params, device, dtype, step
+        self.planned = [p for p in params if p.numel() > 0]
+        self.steps = self.plan = self.grads = self.scalars = None
+
+
+class _GroupPlans:
+    """A group's parameters with a gradient at the last step, their addresses and buckets: a step
+    whose parameters are those (the same tensors, at the same addresses) checks only the
+    gradients, and only when they are new tensors (zero_grad(set_to_none=True))."""
+
+    __slots__ = ("params", "addresses", "grads", "buckets")
+
+
+class _AdafactorEngine:
+    """The Adafactor plans of parameter groups: one per (group, device, dtype, step count),
+    rebuilt when the set of parameters with a gradient or their addresses change, gradients
+    rebound when they move. The step counts are read from state['step'] when the plans are built
+    and kept here; state['step'] is advanced with them, one torch op per bucket and step."""
+
+    def __init__(self):
+        self.groups = {}  # group index -> _GroupPlans
+        self.builds = 0
+
+    def step(self, groups, state):
+        for gi, group in enumerate(groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            known = self.groups.get(gi)
+            if (known is None or len(params) != len(known.params) or any(p is not q for p, q in zip(params, known.params))
+                    or [p.data_ptr() for p in params] != known.addresses):
+                known = self.groups[gi] = self._plan_group(params, state)
+            elif any(p.grad is not g for p, g in zip(params, known.grads)):
+                for p in params:
+                    _check_grad(p)
+                known.grads = [p.grad for p in params]
+            eps1, eps2 = group["eps"]
+            if eps1 is None:  # torch: finfo of the first parameter's dtype, for the whole group
+                eps1 = torch.finfo(params[0].dtype).eps
+            for bucket in known.buckets:
+                self._run(bucket, group, float(eps1), float(eps2))
+
+    def _plan_group(self, params, state):
+        buckets, stats = {}, {}
+        for p in params:
+            if torch.is_complex(p):
+                raise RuntimeError("Adafactor does not support complex parameters")
+            _check_grad(p)
+            if p.dtype not in _DTYPE_NAMES:
+                raise RuntimeError(f"fusedopt_torch.Adafactor: parameters of dtype {p.dtype} are not supported")
+            if p.device.type not in ("cuda", "cpu"):
+                raise RuntimeError(f"fusedopt_torch.Adafactor: tensors on {p.device} are not supported (CUDA or CPU)")
+            if not p.is_contiguous():
+                raise RuntimeError("fusedopt_torch.Adafactor: parameters must be contiguous")
+            stats[p] = _statistics(p, state[p])
+            step = int(state[p]["step"].item())
+            buckets.setdefault((p.device, p.dtype, step), []).append(p)
+        plans = _GroupPlans()
+        plans.params, plans.grads = params, [p.grad for p in params]
+        plans.addresses = [p.data_ptr() for p in params]
+        plans.buckets = []
+        for (device, dtype, step), members in buckets.items():
+            bucket = _Bucket(members, device, dtype, step)
+            bucket.steps = [state[p]["step"] for p in members]
+            bucket.scalars = torch.zeros(1, dtype=torch.float64, device=device)
+            if bucket.planned:
+                self._make_plan(bucket, [stats[p] for p in bucket.planned])
+            plans.buckets.append(bucket)
+        return plans
+
+    def _make_plan(self, bucket, stats):
+        cuda = bucket.device.type == "cuda"
+        with torch.cuda.device(bucket.device) if cuda else contextlib.nullcontext():
+            if cuda:
+                _refuse_capture()
+            stream = torch.cuda.current_stream(bucket.device).cuda_stream if cuda else 0
+            unit = _adafactor_unit.unit("cuda" if cuda else "host", _DTYPE_NAMES[bucket.dtype],
+                                        (_ext.arch_of(bucket.device.index),) if cuda else ())
+            members = bucket.planned
+            bucket.grads = [p.grad.data_ptr() for p in members]
+            bucket.plan = _adafactor_unit.Plan(unit, [p.data_ptr() for p in members], bucket.grads,
+                                               [p.numel() for p in members], [tuple(p.shape) for p in members],
+                                               [row.data_ptr() for row, _ in stats],
+                                               [col.data_ptr() if col is not None else None for _, col in stats],
+                                               0, stream)
+        self.builds += 1
+
+    def _run(self, bucket, group, eps1, eps2):
+        if bucket.plan is not None:
+            cuda = bucket.device.type == "cuda"
+            with torch.cuda.device(bucket.device) if cuda else contextlib.nullcontext():
+                if cuda:
+                    _refuse_capture()
+                stream = torch.cuda.current_stream(bucket.device).cuda_stream if cuda else 0
+                grads = [p.grad.data_ptr() for p in bucket.planned]
+                if grads != bucket.grads:
+                    bucket.plan.rebind_grads(grads, stream)
+                    bucket.grads = grads
+                hyper = _adafactor_unit.Hyper(beta2_decay=float(group["beta2_decay"]), eps1=eps1, eps2=eps2,
+                                              d=float(group["d"]), weight_decay=float(group["weight_decay"]),
+                                              step=bucket.step + 1, maximize=int(bool(group["maximize"])))
+                lr = group["lr"]
+                if isinstance(lr, torch.Tensor):  # read where the step runs, in stream order: no sync
+                    bucket.scalars.copy_(lr.reshape(1))
+                    hyper.lr_pointer = bucket.scalars.data_ptr()
+                else:
+                    hyper.lr = float(lr)
+                bucket.plan.run(hyper, stream)  # refused options raise before anything is written
+        bucket.step += 1
+        torch._foreach_add_(bucket.steps, 1.0)
+
+
+class Adafactor(Optimizer):
+    """torch.optim.Adafactor, fused: the same constructor, checks, algorithm and state_dict
+    (``state[p]``: 'step', a CPU scalar tensor of torch's step dtype; 'row_var' and 'col_var' of shapes
+    p.shape[:-1] + (1,) and p.shape[:-2] + (1, p.shape[-1]) for two or more dimensions, else
+    'variance' of p's shape; in the parameter's dtype).
+
+    Parameters may be float32, float64, float16 or bfloat16 (the statistics in the parameter's
+    dtype, as torch keeps them). ``foreach`` is accepted and kept in the groups, as torch's, and
+    changes nothing: torch's two implementations compute the same algorithm. A group steps its
+    parameters of one device, dtype and step count together; parameters whose step counts differ
+    (one had no gradient at some step) step in separate plans, each with its own count, as torch
+    counts them per parameter. The counts are read from state['step'] when the plans are built
+    (the first step, a new set of parameters with a gradient, load_state_dict) and state['step']
+    is advanced at every step (one torch op per plan). Not capturable in a CUDA graph (torch's
+    Adafactor is not either): the step count is kept on the host. CPU tensors step on the host
+    backend.
+    """
+
+    def __init__(self, params, lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, *,
+                 foreach=None, maximize=False):
+        _check_options(lr, beta2_decay, eps, d, weight_decay)
+        defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d, weight_decay=weight_decay, foreach=foreach,
+                        maximize=maximize)
+        self._engine = _AdafactorEngine()
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._engine.step(self.param_groups, self.state)
+        return loss
+
+    def plan_builds(self):
+        """How many Adafactor plans were built (one per group, device, dtype and step count, again
+        when its set of parameters with a gradient or their addresses change)."""
+        return self._engine.builds
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        return {k: v for k, v in state.items() if k != "_engine"}
+
+    def __setstate__(self, state):
+        # Also load_state_dict's way of installing the loaded state: new plans over it.
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("foreach", None)
+        self._engine = _AdafactorEngine()
