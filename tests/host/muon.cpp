@@ -378,40 +378,90 @@ TEST_CASE("muon plan: rebind follows moved tensors", "[muon]")
 }
 
 namespace {
-// A column-major batched GEMM as cuBLAS's GemmStridedBatchedEx computes it: float sums, the
-// epilogue alpha sum + beta C in float, rounded once to T.
+using fo::detail::gemm_op;
+using fo::detail::gemm_shape;
+using fo::detail::ns_gemm;
+
+// Whether [a, a + n) and [b, b + m) share an element.
+template <class T>
+bool overlap(T const* a, std::int64_t n, T const* b, std::int64_t m)
+{
+  return a < b + m && b < a + n;
+}
+
+// Elements a batched column-major operand spans: the last matrix's last column ends there.
+std::int64_t extent(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t stride, std::int64_t batch)
+{
+  return (batch - 1) * stride + (cols - 1) * ld + rows;
+}
+
+// One call of the sequence, as recorded: which GEMM (or a copy, kind -1) on which buffers.
+template <class T>
+struct call {
+  int kind;  // ns_gemm, or -1 for a copy
+  T const* a;
+  T const* b;
+  T const* c;
+  T const* d;  // a copy's destination
+  float alpha;
+  float beta;
+};
+
+// A column-major batched GEMM as cublasLtMatmul computes it, D = alpha op(A) op(B) + beta C:
+// float sums, the epilogue in float, rounded once to T. It checks what cuBLASLt needs of the
+// operands (lds at least the stored rows, batches that do not overlap, D aliasing neither A nor
+// B nor, unless it is C exactly, C) and that the shape is the one the CUDA plan prepared for
+// the kind (newton_schulz_gemm_shape); and it records the call.
 template <class T>
 struct emulated_gemm {
-  void operator()(fo::detail::gemm_op ta, fo::detail::gemm_op tb, std::int64_t m, std::int64_t n, std::int64_t k,
-                  float alpha, T const* a, std::int64_t lda, std::int64_t stride_a, T const* b, std::int64_t ldb,
-                  std::int64_t stride_b, float beta, T* c, std::int64_t ldc, std::int64_t stride_c,
-                  std::int64_t batch) const
+  fo::detail::muon_layout::group const* g;
+  std::vector<call<T>>* calls;
+
+  void operator()(ns_gemm kind, gemm_shape const& s, float alpha, T const* a, T const* b, float beta, T const* c,
+                  T* d) const
   {
-    using op = fo::detail::gemm_op;
-    for (std::int64_t z = 0; z < batch; ++z) {
-      T const* az = a + z * stride_a;
-      T const* bz = b + z * stride_b;
-      T* cz = c + z * stride_c;
-      for (std::int64_t i = 0; i < m; ++i) {
-        for (std::int64_t j = 0; j < n; ++j) {
+    REQUIRE(s == fo::detail::newton_schulz_gemm_shape(*g, kind));
+    REQUIRE(s.batch >= 1);
+    REQUIRE(s.lda >= std::max<std::int64_t>(1, s.a_rows()));
+    REQUIRE(s.ldb >= std::max<std::int64_t>(1, s.b_rows()));
+    REQUIRE(s.ldc >= std::max<std::int64_t>(1, s.m));
+    // Batches of D apart (each write lands in one matrix); A's, B's and C's may only be read.
+    REQUIRE((s.batch == 1 || s.stride_c >= s.ldc * s.n));
+    std::int64_t const a_span = extent(s.a_rows(), s.a_cols(), s.lda, s.stride_a, s.batch);
+    std::int64_t const b_span = extent(s.b_rows(), s.b_cols(), s.ldb, s.stride_b, s.batch);
+    std::int64_t const c_span = extent(s.m, s.n, s.ldc, s.stride_c, s.batch);
+    REQUIRE_FALSE(overlap<T>(d, c_span, a, a_span));
+    REQUIRE_FALSE(overlap<T>(d, c_span, b, b_span));
+    REQUIRE((c == d || !overlap<T>(d, c_span, c, c_span)));
+    REQUIRE((c != d || beta == 0.0f));  // in place only where C is not read (A = X X^T)
+    calls->push_back({static_cast<int>(kind), a, b, c, d, alpha, beta});
+    for (std::int64_t z = 0; z < s.batch; ++z) {
+      T const* az = a + z * s.stride_a;
+      T const* bz = b + z * s.stride_b;
+      T const* cz = c + z * s.stride_c;
+      T* dz = d + z * s.stride_c;
+      for (std::int64_t i = 0; i < s.m; ++i) {
+        for (std::int64_t j = 0; j < s.n; ++j) {
           float sum = 0.0f;
-          for (std::int64_t q = 0; q < k; ++q) {
-            float const x = fo::to_opmath<float>(ta == op::n ? az[i + q * lda] : az[q + i * lda]);
-            float const y = fo::to_opmath<float>(tb == op::n ? bz[q + j * ldb] : bz[j + q * ldb]);
+          for (std::int64_t q = 0; q < s.k; ++q) {
+            float const x = fo::to_opmath<float>(s.op_a == gemm_op::n ? az[i + q * s.lda] : az[q + i * s.lda]);
+            float const y = fo::to_opmath<float>(s.op_b == gemm_op::n ? bz[q + j * s.ldb] : bz[j + q * s.ldb]);
             sum += x * y;
           }
-          float const old = beta != 0.0f ? fo::to_opmath<float>(cz[i + j * ldc]) : 0.0f;
-          cz[i + j * ldc] = fo::from_opmath<T>(alpha * sum + beta * old);
+          float const old = beta != 0.0f ? fo::to_opmath<float>(cz[i + j * s.ldc]) : 0.0f;
+          dz[i + j * s.ldc] = fo::from_opmath<T>(alpha * sum + beta * old);
         }
       }
     }
   }
 };
 
-// The CUDA plan's sequence of copies and GEMMs (detail::newton_schulz_gemms), run through the
-// emulated GEMM, against host::newton_schulz on the same group.
+// The CUDA plan's sequence of GEMMs and copies (detail::newton_schulz_gemms), run through the
+// emulated GEMM, against host::newton_schulz on the same group; and the buffers of every call:
+// X ping-pongs between the workspace and the scratch, C and D apart, and one copy back after an
+// odd number of iterations only.
 template <class T>
-void check_gemm_sequence(matrix_shape shape, double bound)
+void check_gemm_sequence(matrix_shape shape, int ns_steps, double bound)
 {
   std::int64_t const count = 3;
   std::vector<matrix_shape> const shapes(count, shape);
@@ -429,13 +479,47 @@ void check_gemm_sequence(matrix_shape shape, double bound)
     }
   }
   std::vector<T> host = x;
-  muon const opt;
-  std::vector<float> scratch(static_cast<std::size_t>(fo::host::newton_schulz_scratch(g.small, g.large)));
-  fo::host::newton_schulz<T>(host.data(), count, g.stride, shape, opt, scratch.data(), 1);
-  std::vector<T> copies(static_cast<std::size_t>(count * g.stride)), gram(static_cast<std::size_t>(count * g.square_stride)),
-    poly(gram.size());
-  auto const copy = [](T* destination, T const* source, std::int64_t n) { std::copy(source, source + n, destination); };
-  fo::detail::newton_schulz_gemms(g, x.data(), copies.data(), gram.data(), poly.data(), opt, copy, emulated_gemm<T>{});
+  muon opt;
+  opt.ns_steps = ns_steps;
+  std::vector<float> scratch_host(static_cast<std::size_t>(fo::host::newton_schulz_scratch(g.small, g.large)));
+  fo::host::newton_schulz<T>(host.data(), count, g.stride, shape, opt, scratch_host.data(), 1);
+  // The scratch starts as garbage that is not a number: nothing may read it before writing it.
+  T const garbage = fo::from_opmath<T>(std::nanf(""));
+  std::vector<T> scratch(static_cast<std::size_t>(count * g.stride), garbage);
+  std::vector<T> gram(static_cast<std::size_t>(count * g.square_stride), garbage), poly(gram.size(), garbage);
+  std::vector<call<T>> calls;
+  auto const copy = [&](T* destination, T const* source, std::int64_t elements, std::int64_t stride, std::int64_t n) {
+    calls.push_back({-1, source, nullptr, nullptr, destination, 0.0f, 0.0f});
+    for (std::int64_t z = 0; z < n; ++z) { std::copy(source + z * stride, source + z * stride + elements, destination + z * stride); }
+  };
+  fo::detail::newton_schulz_gemms(g, x.data(), scratch.data(), gram.data(), poly.data(), opt, copy,
+                                  emulated_gemm<T>{&g, &calls});
+  INFO(shape.rows << " x " << shape.cols << ", " << ns_steps << " iterations");
+  // The sequence, buffer by buffer.
+  bool const transposed = shape.rows > shape.cols;
+  T const* const workspace = x.data();
+  T const* const other = scratch.data();
+  REQUIRE(calls.size() == static_cast<std::size_t>(3 * ns_steps + (ns_steps % 2)));
+  for (int it = 0; it < ns_steps; ++it) {
+    T const* const current = it % 2 == 0 ? workspace : other;
+    T const* const next = it % 2 == 0 ? other : workspace;
+    auto const k = opt.iteration(it);
+    call<T> const& a = calls[static_cast<std::size_t>(3 * it)];
+    call<T> const& b = calls[static_cast<std::size_t>(3 * it + 1)];
+    call<T> const& u = calls[static_cast<std::size_t>(3 * it + 2)];
+    CHECK(a.kind == static_cast<int>(ns_gemm::gram));
+    CHECK((a.a == current && a.b == current && a.d == gram.data() && a.alpha == 1.0f && a.beta == 0.0f));
+    CHECK(b.kind == static_cast<int>(ns_gemm::poly));
+    CHECK((b.a == gram.data() && b.b == gram.data() && b.c == gram.data() && b.d == poly.data()));
+    CHECK((b.alpha == static_cast<float>(k.c) && b.beta == static_cast<float>(k.b)));
+    CHECK(u.kind == static_cast<int>(ns_gemm::update));
+    CHECK((transposed ? (u.a == poly.data() && u.b == current) : (u.a == current && u.b == poly.data())));
+    CHECK((u.c == current && u.d == next && u.alpha == 1.0f && u.beta == static_cast<float>(k.a)));
+  }
+  if (ns_steps % 2 == 1) {
+    CHECK((calls.back().kind == -1 && calls.back().a == other && calls.back().d == workspace));
+  }
+  // The result, in the workspace, against the host's iteration; the padding untouched.
   double diff2 = 0, ref2 = 0;
   for (std::int64_t z = 0; z < count; ++z) {
     for (std::int64_t i = 0; i < shape.rows * shape.cols; ++i) {
@@ -444,20 +528,29 @@ void check_gemm_sequence(matrix_shape shape, double bound)
       diff2 += d * d;
       ref2 += fo::to_opmath<double>(host[at]) * fo::to_opmath<double>(host[at]);
     }
+    for (std::int64_t i = shape.rows * shape.cols; i < g.stride; ++i) {
+      CHECK(fo::to_opmath<double>(x[static_cast<std::size_t>(z * g.stride + i)]) == 0.0);
+    }
   }
-  INFO(shape.rows << " x " << shape.cols);
   CHECK(std::sqrt(diff2) <= bound * std::sqrt(ref2));
 }
 }  // namespace
 
 TEST_CASE("muon: the CUDA plan's GEMM sequence, emulated, is the host's Newton-Schulz", "[muon]")
 {
-  // The operands, leading dimensions and strides handed to cuBLAS, checked without a GPU:
-  // float to 1e-5 (two orders of summation), bfloat16 within its tolerance.
+  // The operands, leading dimensions, strides and buffers handed to cuBLASLt, checked without
+  // a GPU: float to 1e-5 (two orders of summation), bfloat16 within its tolerance; an odd and
+  // an even number of iterations (the copy back, none), one, and none.
   for (matrix_shape const shape : {matrix_shape{24, 8}, matrix_shape{8, 24}, matrix_shape{16, 16}, matrix_shape{1, 1},
                                    matrix_shape{2, 3}, matrix_shape{3, 2}, matrix_shape{64, 96}, matrix_shape{96, 64}}) {
-    check_gemm_sequence<float>(shape, 1e-5);
-    check_gemm_sequence<fo::bfloat16>(shape, 0.1);
+    for (int const steps : {5, 4}) {
+      check_gemm_sequence<float>(shape, steps, 1e-5);
+      check_gemm_sequence<fo::bfloat16>(shape, steps, 0.1);
+    }
+  }
+  for (int const steps : {0, 1}) {
+    check_gemm_sequence<float>(matrix_shape{8, 24}, steps, 1e-5);
+    check_gemm_sequence<float>(matrix_shape{24, 8}, steps, 1e-5);
   }
 }
 

@@ -1,9 +1,9 @@
 /// @file cuda/muon.cuh
 /// @brief Muon on the GPU: two fused passes (cuda::plan) around a batched Newton-Schulz over
-/// cuBLAS strided-batched GEMMs, one batch per group of same-shaped matrices.
+/// cuBLASLt strided-batched matmuls, one batch per group of same-shaped matrices.
 ///
 /// @code
-/// #include <fusedopt/cuda/muon.cuh>   // link cuBLAS: CMake target fusedopt::cublas
+/// #include <fusedopt/cuda/muon.cuh>   // link cuBLASLt: CMake target fusedopt::cublas
 /// auto lists = fo::bind(fo::slot::param = p, fo::slot::grad = g, fo::slot::momentum_buffer = m);
 /// auto plan = fo::cuda::make_muon_plan(lists, shapes, {}, stream);   // allocates once
 /// fo::rules::muon opt;
@@ -12,18 +12,22 @@
 ///
 /// A step enqueues, on the caller's stream: pass 1 (a reduction pass, its finalize and the
 /// update pass of rules::muon_momentum: buffers, and the normalised inputs in the plan's
-/// workspace); per group and iteration, two device-to-device copies and three
-/// cublasGemmStridedBatchedEx (bfloat16 or float in and out, float accumulation, the
-/// coefficients as alpha and beta); pass 2 (rules::muon_apply). No allocation, no host
-/// synchronisation: capturable in a CUDA graph (cuBLAS runs in the plan's own workspace).
+/// workspace); per group and iteration, three cublasLtMatmul (bfloat16 or float in and out,
+/// float accumulation, the coefficients as alpha and beta, C and D apart: the matrices
+/// ping-pong between the workspace and a scratch copy), and after an odd number of iterations
+/// one device-to-device copy per group back into the workspace; pass 2 (rules::muon_apply).
+/// The cuBLASLt descriptors, layouts and algorithms are made when the plan is built. No
+/// allocation, heuristic query or host synchronisation in a step: capturable in a CUDA graph
+/// (cuBLASLt runs in the plan's own workspace).
 ///
-/// Not included by fusedopt.cuh: this header alone needs cuBLAS (`-lcublas`).
+/// Not included by fusedopt.cuh: this header alone needs cuBLASLt (`-lcublasLt`).
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -46,17 +50,17 @@
 FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
-/// Builds the message of a failed cuBLAS call: the call as written, the status's name and text.
+/// Builds the message of a failed cuBLAS(Lt) call: the call as written, the status's name and text.
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, char const* call, char const* file, int line)
 {
-  throw error(std::string("cuBLAS call '") + call + "' failed: " + cublasGetStatusName(status) + ": " +
-              cublasGetStatusString(status) + " (" + file + ":" + std::to_string(line) + ")");
+  throw error(std::string("cuBLAS call '") + call + "' failed: " + cublasLtGetStatusName(status) + ": " +
+              cublasLtGetStatusString(status) + " (" + file + ":" + std::to_string(line) + ")");
 }
 }  // namespace detail
 }  // namespace cuda
 FUSEDOPT_NAMESPACE_END
 
-/// Evaluates a cuBLAS call once; throws fusedopt::error naming the call and the status when it
+/// Evaluates a cuBLAS or cuBLASLt call (both return cublasStatus_t) once; throws fusedopt::error naming the call and the status when it
 /// does not return CUBLAS_STATUS_SUCCESS.
 #define FUSEDOPT_CUBLAS_TRY(call)                                                                   \
   do {                                                                                              \
@@ -73,16 +77,18 @@ namespace cuda {
 struct muon_options {
   /// The two fused passes' options (pass 1 keeps room for its one accumulator; pass 2 needs none).
   options passes{};
-  /// Device memory cuBLAS may use, part of the plan's one allocation (cuBLAS recommends 32 MiB
-  /// on Hopper, 4 MiB before). 0: cuBLAS uses none (some GEMM algorithms are then unavailable).
+  /// Device memory cuBLASLt may use, part of the plan's one allocation (cuBLAS recommends 32 MiB
+  /// on Hopper, 4 MiB before): every cublasLtMatmul's workspace and its heuristics' limit
+  /// (CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES). 0: none (algorithms that need some, split-K
+  /// among them, are then not chosen).
   std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
 };
 
 /// @brief Muon's steps over bound lists of 2-D parameters in device memory (slots param, grad,
 /// momentum_buffer, in any order), Newton-Schulz in `NS` (fusedopt::bfloat16 as torch, or
 /// float). Owns one device allocation (every matrix in NS, the GEMMs' scratch for the largest
-/// group, the per-matrix learning-rate ratios, cuBLAS's workspace) and a cuBLAS handle;
-/// move-only. The plan runs on the device current when it was built.
+/// group, the per-matrix learning-rate ratios, cuBLASLt's workspace), a cuBLASLt handle and,
+/// per group, the descriptors, layouts and algorithms of its three GEMMs; move-only. The plan runs on the device current when it was built.
 template <class NS, class... B>
 class muon_plan {
   static_assert(std::is_same_v<NS, bfloat16> || std::is_same_v<NS, float>,
@@ -101,30 +107,26 @@ class muon_plan {
   using output_plan = typename traits::template output_plan<plan>;
 
   /// @brief Groups the tensors by shape, allocates the workspace (cudaMalloc), uploads the
-  /// ratio tables, creates the cuBLAS handle, plans both passes and runs one Newton-Schulz
-  /// iteration over the zeroed workspace (so that cuBLAS loads its kernels before a step is
-  /// captured), on `stream`, synchronised. Do not build a plan while `stream` is being captured.
+  /// ratio tables, creates the cuBLASLt handle, makes each group's matmul descriptors and
+  /// layouts and picks their algorithms (cublasLtMatmulAlgoGetHeuristic), plans both passes and
+  /// runs one Newton-Schulz iteration over the zeroed workspace (so that cuBLASLt loads its
+  /// kernels before a step is captured), on `stream`, synchronised. Do not build a plan while `stream` is being captured.
   /// @param shapes one per tensor, row-major (torch's `p.shape`): rows x cols must be the
-  /// tensor's size; sides and group sizes must fit in an int (cuBLAS's dimensions).
+  /// tensor's size; sides and group sizes must fit in an int.
   /// @throws fusedopt::error on a shape that does not fit its tensor, options cuda::plan rejects,
-  /// or a failed CUDA or cuBLAS call.
+  /// a group for whose GEMMs cuBLASLt has no algorithm, or a failed CUDA or cuBLASLt call.
   muon_plan(lists_type lists, std::vector<matrix_shape> const& shapes, muon_options opts = {},
             cudaStream_t stream = nullptr)
       : layout_(shapes, lists.num_tensors(), [&lists](std::size_t t) { return lists.tensor_size(t); }),
         memory_(allocate(layout_, opts.cublas_workspace_bytes, stream)),
         handle_(create_handle()),
+        gemms_(prepare_gemms(layout_, handle_.get(), memory_)),
         lists_(lists),
         input_(input_lists(lists), input_options(opts.passes), stream),
         output_(output_lists(lists), output_options(opts.passes), stream)
   {
-    for (auto const& g : layout_.groups) {
-      FUSEDOPT_EXPECTS(g.large <= INT_MAX && g.count <= INT_MAX && g.stride <= INT_MAX,
-                       "muon plan: a group of " + std::to_string(g.count) + " matrices of " +
-                         std::to_string(g.shape.rows) + " x " + std::to_string(g.shape.cols) +
-                         " does not fit cuBLAS's int dimensions");
-    }
-    // One iteration over the zeroed workspace now: cuBLAS chooses and loads its kernels
-    // (lazily loaded modules, heuristics) here, not in the first step, which may be captured.
+    // One iteration over the zeroed workspace now: cuBLASLt loads its kernels (lazily loaded
+    // modules) here, not in the first step, which may be captured.
     rules::muon warm_up;
     warm_up.ns_steps = 1;
     newton_schulz(warm_up, stream);
@@ -143,7 +145,7 @@ class muon_plan {
   /// read when the kernels run (with `step.advance`, pass 1 counts the step on the device).
   /// The workspace belongs to the plan: do not run one plan on two streams at once.
   /// @throws fusedopt::error, before anything is enqueued, on invalid options
-  /// (muon::validate) or a step value below 1; or on a failed launch or cuBLAS call.
+  /// (muon::validate) or a step value below 1; or on a failed launch or cuBLASLt call.
   void run(rules::muon const& opt, step_info const& step = {}, cudaStream_t stream = nullptr) const
   {
     opt.validate();
@@ -203,21 +205,43 @@ class muon_plan {
     void operator()(void* p) const noexcept { (void)cudaFree(p); }  // fails only when the context is gone
   };
   struct handle_destroy {
-    void operator()(cublasHandle_t h) const noexcept
-    {
-      // Off the last step's stream first: the caller may have destroyed it already.
-      (void)cublasSetStream(h, nullptr);
-      (void)cublasDestroy(h);
-    }
+    void operator()(cublasLtHandle_t h) const noexcept { (void)cublasLtDestroy(h); }
   };
+  struct desc_destroy {
+    void operator()(cublasLtMatmulDesc_t d) const noexcept { (void)cublasLtMatmulDescDestroy(d); }
+  };
+  struct layout_destroy {
+    void operator()(cublasLtMatrixLayout_t l) const noexcept { (void)cublasLtMatrixLayoutDestroy(l); }
+  };
+  struct preference_destroy {
+    void operator()(cublasLtMatmulPreference_t p) const noexcept { (void)cublasLtMatmulPreferenceDestroy(p); }
+  };
+  using handle_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtHandle_t>, handle_destroy>;
+  using desc_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, desc_destroy>;
+  using layout_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, layout_destroy>;
+  using preference_ptr = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, preference_destroy>;
 
-  // The plan's one allocation, cut in 256-byte-aligned parts (cuBLAS's workspace needs 256).
+  // One GEMM of one group, ready for cublasLtMatmul: its shape (detail::newton_schulz_gemm_shape),
+  // descriptor (ops, compute and scale types, host pointer mode), layouts (C's is D's) and the
+  // algorithm the heuristics picked when the plan was built.
+  struct prepared_gemm {
+    ::fusedopt::detail::gemm_shape shape;
+    desc_ptr desc;
+    layout_ptr a;
+    layout_ptr b;
+    layout_ptr cd;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  // Per group, its three GEMMs by ns_gemm; empty for a group of empty matrices.
+  using group_gemms = std::array<prepared_gemm, ::fusedopt::detail::ns_gemm_kinds>;
+
+  // The plan's one allocation, cut in 256-byte-aligned parts (cuBLASLt's workspace needs 256).
   struct workspace {
     std::unique_ptr<void, device_free> memory;
     std::size_t bytes = 0;
     double* ratios = nullptr;  // [original..., match_rms_adamw...]
     NS* matrices = nullptr;    // every group's matrices
-    NS* copies = nullptr;      // the largest group's matrices: the GEMMs' input while X is rewritten
+    NS* copies = nullptr;      // room for the largest group's matrices: X's other ping-pong buffer
     NS* gram = nullptr;        // the largest group's A = X X^T
     NS* poly = nullptr;        // the largest group's B = b A + c A A
     void* cublas = nullptr;
@@ -264,16 +288,129 @@ class muon_plan {
     return w;
   }
 
-  static std::unique_ptr<cublasContext, handle_destroy> create_handle()
+  static handle_ptr create_handle()
   {
-    cublasHandle_t handle = nullptr;
-    FUSEDOPT_CUBLAS_TRY(cublasCreate(&handle));
-    std::unique_ptr<cublasContext, handle_destroy> owned(handle);
-    // Float accumulation throughout: no bfloat16 split-K reductions (torch allows them by
-    // default; the host reference has none), no TF32 for the float iteration.
-    FUSEDOPT_CUBLAS_TRY(cublasSetMathMode(
-      handle, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-    return owned;
+    cublasLtHandle_t handle = nullptr;
+    FUSEDOPT_CUBLAS_TRY(cublasLtCreate(&handle));
+    return handle_ptr(handle);
+  }
+
+  template <class V>
+  static void set_layout(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attribute, V value)
+  {
+    FUSEDOPT_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(layout, attribute, &value, sizeof(value)));
+  }
+  template <class V>
+  static void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, V value)
+  {
+    FUSEDOPT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+  }
+  template <class V>
+  static void set_preference(cublasLtMatmulPreference_t preference, cublasLtMatmulPreferenceAttributes_t attribute,
+                             V value)
+  {
+    FUSEDOPT_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof(value)));
+  }
+
+  // A column-major rows x cols matrix of NS with leading dimension ld, `batch` of them `stride`
+  // elements apart.
+  static layout_ptr make_layout(std::int64_t rows, std::int64_t cols, std::int64_t ld, std::int64_t stride,
+                                std::int64_t batch)
+  {
+    cublasLtMatrixLayout_t raw = nullptr;
+    FUSEDOPT_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&raw, data_type, static_cast<std::uint64_t>(rows),
+                                                   static_cast<std::uint64_t>(cols), ld));
+    layout_ptr layout(raw);
+    set_layout(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, static_cast<std::int32_t>(batch));
+    set_layout(raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, static_cast<std::int64_t>(stride));
+    return layout;
+  }
+
+  // The largest power of two (at most 256) that divides every address a group's GEMMs are
+  // given: the workspace's parts are 256-byte aligned, the group's offset and its matrix
+  // strides multiples of 8 elements. The heuristics assume 256 unless told (MIN_ALIGNMENT_*).
+  static std::uint32_t group_alignment(::fusedopt::detail::muon_layout::group const& g)
+  {
+    std::uint64_t const bytes[] = {static_cast<std::uint64_t>(g.offset) * sizeof(NS),
+                                   static_cast<std::uint64_t>(g.stride) * sizeof(NS),
+                                   static_cast<std::uint64_t>(g.square_stride) * sizeof(NS)};
+    std::uint32_t alignment = 256;
+    for (std::uint64_t b : bytes) {
+      while (alignment > 1 && b % alignment != 0) { alignment /= 2; }
+    }
+    return alignment;
+  }
+
+  // Made once, when the plan is built: per group and GEMM kind, the descriptor, the layouts
+  // and the algorithm. Float accumulation and float alpha and beta (host pointers), NS in and
+  // out; CUBLAS_COMPUTE_32F without a fast mode: no TF32 for the float iteration. Split-K only
+  // with its partial sums in float in the workspace, reduced in a separate step
+  // (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE): neither in place in the output nor in the output
+  // type, so no bfloat16 partial sums and one rounding per element, as the handle's
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION gave the GemmEx plan.
+  static std::vector<group_gemms> prepare_gemms(::fusedopt::detail::muon_layout const& layout,
+                                                cublasLtHandle_t handle, workspace const& memory)
+  {
+    using ::fusedopt::detail::gemm_shape;
+    using ::fusedopt::detail::ns_gemm;
+    std::vector<group_gemms> all(layout.groups.size());
+    for (std::size_t gi = 0; gi < layout.groups.size(); ++gi) {
+      auto const& g = layout.groups[gi];
+      std::string const group_name = std::to_string(g.count) + " matrices of " + std::to_string(g.shape.rows) +
+                                     " x " + std::to_string(g.shape.cols);
+      FUSEDOPT_EXPECTS(g.large <= INT_MAX && g.count <= INT_MAX && g.stride <= INT_MAX,
+                       "muon plan: a group of " + group_name + " does not fit cuBLASLt's int dimensions");
+      if (g.small == 0 || g.large == 0) { continue; }  // newton_schulz_gemms runs nothing
+      preference_ptr preference;
+      {
+        cublasLtMatmulPreference_t raw = nullptr;
+        FUSEDOPT_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&raw));
+        preference.reset(raw);
+      }
+      set_preference(preference.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                     static_cast<std::uint64_t>(memory.cublas_bytes));
+      // No split-K (NONE) or split-K with float partial sums (COMPUTE_TYPE); not INPLACE, not OUTPUT_TYPE.
+      set_preference(preference.get(), CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                     static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+      std::uint32_t const alignment = group_alignment(g);
+      for (auto const attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                   CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+        set_preference(preference.get(), attribute, alignment);
+      }
+      for (ns_gemm const kind : {ns_gemm::gram, ns_gemm::poly, ns_gemm::update}) {
+        prepared_gemm& p = all[gi][static_cast<std::size_t>(kind)];
+        p.shape = ::fusedopt::detail::newton_schulz_gemm_shape(g, kind);
+        gemm_shape const& s = p.shape;
+        {
+          cublasLtMatmulDesc_t raw = nullptr;
+          FUSEDOPT_CUBLAS_TRY(cublasLtMatmulDescCreate(&raw, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+          p.desc.reset(raw);
+        }
+        set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_POINTER_MODE, static_cast<std::int32_t>(CUBLASLT_POINTER_MODE_HOST));
+        set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(operation(s.op_a)));
+        set_desc(p.desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(operation(s.op_b)));
+        p.a = make_layout(s.a_rows(), s.a_cols(), s.lda, s.stride_a, s.batch);
+        p.b = make_layout(s.b_rows(), s.b_cols(), s.ldb, s.stride_b, s.batch);
+        p.cd = make_layout(s.m, s.n, s.ldc, s.stride_c, s.batch);
+        cublasLtMatmulHeuristicResult_t result{};
+        int returned = 0;
+        cublasStatus_t const status = cublasLtMatmulAlgoGetHeuristic(handle, p.desc.get(), p.a.get(), p.b.get(),
+                                                                      p.cd.get(), p.cd.get(), preference.get(), 1,
+                                                                      &result, &returned);
+        char const* const names[] = {"A = X X^T", "B = c A A + b A", "X = B X + a X"};
+        std::string const what = std::string("muon plan: cuBLASLt has no algorithm for the GEMM ") +
+                                 names[static_cast<std::size_t>(kind)] + " of the group of " + group_name + " (" +
+                                 (std::is_same_v<NS, bfloat16> ? "bfloat16" : "float") +
+                                 ", float accumulation, split-K only with float partial sums, " +
+                                 std::to_string(memory.cublas_bytes) + " bytes of workspace, " +
+                                 std::to_string(alignment) + "-byte alignment)";
+        if (status == CUBLAS_STATUS_NOT_SUPPORTED) { throw error(what + ": " + cublasLtGetStatusName(status)); }
+        FUSEDOPT_CUBLAS_TRY(status);
+        FUSEDOPT_EXPECTS(returned > 0 && result.state == CUBLAS_STATUS_SUCCESS, what);
+        p.algo = result.algo;
+      }
+    }
+    return all;
   }
 
   static options input_options(options opts)
@@ -308,36 +445,32 @@ class muon_plan {
 
   static constexpr cudaDataType_t data_type = std::is_same_v<NS, bfloat16> ? CUDA_R_16BF : CUDA_R_32F;
 
-  // C = alpha op(A) op(B) + beta C over `batch` matrices (column-major, as cuBLAS sees them).
-  void gemm(cublasOperation_t ta, cublasOperation_t tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-            NS const* a, std::int64_t lda, std::int64_t stride_a, NS const* b, std::int64_t ldb, std::int64_t stride_b,
-            float beta, NS* c, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) const
-  {
-    FUSEDOPT_CUBLAS_TRY(cublasGemmStridedBatchedEx(
-      handle_.get(), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a, data_type,
-      static_cast<int>(lda), static_cast<long long>(stride_a), b, data_type, static_cast<int>(ldb),
-      static_cast<long long>(stride_b), &beta, c, data_type, static_cast<int>(ldc), static_cast<long long>(stride_c),
-      static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  }
-
-  // detail::newton_schulz_gemms (rules/muon.hpp) has the sequence and why; here its copies
-  // and GEMMs go to the stream and cuBLAS.
+  // detail::newton_schulz_gemms (rules/muon.hpp) has the sequence and why; here its GEMMs go
+  // to cublasLtMatmul with the group's prepared descriptor, layouts and algorithm, its copy to
+  // the stream. Nothing is allocated or queried.
   void newton_schulz(rules::muon const& opt, cudaStream_t stream) const
   {
     if (opt.ns_steps == 0) { return; }
-    FUSEDOPT_CUBLAS_TRY(cublasSetStream(handle_.get(), stream));
-    // After the stream: cublasSetStream puts the handle back on cuBLAS's own workspace pool.
-    FUSEDOPT_CUBLAS_TRY(cublasSetWorkspace(handle_.get(), memory_.cublas, memory_.cublas_bytes));
-    auto const copy = [stream](NS* destination, NS const* source, std::int64_t elements) {
-      FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(destination, source, static_cast<std::size_t>(elements) * sizeof(NS),
-                                        cudaMemcpyDeviceToDevice, stream));
+    auto const copy = [stream](NS* destination, NS const* source, std::int64_t elements, std::int64_t stride,
+                               std::int64_t count) {
+      std::size_t const pitch = static_cast<std::size_t>(stride) * sizeof(NS);
+      FUSEDOPT_CUDA_TRY(cudaMemcpy2DAsync(destination, pitch, source, pitch,
+                                          static_cast<std::size_t>(elements) * sizeof(NS),
+                                          static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
     };
-    auto const gemm_call = [this](::fusedopt::detail::gemm_op ta, ::fusedopt::detail::gemm_op tb, auto... rest) {
-      gemm(operation(ta), operation(tb), rest...);
-    };
-    for (auto const& g : layout_.groups) {
+    for (std::size_t gi = 0; gi < layout_.groups.size(); ++gi) {
+      auto const& g = layout_.groups[gi];
+      group_gemms const& prepared = gemms_[gi];
+      auto const gemm = [&](::fusedopt::detail::ns_gemm kind, ::fusedopt::detail::gemm_shape const& shape,
+                            float alpha, NS const* a, NS const* b, float beta, NS const* c, NS* d) {
+        prepared_gemm const& p = prepared[static_cast<std::size_t>(kind)];
+        FUSEDOPT_EXPECTS(shape == p.shape, "muon plan: a Newton-Schulz GEMM differs from the one prepared");
+        FUSEDOPT_CUBLAS_TRY(cublasLtMatmul(handle_.get(), p.desc.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, c,
+                                           p.cd.get(), d, p.cd.get(), &p.algo, memory_.cublas, memory_.cublas_bytes,
+                                           stream));
+      };
       ::fusedopt::detail::newton_schulz_gemms(g, memory_.matrices + g.offset, memory_.copies, memory_.gram,
-                                              memory_.poly, opt, copy, gemm_call);
+                                              memory_.poly, opt, copy, gemm);
     }
   }
 
@@ -348,7 +481,8 @@ class muon_plan {
 
   ::fusedopt::detail::muon_layout layout_;
   workspace memory_;
-  std::unique_ptr<cublasContext, handle_destroy> handle_;
+  handle_ptr handle_;
+  std::vector<group_gemms> gemms_;  // per group; its Lt objects die before the handle
   lists_type lists_;
   input_plan input_;
   output_plan output_;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../numeric/dtypes.hpp"
@@ -380,49 +381,146 @@ struct muon_layout {
 /// A GEMM operand as cuBLAS takes it: as stored (column-major) or transposed.
 enum class gemm_op { n, t };
 
-/// One group's Newton-Schulz as a sequence of copies and batched column-major GEMMs
-/// (C = alpha op(A) op(B) + beta C over `g.count` matrices): what the CUDA plan hands cuBLAS,
-/// kept here, free of CUDA, so that host tests run the same sequence through an emulated GEMM.
-/// `copy(destination, source, elements)`; `gemm(op_a, op_b, m, n, k, alpha, a, lda, stride_a,
-/// b, ldb, stride_b, beta, c, ldc, stride_c, batch)`.
+/// The three GEMMs of a Newton-Schulz iteration: A = X X^T, B = c A A + b A, X' = B X + a X.
+enum class ns_gemm { gram, poly, update };
+inline constexpr std::size_t ns_gemm_kinds = 3;
+
+/// One strided-batched column-major GEMM as cuBLASLt takes it: D = alpha op(A) op(B) + beta C
+/// over `batch` matrices, op(A) m x k, op(B) k x n, C and D m x n. C and D have one layout
+/// (`ldc`, `stride_c`) and, in Newton-Schulz, always different addresses. The CUDA plan makes
+/// its cuBLASLt layouts and picks its algorithms from these when it is built.
+struct gemm_shape {
+  gemm_op op_a = gemm_op::n;
+  gemm_op op_b = gemm_op::n;
+  std::int64_t m = 0;
+  std::int64_t n = 0;
+  std::int64_t k = 0;
+  std::int64_t lda = 0;
+  std::int64_t stride_a = 0;
+  std::int64_t ldb = 0;
+  std::int64_t stride_b = 0;
+  std::int64_t ldc = 0;  ///< C's and D's
+  std::int64_t stride_c = 0;
+  std::int64_t batch = 0;
+
+  /// Rows and columns of A as stored (column-major): op(A) is m x k.
+  [[nodiscard]] std::int64_t a_rows() const { return op_a == gemm_op::n ? m : k; }
+  [[nodiscard]] std::int64_t a_cols() const { return op_a == gemm_op::n ? k : m; }
+  /// Rows and columns of B as stored: op(B) is k x n.
+  [[nodiscard]] std::int64_t b_rows() const { return op_b == gemm_op::n ? k : n; }
+  [[nodiscard]] std::int64_t b_cols() const { return op_b == gemm_op::n ? n : k; }
+
+  friend bool operator==(gemm_shape const& x, gemm_shape const& y)
+  {
+    return x.op_a == y.op_a && x.op_b == y.op_b && x.m == y.m && x.n == y.n && x.k == y.k && x.lda == y.lda &&
+           x.stride_a == y.stride_a && x.ldb == y.ldb && x.stride_b == y.stride_b && x.ldc == y.ldc &&
+           x.stride_c == y.stride_c && x.batch == y.batch;
+  }
+  friend bool operator!=(gemm_shape const& x, gemm_shape const& y) { return !(x == y); }
+};
+
+/// The shape of GEMM `kind` of group `g`'s Newton-Schulz (the same at every iteration).
 ///
 /// The workspace holds each matrix as the parameter, row-major rows x cols: to a column-major
 /// GEMM that is the cols x rows matrix X^T, so no transposition is ever copied.
 /// rows <= cols: torch's X is the matrix itself; W = X^T (large x small, ld large):
-///   A = W^T W; B = c A A + b A; W = W B^T + a W (= (B X + a X)^T).
+///   A = W^T W (T, N); B = c A A + b A (N, N); W' = W B^T + a W (N, T) (= (B X + a X)^T).
 /// rows > cols: torch orthogonalises X^T, which is what the GEMM sees, M (small x large, ld small):
-///   A = M M^T; B = c A A + b A; M = B M + a M.
-/// Each iteration first copies the group's matrices, so that the last GEMM reads the copy and
-/// rewrites the workspace in place (its C is its output: no input may alias it), and A into B
-/// (B's beta term).
-template <class T, class Copy, class Gemm>
-void newton_schulz_gemms(muon_layout::group const& g, T* x, T* copies, T* gram, T* poly, rules::muon const& opt,
-                         Copy&& copy, Gemm&& gemm)
+///   A = M M^T (N, T); B = c A A + b A (N, N); M' = B M + a M (N, N).
+inline gemm_shape newton_schulz_gemm_shape(muon_layout::group const& g, ns_gemm kind)
 {
-  if (g.small == 0 || g.large == 0) { return; }
   bool const transposed = g.shape.rows > g.shape.cols;
   std::int64_t const s = g.small;
   std::int64_t const l = g.large;
   std::int64_t const sq = g.square_stride;
+  gemm_shape r;
+  r.batch = g.count;
+  switch (kind) {
+    case ns_gemm::gram:  // A = X X^T, s x s, both operands the matrices
+      r.m = s;
+      r.n = s;
+      r.k = l;
+      r.op_a = transposed ? gemm_op::n : gemm_op::t;
+      r.op_b = transposed ? gemm_op::t : gemm_op::n;
+      r.lda = r.ldb = transposed ? s : l;
+      r.stride_a = r.stride_b = g.stride;
+      r.ldc = s;
+      r.stride_c = sq;
+      break;
+    case ns_gemm::poly:  // B = c A A + b A, s x s
+      r.m = r.n = r.k = s;
+      r.lda = r.ldb = r.ldc = s;
+      r.stride_a = r.stride_b = r.stride_c = sq;
+      break;
+    case ns_gemm::update:
+      if (transposed) {  // M' = B M + a M: A = B (s x s), B = M (s x l)
+        r.m = s;
+        r.n = l;
+        r.k = s;
+        r.lda = s;
+        r.stride_a = sq;
+        r.ldb = s;
+        r.stride_b = g.stride;
+        r.ldc = s;
+      } else {  // W' = W B^T + a W: A = W (l x s), B = B (s x s), transposed
+        r.m = l;
+        r.n = s;
+        r.k = s;
+        r.op_b = gemm_op::t;
+        r.lda = l;
+        r.stride_a = g.stride;
+        r.ldb = s;
+        r.stride_b = sq;
+        r.ldc = l;
+      }
+      r.stride_c = g.stride;
+      break;
+  }
+  return r;
+}
+
+/// One group's Newton-Schulz as a sequence of batched column-major GEMMs D = alpha op(A) op(B)
+/// + beta C (cuBLASLt's form: C and D apart) and at most one copy: what the CUDA plan hands
+/// cuBLASLt, kept here, free of CUDA, so that host tests run the same sequence through an
+/// emulated GEMM. `gemm(kind, shape, alpha, a, b, beta, c, d)` with `shape` =
+/// newton_schulz_gemm_shape(g, kind); `copy(destination, source, elements, stride, count)`:
+/// `count` runs of `elements` elements, `stride` apart in both (the matrices, not their padding).
+///
+/// `x` is the group's matrices in the workspace, `scratch` room for as many (ping-pong),
+/// `gram` and `poly` room for the group's A and B. Per iteration, X the current buffer (`x` at
+/// the first) and X' the other:
+///   gram:   A = 1 X X^T + 0 A       (C = D = gram; beta 0: C is not read)
+///   poly:   B = c A A + b A         (C = gram, D = poly)
+///   update: X' = B X + a X          (C = X, D = X': the output aliases no input)
+/// then X' becomes X. After an odd number of iterations the result is in `scratch`: one copy
+/// puts it back into `x` (none after an even number, none for ns_steps = 0).
+template <class T, class Copy, class Gemm>
+void newton_schulz_gemms(muon_layout::group const& g, T* x, T* scratch, T* gram, T* poly, rules::muon const& opt,
+                         Copy&& copy, Gemm&& gemm)
+{
+  if (g.small == 0 || g.large == 0) { return; }
+  bool const transposed = g.shape.rows > g.shape.cols;
+  gemm_shape const gram_shape = newton_schulz_gemm_shape(g, ns_gemm::gram);
+  gemm_shape const poly_shape = newton_schulz_gemm_shape(g, ns_gemm::poly);
+  gemm_shape const update_shape = newton_schulz_gemm_shape(g, ns_gemm::update);
+  T* current = x;
+  T* next = scratch;
   for (int it = 0; it < opt.ns_steps; ++it) {
     rules::ns_coefficients const k = opt.iteration(it);
-    copy(copies, x, g.count * g.stride);
+    gemm(ns_gemm::gram, gram_shape, 1.0f, static_cast<T const*>(current), static_cast<T const*>(current), 0.0f,
+         static_cast<T const*>(gram), gram);
+    gemm(ns_gemm::poly, poly_shape, static_cast<float>(k.c), static_cast<T const*>(gram),
+         static_cast<T const*>(gram), static_cast<float>(k.b), static_cast<T const*>(gram), poly);
     if (transposed) {
-      gemm(gemm_op::n, gemm_op::t, s, s, l, 1.0f, copies, s, g.stride, copies, s, g.stride, 0.0f, gram, s, sq, g.count);
+      gemm(ns_gemm::update, update_shape, 1.0f, static_cast<T const*>(poly), static_cast<T const*>(current),
+           static_cast<float>(k.a), static_cast<T const*>(current), next);
     } else {
-      gemm(gemm_op::t, gemm_op::n, s, s, l, 1.0f, copies, l, g.stride, copies, l, g.stride, 0.0f, gram, s, sq, g.count);
+      gemm(ns_gemm::update, update_shape, 1.0f, static_cast<T const*>(current), static_cast<T const*>(poly),
+           static_cast<float>(k.a), static_cast<T const*>(current), next);
     }
-    copy(poly, gram, g.count * sq);
-    gemm(gemm_op::n, gemm_op::n, s, s, s, static_cast<float>(k.c), gram, s, sq, gram, s, sq, static_cast<float>(k.b),
-         poly, s, sq, g.count);
-    if (transposed) {
-      gemm(gemm_op::n, gemm_op::n, s, l, s, 1.0f, poly, s, sq, copies, s, g.stride, static_cast<float>(k.a), x, s,
-           g.stride, g.count);
-    } else {
-      gemm(gemm_op::n, gemm_op::t, l, s, s, 1.0f, copies, l, g.stride, poly, s, sq, static_cast<float>(k.a), x, l,
-           g.stride, g.count);
-    }
+    std::swap(current, next);
   }
+  if (current != x) { copy(x, static_cast<T const*>(current), g.shape.rows * g.shape.cols, g.stride, g.count); }
 }
 
 }  // namespace detail

@@ -127,7 +127,7 @@ def unit(backend: str, dtype: str, ns: str, archs=()) -> Unit:
         found = _loaded.get(key)
     if found is not None:
         return found
-    libs = ("-lcublas",) if backend == "cuda" else ()
+    libs = ("-lcublas", "-lcublasLt") if backend == "cuda" else ()
     path = _build.build_unit(f"muon_{dtype}_{ns}", source(backend, dtype, ns), backend, archs,
                              what=f"Muon's step for {dtype} parameters, Newton-Schulz in {ns}", libs=libs)
     loaded = Unit(path)
