@@ -2,8 +2,8 @@
 cache as every unit) and its ctypes binding. No torch here: tensors are addresses, the stream a
 ``cudaStream_t`` as an int, so the host unit is testable without torch (tests/python).
 
-One unit per backend, element dtype and Newton-Schulz dtype: a CUDA unit links cuBLAS from the
-toolkit that compiles it (the library's ``fusedopt::cublas``)."""
+One unit per backend, element dtype and Newton-Schulz dtype: a CUDA unit links cuBLAS and cuBLASLt
+from the toolkit that compiles it (the library's ``fusedopt::cublas``)."""
 import ctypes
 import threading
 
