@@ -22,9 +22,9 @@
 #include <fusedopt/fusedopt.hpp>
 #endif
 
+#include "c_unit.hpp"
+
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,15 +50,9 @@ struct fusedopt_adafactor_hyper {
 namespace fusedopt_adafactor_unit {
 
 namespace fo = ::fusedopt;
+using ::fusedopt_torch::c_unit::guarded;
+using ::fusedopt_torch::c_unit::list_of;
 using element = FUSEDOPT_ADAFACTOR_UNIT_T;
-
-template <class T, class P>
-fo::tensor_list<T> list_of(P const* pointers, std::int64_t const* sizes, std::int64_t n)
-{
-  fo::tensor_list<T> list;
-  for (std::int64_t t = 0; t < n; ++t) { list.push_back(static_cast<T*>(pointers[t]), sizes[t]); }
-  return list;
-}
 
 inline auto bind_lists(void* const* params, void const* const* grads, std::int64_t const* sizes, std::int64_t n)
 {
@@ -118,28 +112,7 @@ inline fo::factored_layout layout_of(std::int64_t const* sizes, std::int64_t con
   return layout;
 }
 
-inline int failed(char* error, std::size_t size, char const* message)
-{
-  if (error != nullptr && size > 0) { std::snprintf(error, size, "%s", message); }
-  return 1;
-}
-
-template <class F>
-int guarded(char* error, std::size_t size, F&& f)
-{
-  try {
-    f();
-    return 0;
-  } catch (std::exception const& e) {
-    return failed(error, size, e.what());
-  } catch (...) {
-    return failed(error, size, "fusedopt_torch: unknown error in the adafactor unit");
-  }
-}
-
 }  // namespace fusedopt_adafactor_unit
-
-#define FUSEDOPT_ADAFACTOR_EXPORT extern "C" __attribute__((visibility("default")))
 
 /// @brief A plan over n tensors of sizes[t] elements and torch's shapes (ndims[t] dimensions
 /// each, flattened into `dims`), whose statistics are rows[t] (row_var, or the variance of a
@@ -147,7 +120,7 @@ int guarded(char* error, std::size_t size, F&& f)
 /// dimensions), contiguous, of the element type; or null with the message in `error`. CUDA:
 /// built on the current device and `stream`, which it synchronises. `threads`: the host's
 /// (0: OpenMP's default).
-FUSEDOPT_ADAFACTOR_EXPORT void* fusedopt_adafactor_make(void* const* params, void const* const* grads,
+FUSEDOPT_TORCH_C_EXPORT void* fusedopt_adafactor_make(void* const* params, void const* const* grads,
                                                         std::int64_t const* sizes, std::int64_t const* dims,
                                                         std::int64_t const* ndims, void* const* rows,
                                                         void* const* cols, std::int64_t n, std::int64_t threads,
@@ -196,7 +169,7 @@ FUSEDOPT_ADAFACTOR_EXPORT void* fusedopt_adafactor_make(void* const* params, voi
 
 /// @brief One step of torch.optim.Adafactor on `stream` (CUDA; the host runs it at once):
 /// nothing is written when the options are refused.
-FUSEDOPT_ADAFACTOR_EXPORT int fusedopt_adafactor_run(void* plan, fusedopt_adafactor_hyper const* h, void* stream,
+FUSEDOPT_TORCH_C_EXPORT int fusedopt_adafactor_run(void* plan, fusedopt_adafactor_hyper const* h, void* stream,
                                                      char* error, std::size_t error_size)
 {
   using namespace fusedopt_adafactor_unit;
@@ -225,7 +198,7 @@ FUSEDOPT_ADAFACTOR_EXPORT int fusedopt_adafactor_run(void* plan, fusedopt_adafac
 
 /// @brief Points the plan's gradients at `grads` (one per tensor, as made): torch's
 /// zero_grad(set_to_none=True) gives new gradient tensors every step.
-FUSEDOPT_ADAFACTOR_EXPORT int fusedopt_adafactor_rebind_grads(void* plan, void const* const* grads, std::int64_t n,
+FUSEDOPT_TORCH_C_EXPORT int fusedopt_adafactor_rebind_grads(void* plan, void const* const* grads, std::int64_t n,
                                                               void* stream, char* error, std::size_t error_size)
 {
   using namespace fusedopt_adafactor_unit;
@@ -245,7 +218,7 @@ FUSEDOPT_ADAFACTOR_EXPORT int fusedopt_adafactor_rebind_grads(void* plan, void c
   });
 }
 
-FUSEDOPT_ADAFACTOR_EXPORT void fusedopt_adafactor_destroy(void* plan)
+FUSEDOPT_TORCH_C_EXPORT void fusedopt_adafactor_destroy(void* plan)
 {
   delete static_cast<fusedopt_adafactor_unit::holder*>(plan);
 }

@@ -21,9 +21,9 @@
 #include <fusedopt/host/muon.hpp>
 #endif
 
+#include "c_unit.hpp"
+
 #include <cstdint>
-#include <cstdio>
-#include <exception>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -51,16 +51,10 @@ struct fusedopt_muon_hyper {
 namespace fusedopt_muon_unit {
 
 namespace fo = ::fusedopt;
+using ::fusedopt_torch::c_unit::guarded;
+using ::fusedopt_torch::c_unit::list_of;
 using element = FUSEDOPT_MUON_UNIT_T;
 using ns_type = FUSEDOPT_MUON_UNIT_NS;
-
-template <class T, class P>
-fo::tensor_list<T> list_of(P const* pointers, std::int64_t const* sizes, std::int64_t n)
-{
-  fo::tensor_list<T> list;
-  for (std::int64_t t = 0; t < n; ++t) { list.push_back(static_cast<T*>(pointers[t]), sizes[t]); }
-  return list;
-}
 
 inline auto bind_lists(void* const* params, void const* const* grads, void* const* buffers, std::int64_t const* sizes,
                        std::int64_t n)
@@ -86,33 +80,12 @@ struct holder {
   std::vector<grad_pointer> grads;
 };
 
-inline int failed(char* error, std::size_t size, char const* message)
-{
-  if (error != nullptr && size > 0) { std::snprintf(error, size, "%s", message); }
-  return 1;
-}
-
-template <class F>
-int guarded(char* error, std::size_t size, F&& f)
-{
-  try {
-    f();
-    return 0;
-  } catch (std::exception const& e) {
-    return failed(error, size, e.what());
-  } catch (...) {
-    return failed(error, size, "fusedopt_torch: unknown error in the muon unit");
-  }
-}
-
 }  // namespace fusedopt_muon_unit
-
-#define FUSEDOPT_MUON_EXPORT extern "C" __attribute__((visibility("default")))
 
 /// @brief A plan over n matrices of sizes[t] elements, rows[t] x cols[t] (torch's p.shape; the
 /// library checks that they agree), or null with the message in `error`. CUDA: built on the
 /// current device and `stream`, which it synchronises.
-FUSEDOPT_MUON_EXPORT void* fusedopt_muon_make(void* const* params, void const* const* grads, void* const* buffers,
+FUSEDOPT_TORCH_C_EXPORT void* fusedopt_muon_make(void* const* params, void const* const* grads, void* const* buffers,
                                               std::int64_t const* sizes, std::int64_t const* rows,
                                               std::int64_t const* cols, std::int64_t n,
                                               std::int64_t threads, void* stream, char* error, std::size_t error_size)
@@ -141,7 +114,7 @@ FUSEDOPT_MUON_EXPORT void* fusedopt_muon_make(void* const* params, void const* c
 
 /// @brief One step on `stream` (CUDA; the host runs it at once): nothing is written when the
 /// options are refused.
-FUSEDOPT_MUON_EXPORT int fusedopt_muon_run(void* plan, fusedopt_muon_hyper const* h, void* stream, char* error,
+FUSEDOPT_TORCH_C_EXPORT int fusedopt_muon_run(void* plan, fusedopt_muon_hyper const* h, void* stream, char* error,
                                            std::size_t error_size)
 {
   using namespace fusedopt_muon_unit;
@@ -178,7 +151,7 @@ FUSEDOPT_MUON_EXPORT int fusedopt_muon_run(void* plan, fusedopt_muon_hyper const
 
 /// @brief Points the plan's gradients at `grads` (one per matrix, as made): torch's
 /// zero_grad(set_to_none=True) gives new gradient tensors every step.
-FUSEDOPT_MUON_EXPORT int fusedopt_muon_rebind_grads(void* plan, void const* const* grads, std::int64_t n, void* stream,
+FUSEDOPT_TORCH_C_EXPORT int fusedopt_muon_rebind_grads(void* plan, void const* const* grads, std::int64_t n, void* stream,
                                                     char* error, std::size_t error_size)
 {
   using namespace fusedopt_muon_unit;
@@ -200,9 +173,9 @@ FUSEDOPT_MUON_EXPORT int fusedopt_muon_rebind_grads(void* plan, void const* cons
 
 /// @brief Matrix t of the plan's workspace (after a step, the orthogonalised update it applied,
 /// in NS, row-major like the parameter): device memory for CUDA.
-FUSEDOPT_MUON_EXPORT void const* fusedopt_muon_matrix(void* plan, std::int64_t t)
+FUSEDOPT_TORCH_C_EXPORT void const* fusedopt_muon_matrix(void* plan, std::int64_t t)
 {
   return static_cast<fusedopt_muon_unit::holder*>(plan)->plan.matrix(static_cast<std::size_t>(t));
 }
 
-FUSEDOPT_MUON_EXPORT void fusedopt_muon_destroy(void* plan) { delete static_cast<fusedopt_muon_unit::holder*>(plan); }
+FUSEDOPT_TORCH_C_EXPORT void fusedopt_muon_destroy(void* plan) { delete static_cast<fusedopt_muon_unit::holder*>(plan); }

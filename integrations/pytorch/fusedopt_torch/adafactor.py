@@ -11,17 +11,13 @@ values back to the host per tensor (``.item()``); here nothing is read back.
 The plans live in a unit (csrc/adafactor_unit.hpp) compiled on first use into fusedopt_torch's
 cache and called through ctypes (_adafactor_unit.py): no core, no torch in the unit.
 """
-import contextlib
-
 import torch
 from torch.optim import Optimizer
 
 from . import _adafactor_unit, _ext
+from ._unit_engine import DTYPE_NAMES, UnitEngine, on_device
 
 __all__ = ["Adafactor"]
-
-_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-                torch.bfloat16: "bfloat16"}
 
 
 def _scalar_dtype():
@@ -45,18 +41,6 @@ def _check_options(lr, beta2_decay, eps, d, weight_decay):
         raise ValueError(f"Clipping threshold d should be >= 1 but is: {d}")
     if not 0.0 <= weight_decay:
         raise ValueError(f"weight_decay should be >= 0 but is: {weight_decay}")
-
-
-def _check_grad(p):
-    """torch's error for a gradient Adafactor cannot step, and fusedopt's for one it cannot bind."""
-    g = p.grad
-    if g.is_sparse:
-        raise RuntimeError("Adafactor does not support sparse gradients")
-    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-        raise RuntimeError(f"fusedopt_torch.Adafactor: a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device} "
-                           f"for a parameter of shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-    if not g.is_contiguous():
-        raise RuntimeError("fusedopt_torch.Adafactor: gradients must be contiguous")
 
 
 def _torch_shapes(p):
@@ -109,78 +93,49 @@ class _Bucket:
         self.steps = self.plan = self.grads = self.scalars = None
 
 
-class _GroupPlans:
-    """A group's parameters with a gradient at the last step, their addresses and buckets: a step
-    whose parameters are those (the same tensors, at the same addresses) checks only the
-    gradients, and only when they are new tensors (zero_grad(set_to_none=True))."""
-
-    __slots__ = ("params", "addresses", "grads", "buckets")
-
-
-class _AdafactorEngine:
+class _AdafactorEngine(UnitEngine):
     """The Adafactor plans of parameter groups: one per (group, device, dtype, step count),
     rebuilt when the set of parameters with a gradient or their addresses change, gradients
-    rebound when they move. The step counts are read from state['step'] when the plans are built
-    and kept here; state['step'] is advanced with them, one torch op per bucket and step."""
+    rebound when they move (_unit_engine.UnitEngine). The step counts are read from state['step']
+    when the plans are built and kept here; state['step'] is advanced with them, one torch op per
+    bucket and step."""
 
-    def __init__(self):
-        self.groups = {}  # group index -> _GroupPlans
-        self.builds = 0
+    name = "Adafactor"
 
     def step(self, groups, state):
         for gi, group in enumerate(groups):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            known = self.groups.get(gi)
-            if (known is None or len(params) != len(known.params) or any(p is not q for p, q in zip(params, known.params))
-                    or [p.data_ptr() for p in params] != known.addresses):
-                known = self.groups[gi] = self._plan_group(params, state)
-            elif any(p.grad is not g for p, g in zip(params, known.grads)):
-                for p in params:
-                    _check_grad(p)
-                known.grads = [p.grad for p in params]
+            known = self.group_plans(gi, params, state)
             eps1, eps2 = group["eps"]
             if eps1 is None:  # torch: finfo of the first parameter's dtype, for the whole group
                 eps1 = torch.finfo(params[0].dtype).eps
             for bucket in known.buckets:
                 self._run(bucket, group, float(eps1), float(eps2))
 
-    def _plan_group(self, params, state):
-        buckets, stats = {}, {}
+    def plan_buckets(self, params, state, key):
+        members, stats = {}, {}
         for p in params:
-            if torch.is_complex(p):
-                raise RuntimeError("Adafactor does not support complex parameters")
-            _check_grad(p)
-            if p.dtype not in _DTYPE_NAMES:
-                raise RuntimeError(f"fusedopt_torch.Adafactor: parameters of dtype {p.dtype} are not supported")
-            if p.device.type not in ("cuda", "cpu"):
-                raise RuntimeError(f"fusedopt_torch.Adafactor: tensors on {p.device} are not supported (CUDA or CPU)")
-            if not p.is_contiguous():
-                raise RuntimeError("fusedopt_torch.Adafactor: parameters must be contiguous")
             stats[p] = _statistics(p, state[p])
             step = int(state[p]["step"].item())
-            buckets.setdefault((p.device, p.dtype, step), []).append(p)
-        plans = _GroupPlans()
-        plans.params, plans.grads = params, [p.grad for p in params]
-        plans.addresses = [p.data_ptr() for p in params]
-        plans.buckets = []
-        for (device, dtype, step), members in buckets.items():
-            bucket = _Bucket(members, device, dtype, step)
-            bucket.steps = [state[p]["step"] for p in members]
+            members.setdefault((p.device, p.dtype, step), []).append(p)
+        buckets = []
+        for (device, dtype, step), group in members.items():
+            bucket = _Bucket(group, device, dtype, step)
+            bucket.steps = [state[p]["step"] for p in group]
             bucket.scalars = torch.zeros(1, dtype=torch.float64, device=device)
             if bucket.planned:
                 self._make_plan(bucket, [stats[p] for p in bucket.planned])
-            plans.buckets.append(bucket)
-        return plans
+            buckets.append(bucket)
+        return buckets
 
     def _make_plan(self, bucket, stats):
         cuda = bucket.device.type == "cuda"
-        with torch.cuda.device(bucket.device) if cuda else contextlib.nullcontext():
+        with on_device(bucket.device) as stream:
             if cuda:
                 _refuse_capture()
-            stream = torch.cuda.current_stream(bucket.device).cuda_stream if cuda else 0
-            unit = _adafactor_unit.unit("cuda" if cuda else "host", _DTYPE_NAMES[bucket.dtype],
+            unit = _adafactor_unit.unit("cuda" if cuda else "host", DTYPE_NAMES[bucket.dtype],
                                         (_ext.arch_of(bucket.device.index),) if cuda else ())
             members = bucket.planned
             bucket.grads = [p.grad.data_ptr() for p in members]
@@ -193,11 +148,9 @@ class _AdafactorEngine:
 
     def _run(self, bucket, group, eps1, eps2):
         if bucket.plan is not None:
-            cuda = bucket.device.type == "cuda"
-            with torch.cuda.device(bucket.device) if cuda else contextlib.nullcontext():
-                if cuda:
+            with on_device(bucket.device) as stream:
+                if bucket.device.type == "cuda":
                     _refuse_capture()
-                stream = torch.cuda.current_stream(bucket.device).cuda_stream if cuda else 0
                 grads = [p.grad.data_ptr() for p in bucket.planned]
                 if grads != bucket.grads:
                     bucket.plan.rebind_grads(grads, stream)

@@ -12,7 +12,6 @@ design and the tolerances (bfloat16 Newton-Schulz is not bit-reproducible across
 The plans live in a unit (csrc/muon_unit.hpp) compiled on first use into fusedopt_torch's cache
 and called through ctypes (_muon_unit.py): no core, no torch in the unit.
 """
-import contextlib
 import ctypes
 import re
 
@@ -20,12 +19,11 @@ import torch
 from torch.optim import Optimizer
 
 from . import _ext, _muon_unit
+from ._unit_engine import DTYPE_NAMES, UnitEngine, on_device
 from .optimizers import AdamW
 
 __all__ = ["Muon", "MuonWithAdamW"]
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
-                torch.bfloat16: "bfloat16"}
 _NS_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
@@ -68,18 +66,6 @@ def _check_2d(p):
         raise ValueError(f"Muon only supports 2D parameters whereas we found a parameter with size: {p.size()}")
 
 
-def _check_grad(p):
-    """torch's errors for a gradient Muon cannot step, and fusedopt's for one it cannot bind."""
-    g = p.grad
-    if g.is_sparse:
-        raise RuntimeError("Muon does not support sparse gradients")
-    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
-        raise RuntimeError(f"fusedopt_torch.Muon: a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device} for a "
-                           f"parameter of shape {tuple(p.shape)}, {p.dtype} on {p.device}")
-    if not g.is_contiguous():
-        raise RuntimeError("fusedopt_torch.Muon: gradients must be contiguous")
-
-
 class _Bucket:
     """The parameters of one group on one device and of one dtype, and their muon plan."""
 
@@ -87,55 +73,29 @@ class _Bucket:
 
     def __init__(self, params, device, dtype):
         self.params, self.device, self.dtype = params, device, dtype
-        self.plan = self.grads = self.table = self.scalars = None
+        self.plan = self.grads = self.table = None
+        self.scalars = torch.zeros(3, dtype=torch.float64, device=device)
 
 
-class _GroupPlans:
-    """A group's parameters with a gradient at the last step, their addresses and buckets: a step
-    whose parameters are those (the same tensors, at the same addresses) checks only the
-    gradients, and only when they are new tensors (zero_grad(set_to_none=True))."""
-
-    __slots__ = ("params", "addresses", "grads", "ns_dtype", "buckets")
-
-
-class _MuonEngine:
+class _MuonEngine(UnitEngine):
     """The muon plans of parameter groups: one per (group, device, dtype), rebuilt when the set of
-    parameters with a gradient or their addresses change, gradients rebound when they move."""
+    parameters with a gradient, their addresses or ns_dtype change, gradients rebound when they
+    move (_unit_engine.UnitEngine)."""
 
-    def __init__(self):
-        self.groups = {}  # group index -> _GroupPlans
-        self.builds = 0
+    name = "Muon"
 
     def step(self, groups, state, group_indices):
         for gi, group in zip(group_indices, groups):
             table, per_iteration = _coefficient_table(group["ns_coefficients"], group["ns_steps"])
-            ns_dtype = group.get("ns_dtype", torch.bfloat16)
             params = [p for p in group["params"] if p.grad is not None]
-            known = self.groups.get(gi)
-            if (known is None or known.ns_dtype != ns_dtype or len(params) != len(known.params)
-                    or any(p is not q for p, q in zip(params, known.params))
-                    or [p.data_ptr() for p in params] != known.addresses):
-                known = self.groups[gi] = self._plan_group(params, state, ns_dtype)
-            elif any(p.grad is not g for p, g in zip(params, known.grads)):
-                for p in params:
-                    _check_grad(p)
-                known.grads = [p.grad for p in params]
+            known = self.group_plans(gi, params, state, group.get("ns_dtype", torch.bfloat16))
             for bucket in known.buckets:
                 self._run(bucket, group, table, per_iteration)
 
-    def _plan_group(self, params, state, ns_dtype):
-        buckets = {}
+    def plan_buckets(self, params, state, ns_dtype):
+        members = {}
         for p in params:
-            if torch.is_complex(p):
-                raise RuntimeError("Muon does not support complex parameters")
-            _check_grad(p)
             _check_2d(p)
-            if p.dtype not in _DTYPE_NAMES:
-                raise RuntimeError(f"fusedopt_torch.Muon: parameters of dtype {p.dtype} are not supported")
-            if p.device.type not in ("cuda", "cpu"):
-                raise RuntimeError(f"fusedopt_torch.Muon: tensors on {p.device} are not supported (CUDA or CPU)")
-            if not p.is_contiguous():
-                raise RuntimeError("fusedopt_torch.Muon: parameters must be contiguous")
             st = state[p]
             buffer = st.get("momentum_buffer")
             if buffer is None:
@@ -143,37 +103,28 @@ class _MuonEngine:
             if not buffer.is_contiguous() or buffer.shape != p.shape or buffer.dtype != p.dtype:
                 raise RuntimeError("fusedopt_torch.Muon: a momentum_buffer must be contiguous, of its parameter's shape "
                                    "and dtype")
-            buckets.setdefault((p.device, p.dtype), []).append(p)
-        plans = _GroupPlans()
-        plans.params, plans.grads = params, [p.grad for p in params]
-        plans.addresses = [p.data_ptr() for p in params]
-        plans.ns_dtype = ns_dtype
-        plans.buckets = []
-        for (device, dtype), members in buckets.items():
-            bucket = _Bucket(members, device, dtype)
+            members.setdefault((p.device, p.dtype), []).append(p)
+        buckets = []
+        for (device, dtype), group in members.items():
+            bucket = _Bucket(group, device, dtype)
             cuda = device.type == "cuda"
-            with torch.cuda.device(device) if cuda else contextlib.nullcontext():
-                stream = torch.cuda.current_stream(device).cuda_stream if cuda else 0
+            with on_device(device) as stream:
                 if cuda and torch.cuda.is_current_stream_capturing():
                     raise RuntimeError("fusedopt_torch.Muon: the first step of a set of parameters cannot be captured "
                                        "(its plan is built then): run one step before capturing, as for torch's "
                                        "capturable optimizers")
-                unit = _muon_unit.unit("cuda" if cuda else "host", _DTYPE_NAMES[dtype], _NS_NAMES[ns_dtype],
+                unit = _muon_unit.unit("cuda" if cuda else "host", DTYPE_NAMES[dtype], _NS_NAMES[ns_dtype],
                                        (_ext.arch_of(device.index),) if cuda else ())
-                bucket.grads = [p.grad.data_ptr() for p in members]
-                bucket.plan = _muon_unit.Plan(unit, [p.data_ptr() for p in members], bucket.grads,
-                                              [state[p]["momentum_buffer"].data_ptr() for p in members],
-                                              [p.numel() for p in members], [tuple(p.shape) for p in members], 0,
-                                              stream)
-            bucket.scalars = torch.zeros(3, dtype=torch.float64, device=device)
+                bucket.grads = [p.grad.data_ptr() for p in group]
+                bucket.plan = _muon_unit.Plan(unit, [p.data_ptr() for p in group], bucket.grads,
+                                              [state[p]["momentum_buffer"].data_ptr() for p in group],
+                                              [p.numel() for p in group], [tuple(p.shape) for p in group], 0, stream)
             self.builds += 1
-            plans.buckets.append(bucket)
-        return plans
+            buckets.append(bucket)
+        return buckets
 
     def _run(self, bucket, group, table, per_iteration):
-        cuda = bucket.device.type == "cuda"
-        with torch.cuda.device(bucket.device) if cuda else contextlib.nullcontext():
-            stream = torch.cuda.current_stream(bucket.device).cuda_stream if cuda else 0
+        with on_device(bucket.device) as stream:
             grads = [p.grad.data_ptr() for p in bucket.params]
             if grads != bucket.grads:
                 bucket.plan.rebind_grads(grads, stream)

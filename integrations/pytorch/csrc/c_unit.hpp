@@ -1,0 +1,52 @@
+/// @file c_unit.hpp
+/// @brief What the units loaded with ctypes share (muon_unit.hpp, adafactor_unit.hpp): tensor
+/// lists from arrays of addresses and sizes, and errors as a return code and a message, never
+/// an exception across the C boundary.
+#pragma once
+
+#include <fusedopt/error.hpp>
+#include <fusedopt/tensor_list.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+
+/// An entry point of a ctypes unit: C linkage, visible (units are built with hidden symbols).
+#define FUSEDOPT_TORCH_C_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fusedopt_torch {
+namespace c_unit {
+
+/// n tensors of T at `pointers` (void* or void const*), sizes[t] elements each.
+template <class T, class P>
+::fusedopt::tensor_list<T> list_of(P const* pointers, std::int64_t const* sizes, std::int64_t n)
+{
+  ::fusedopt::tensor_list<T> list;
+  for (std::int64_t t = 0; t < n; ++t) { list.push_back(static_cast<T*>(pointers[t]), sizes[t]); }
+  return list;
+}
+
+/// Writes `message` into `error` (size bytes, always terminated) and returns 1.
+inline int failed(char* error, std::size_t size, char const* message)
+{
+  if (error != nullptr && size > 0) { std::snprintf(error, size, "%s", message); }
+  return 1;
+}
+
+/// Runs f(): 0, or 1 with the exception's message in `error`.
+template <class F>
+int guarded(char* error, std::size_t size, F&& f)
+{
+  try {
+    f();
+    return 0;
+  } catch (std::exception const& e) {
+    return failed(error, size, e.what());
+  } catch (...) {
+    return failed(error, size, "fusedopt_torch: unknown error in a unit");
+  }
+}
+
+}  // namespace c_unit
+}  // namespace fusedopt_torch

@@ -1,0 +1,87 @@
+"""What the optimizers over ctypes units share (muon.py, adafactor.py): torch's checks of a
+parameter and its gradient, the device and stream a unit's plan runs on, and the per-group
+bookkeeping that makes a step cheap on the host when the parameters are those of the last step."""
+import contextlib
+
+import torch
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+               torch.bfloat16: "bfloat16"}
+
+
+def check_grad(p, name):
+    """torch's error for a sparse gradient, and fusedopt's for one a plan cannot bind."""
+    g = p.grad
+    if g.is_sparse:
+        raise RuntimeError(f"{name} does not support sparse gradients")
+    if g.shape != p.shape or g.dtype != p.dtype or g.device != p.device:
+        raise RuntimeError(f"fusedopt_torch.{name}: a gradient of shape {tuple(g.shape)}, {g.dtype} on {g.device} for a "
+                           f"parameter of shape {tuple(p.shape)}, {p.dtype} on {p.device}")
+    if not g.is_contiguous():
+        raise RuntimeError(f"fusedopt_torch.{name}: gradients must be contiguous")
+
+
+def check_param(p, name):
+    """torch's error for a complex parameter, then fusedopt's for one a plan cannot bind."""
+    if torch.is_complex(p):
+        raise RuntimeError(f"{name} does not support complex parameters")
+    check_grad(p, name)
+    if p.dtype not in DTYPE_NAMES:
+        raise RuntimeError(f"fusedopt_torch.{name}: parameters of dtype {p.dtype} are not supported")
+    if p.device.type not in ("cuda", "cpu"):
+        raise RuntimeError(f"fusedopt_torch.{name}: tensors on {p.device} are not supported (CUDA or CPU)")
+    if not p.is_contiguous():
+        raise RuntimeError(f"fusedopt_torch.{name}: parameters must be contiguous")
+
+
+@contextlib.contextmanager
+def on_device(device):
+    """The context a plan is made and run in: `device` current (CUDA), and its current stream as
+    an int (0 on the CPU)."""
+    if device.type != "cuda":
+        yield 0
+        return
+    with torch.cuda.device(device):
+        yield torch.cuda.current_stream(device).cuda_stream
+
+
+class GroupPlans:
+    """A group's parameters with a gradient at the last step, their addresses, the option `key`
+    the plans depend on, and the plans' buckets."""
+
+    __slots__ = ("params", "addresses", "grads", "key", "buckets")
+
+    def __init__(self, params, key, buckets):
+        self.params, self.key, self.buckets = params, key, buckets
+        self.grads = [p.grad for p in params]
+        self.addresses = [p.data_ptr() for p in params]
+
+
+class UnitEngine:
+    """Plans per parameter group: `plan_buckets(params, state, key)` (the subclass's) makes them
+    when the group's parameters with a gradient, their addresses or `key` changed; otherwise a
+    step checks only gradients that are new tensors (zero_grad(set_to_none=True)). `name` is the
+    optimizer's, for messages."""
+
+    name = None
+
+    def __init__(self):
+        self.groups = {}  # group index -> GroupPlans
+        self.builds = 0
+
+    def group_plans(self, index, params, state, key=None):
+        known = self.groups.get(index)
+        if (known is None or known.key != key or len(params) != len(known.params)
+                or any(p is not q for p, q in zip(params, known.params))
+                or [p.data_ptr() for p in params] != known.addresses):
+            for p in params:
+                check_param(p, self.name)
+            known = self.groups[index] = GroupPlans(params, key, self.plan_buckets(params, state, key))
+        elif any(p.grad is not g for p, g in zip(params, known.grads)):
+            for p in params:
+                check_grad(p, self.name)
+            known.grads = [p.grad for p in params]
+        return known
+
+    def plan_buckets(self, params, state, key):
+        raise NotImplementedError
