@@ -14,11 +14,16 @@
 #  include <catch2/catch.hpp>
 #endif
 
+#include <string>
+
 namespace fusedopt_test {
 #if defined(FUSEDOPT_CATCH2_V3)
 using Catch::Approx;
+/// A matcher of messages containing `s` (Contains in v2, ContainsSubstring in v3).
+inline auto contains(std::string const& s) { return Catch::Matchers::ContainsSubstring(s); }
 #else
 using Catch::Detail::Approx;
+inline auto contains(std::string const& s) { return Catch::Matchers::Contains(s); }
 #endif
 }  // namespace fusedopt_test
 

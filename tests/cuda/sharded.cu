@@ -29,11 +29,6 @@ namespace {
 
 using fo::bfloat16;
 
-#if defined(FUSEDOPT_CATCH2_V3)
-auto contains(std::string const& s) { return Catch::Matchers::ContainsSubstring(s); }
-#else
-auto contains(std::string const& s) { return Catch::Matchers::Contains(s); }
-#endif
 using fo::cuda::gradient_reduction;
 
 // Tensors that shards split (several chunks of 512), empty and one-element tensors, sizes

@@ -1,0 +1,246 @@
+// fusedopt::libtorch's optimizers against libtorch's own (torch::optim::AdamW, Adam, SGD) on CPU
+// tensors: 20 steps from the same parameters and gradients, every parameter and state within a
+// few float roundings per step (torch's C++ step rounds after each of its 8-9 operations, the
+// fused step once per formula, so the bits differ); param groups with their own options; an lr
+// changed through the options (what LR schedulers do) between steps; checkpoints that load
+// across the two implementations (torch::save / torch::load) and continue alike; gradients
+// that are new tensors every step (zero_grad) rebound, not rebuilt; a parameter without a
+// gradient skipped and its step count kept apart; refused input with nothing written.
+#include <fusedopt/libtorch/optimizers.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "catch.hpp"
+
+namespace {
+
+std::vector<torch::Tensor> make_params(std::vector<std::vector<std::int64_t>> const& shapes, torch::Dtype dtype)
+{
+  torch::manual_seed(0);
+  std::vector<torch::Tensor> out;
+  for (auto const& s : shapes) { out.push_back(torch::randn(s, torch::dtype(dtype)).set_requires_grad(true)); }
+  return out;
+}
+
+std::vector<torch::Tensor> clones(std::vector<torch::Tensor> const& ts)
+{
+  std::vector<torch::Tensor> out;
+  for (auto const& t : ts) { out.push_back(t.detach().clone().set_requires_grad(true)); }
+  return out;
+}
+
+/// New gradient tensors (as after zero_grad()) for both lists, the same values.
+void set_grads(std::vector<torch::Tensor>& a, std::vector<torch::Tensor>& b, int step)
+{
+  torch::manual_seed(1000 + step);
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    auto g = torch::randn(a[k].sizes(), torch::dtype(torch::kFloat)).to(a[k].scalar_type());
+    a[k].mutable_grad() = g.clone();
+    b[k].mutable_grad() = g.clone();
+  }
+}
+
+/// The largest difference between a and b relative to the largest magnitude of b.
+double distance(torch::Tensor const& a, torch::Tensor const& b)
+{
+  auto const scale = b.abs().max().item<double>();
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
+}
+
+std::vector<std::vector<std::int64_t>> const shapes{{64, 33}, {7}, {3, 5, 9}, {1}, {1000}};
+
+template <class Ours, class Theirs, class Options, class Compare>
+void compare_steps(Options const& options, torch::Dtype dtype, double per_step, Compare&& compare_states)
+{
+  auto a = make_params(shapes, dtype);
+  auto b = clones(a);
+  Ours ours(a, options);
+  Theirs theirs(b, options);
+  double worst = 0;
+  for (int step = 1; step <= 20; ++step) {
+    set_grads(a, b, step);
+    ours.step();
+    theirs.step();
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      double const d = distance(a[k], b[k]);
+      worst = std::max(worst, d);
+      REQUIRE(d <= per_step * step);
+      // The states' formulas round in other places (the lerp form of the moments): a few more
+      // roundings of their largest magnitude than the parameters.
+      compare_states(ours, theirs, a[k], b[k], 8 * per_step * step);
+    }
+  }
+  REQUIRE(ours.plan_builds() == 1);  // new gradients every step: rebound
+  std::printf("%s vs torch::optim, %s: parameters within %.2e of their largest magnitude over 20 steps\n",
+              Ours::name, c10::toString(dtype), worst);
+}
+
+template <class State>
+State const& state_of(torch::optim::Optimizer& opt, torch::Tensor const& p)
+{
+  auto& map = opt.state();
+  return static_cast<State const&>(*map.at(fusedopt::libtorch::detail::state_key<std::decay_t<decltype(map)>>(p)));
+}
+
+}  // namespace
+
+TEST_CASE("AdamW steps as torch::optim::AdamW", "[libtorch]")
+{
+  bool const amsgrad = GENERATE(false, true);
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1).amsgrad(amsgrad);
+  compare_steps<fusedopt::libtorch::AdamW, torch::optim::AdamW>(
+    options, torch::kFloat, 4e-7, [](auto& ours, auto& theirs, auto const& p, auto const& q, double bound) {
+      auto const& s = state_of<torch::optim::AdamWParamState>(ours, p);
+      auto const& t = state_of<torch::optim::AdamWParamState>(theirs, q);
+      REQUIRE(s.step() == t.step());
+      REQUIRE(distance(s.exp_avg(), t.exp_avg()) <= bound);
+      REQUIRE(distance(s.exp_avg_sq(), t.exp_avg_sq()) <= bound);
+    });
+  compare_steps<fusedopt::libtorch::AdamW, torch::optim::AdamW>(options, torch::kDouble, 1e-14,
+                                                                [](auto&&...) {});
+}
+
+TEST_CASE("Adam steps as torch::optim::Adam (L2 decay in the gradient)", "[libtorch]")
+{
+  auto const options = torch::optim::AdamOptions(1e-2).weight_decay(0.05);
+  compare_steps<fusedopt::libtorch::Adam, torch::optim::Adam>(
+    options, torch::kFloat, 4e-7, [](auto& ours, auto& theirs, auto const& p, auto const& q, double bound) {
+      auto const& s = state_of<torch::optim::AdamParamState>(ours, p);
+      auto const& t = state_of<torch::optim::AdamParamState>(theirs, q);
+      REQUIRE(s.step() == t.step());
+      REQUIRE(distance(s.exp_avg_sq(), t.exp_avg_sq()) <= bound);
+    });
+}
+
+TEST_CASE("SGD steps as torch::optim::SGD", "[libtorch]")
+{
+  auto const nesterov = GENERATE(false, true);
+  auto options = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(0.01).nesterov(nesterov);
+  if (!nesterov) { options.dampening(0.1); }
+  compare_steps<fusedopt::libtorch::SGD, torch::optim::SGD>(
+    options, torch::kFloat, 2e-7, [](auto& ours, auto& theirs, auto const& p, auto const& q, double bound) {
+      auto const& s = state_of<torch::optim::SGDParamState>(ours, p);
+      auto const& t = state_of<torch::optim::SGDParamState>(theirs, q);
+      REQUIRE(distance(s.momentum_buffer(), t.momentum_buffer()) <= bound);
+    });
+  compare_steps<fusedopt::libtorch::SGD, torch::optim::SGD>(torch::optim::SGDOptions(0.05), torch::kFloat, 2e-7,
+                                                            [](auto&&...) {});
+}
+
+TEST_CASE("param groups keep their own options, and an lr set through the options is read at the next step",
+          "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto groups = [](std::vector<torch::Tensor> const& ps) {
+    std::vector<torch::optim::OptimizerParamGroup> out;
+    out.emplace_back(std::vector<torch::Tensor>{ps[0], ps[1]});
+    out.emplace_back(std::vector<torch::Tensor>{ps[2], ps[3], ps[4]},
+                     std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-2).weight_decay(0.0)));
+    return out;
+  };
+  fusedopt::libtorch::AdamW ours(groups(a), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW theirs(groups(b), torch::optim::AdamWOptions(1e-2));
+  for (int step = 1; step <= 6; ++step) {
+    if (step == 4) {  // as torch::optim::StepLR does
+      for (auto* opt : {static_cast<torch::optim::Optimizer*>(&ours), static_cast<torch::optim::Optimizer*>(&theirs)}) {
+        for (auto& g : opt->param_groups()) { g.options().set_lr(g.options().get_lr() * 0.1); }
+      }
+    }
+    set_grads(a, b, step);
+    ours.step();
+    theirs.step();
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 6); }
+}
+
+TEST_CASE("checkpoints load across fusedopt's and torch's AdamW and continue alike", "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  fusedopt::libtorch::AdamW ours(a, options);
+  torch::optim::AdamW theirs(b, options);
+  for (int step = 1; step <= 3; ++step) {
+    set_grads(a, b, step);
+    ours.step();
+    theirs.step();
+  }
+  std::string const ours_path = "fusedopt_libtorch_ours.pt", theirs_path = "fusedopt_libtorch_theirs.pt";
+  torch::save(ours, ours_path);
+  torch::save(theirs, theirs_path);
+  // Crossed: torch's AdamW continues from fusedopt's checkpoint and fusedopt's from torch's.
+  torch::optim::AdamW theirs_from_ours(a, options);
+  fusedopt::libtorch::AdamW ours_from_theirs(b, options);
+  torch::load(theirs_from_ours, ours_path);
+  torch::load(ours_from_theirs, theirs_path);
+  std::remove(ours_path.c_str());
+  std::remove(theirs_path.c_str());
+  for (int step = 4; step <= 8; ++step) {
+    set_grads(a, b, step);
+    theirs_from_ours.step();
+    ours_from_theirs.step();
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(distance(a[k], b[k]) <= 4e-7 * 8);
+    REQUIRE(state_of<torch::optim::AdamWParamState>(ours_from_theirs, b[k]).step() == 8);
+  }
+}
+
+TEST_CASE("a parameter without a gradient is skipped and keeps its own step count", "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  fusedopt::libtorch::AdamW ours(a, torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW theirs(b, torch::optim::AdamWOptions(1e-2));
+  for (int step = 1; step <= 5; ++step) {
+    set_grads(a, b, step);
+    if (step == 2) {
+      a[1].mutable_grad() = torch::Tensor();
+      b[1].mutable_grad() = torch::Tensor();
+    }
+    ours.step();
+    theirs.step();
+  }
+  REQUIRE(state_of<torch::optim::AdamWParamState>(ours, a[1]).step() == 4);
+  REQUIRE(state_of<torch::optim::AdamWParamState>(ours, a[0]).step() == 5);
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 5); }
+}
+
+TEST_CASE("refused input raises before anything is written", "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto const before = clones(a);
+  fusedopt::libtorch::AdamW opt(a, torch::optim::AdamWOptions(1e-2));
+  auto b = clones(a);
+  set_grads(a, b, 1);
+  SECTION("a sparse gradient")
+  {
+    a[4].mutable_grad() = a[4].grad().to_sparse();
+    REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("does not support sparse gradients"));
+  }
+  SECTION("a gradient of another shape")
+  {
+    a[4].mutable_grad() = torch::zeros({999});
+    REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("a gradient of"));
+  }
+  SECTION("a non-contiguous gradient")
+  {
+    a[0].mutable_grad() = torch::randn({33, 64}).t();
+    REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("contiguous"));
+  }
+  SECTION("an integer parameter")
+  {
+    auto ints = torch::zeros({4}, torch::kInt64);
+    fusedopt::libtorch::AdamW bad(std::vector<torch::Tensor>{ints}, torch::optim::AdamWOptions(1e-2));
+    ints.mutable_grad() = torch::zeros({4}, torch::kInt64);
+    REQUIRE_THROWS_WITH(bad.step(), fusedopt_test::contains("not supported"));
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(torch::equal(a[k], before[k])); }
+  REQUIRE_THROWS_WITH(fusedopt::libtorch::AdamW(a, torch::optim::AdamWOptions(-1.0)),
+                      fusedopt_test::contains("Invalid learning rate"));
+}
