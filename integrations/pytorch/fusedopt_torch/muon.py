@@ -169,10 +169,7 @@ class Muon(Optimizer):
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
                         ns_dtype=ns_dtype)
         self._engine = _MuonEngine()
-        super().__init__(params, defaults)
-        for group in self.param_groups:
-            for p in group["params"]:
-                _check_2d(p)
+        super().__init__(params, defaults)  # each group checked by add_param_group
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
