@@ -17,6 +17,7 @@
 
 #include <fusedopt/fusedopt.hpp>
 
+#include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -105,11 +106,14 @@ class host_plan_handle final : public plan_handle<Rule> {
   std::vector<grad_pointer> addresses_;
 };
 
-/// A host plan over `lists` behind a plan_handle of Rule.
+/// A host plan over `lists` behind a plan_handle of Rule, on as many threads as torch's
+/// intra-op pool (at::get_num_threads(): torch::set_num_threads applies to the step too).
 template <class Rule, class Lists>
 std::unique_ptr<plan_handle<Rule>> host_plan(Lists lists)
 {
-  auto plan = ::fusedopt::host::make_plan(std::move(lists));
+  ::fusedopt::host::options options;
+  options.threads = at::get_num_threads();
+  auto plan = ::fusedopt::host::make_plan(std::move(lists), options);
   return std::make_unique<host_plan_handle<Rule, decltype(plan)>>(std::move(plan));
 }
 
