@@ -275,26 +275,25 @@ class fused_optimizer : public torch::optim::Optimizer {
   std::int64_t builds_ = 0;
 };
 
-/// @brief torch::optim::AdamW, fused (torch::optim::AdamWOptions, AdamWParamState).
-class AdamW : public fused_optimizer<AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState,
-                                     ::fusedopt::rules::adamw> {
+/// @brief What Adam and AdamW share: the states (exp_avg, exp_avg_sq, and max_exp_avg_sq with
+/// amsgrad, created as torch creates them), the plan, the rule's options and the step count.
+template <class Derived, class Options, class ParamState, class Rule>
+class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
  public:
-  static constexpr char const* name = "AdamW";
-
-  explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                 torch::optim::AdamWOptions defaults = {})
-      : fused_optimizer(groups, std::make_unique<torch::optim::AdamWOptions>(defaults))
+  adam_family(std::vector<torch::optim::OptimizerParamGroup> const& groups, Options const& defaults)
+      : fused_optimizer<Derived, Options, ParamState, Rule>(groups, std::make_unique<Options>(defaults))
   {
-    check(defaults);
-  }
-  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions defaults = {})
-      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults))
-  {
+    // torch::optim::Adam's and AdamW's constructors' checks.
+    TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+    TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
+    auto const [b1, b2] = defaults.betas();
+    TORCH_CHECK(0 <= b1 && b1 < 1, "Invalid beta parameter at index 0: ", b1);
+    TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
+    TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
   }
 
   // The hooks fused_optimizer calls.
-  static std::vector<torch::Tensor> state_tensors(torch::Tensor const& p, torch::optim::AdamWOptions const& o,
-                                                  torch::optim::AdamWParamState& s)
+  static std::vector<torch::Tensor> state_tensors(torch::Tensor const& p, Options const& o, ParamState& s)
   {
     if (!s.exp_avg().defined()) {
       s.step(0);
@@ -307,19 +306,12 @@ class AdamW : public fused_optimizer<AdamW, torch::optim::AdamWOptions, torch::o
     if (o.amsgrad()) { return {s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()}; }
     return {s.exp_avg(), s.exp_avg_sq()};
   }
-  static std::int64_t layout(torch::optim::AdamWOptions const& o, torch::optim::AdamWParamState const&)
+  static std::int64_t layout(Options const& o, ParamState const&) { return o.amsgrad() ? 1 : 0; }
+  static std::int64_t next_step(ParamState const& s) { return s.step() + 1; }
+  static void advance(ParamState& s) { s.step(s.step() + 1); }
+  static Rule rule(Options const& o)
   {
-    return o.amsgrad() ? 1 : 0;
-  }
-  template <class T>
-  static auto make_plan(std::vector<torch::Tensor> const& params, std::vector<torch::Tensor> const& grads,
-                        std::vector<torch::Tensor> const& states, torch::optim::AdamWOptions const& o)
-  {
-    return adam_plan<::fusedopt::rules::adamw, T>(params, grads, states, o.amsgrad());
-  }
-  static ::fusedopt::rules::adamw rule(torch::optim::AdamWOptions const& o)
-  {
-    ::fusedopt::rules::adamw r;
+    Rule r;
     r.lr = o.lr();
     r.beta1 = std::get<0>(o.betas());
     r.beta2 = std::get<1>(o.betas());
@@ -328,25 +320,24 @@ class AdamW : public fused_optimizer<AdamW, torch::optim::AdamWOptions, torch::o
     r.amsgrad = o.amsgrad();
     return r;
   }
-  static std::int64_t next_step(torch::optim::AdamWParamState const& s) { return s.step() + 1; }
-  static void advance(torch::optim::AdamWParamState& s) { s.step(s.step() + 1); }
 
-  /// The plan of Adam or AdamW: exp_avg, exp_avg_sq (and max_exp_avg_sq) per parameter, in
-  /// `states` in that order.
-  template <class Rule, class T>
-  static std::unique_ptr<detail::plan_handle<Rule>> adam_plan(std::vector<torch::Tensor> const& params,
+  /// The plan over exp_avg, exp_avg_sq (and max_exp_avg_sq) per parameter, in `states` in that
+  /// order.
+  template <class T>
+  static std::unique_ptr<detail::plan_handle<Rule>> make_plan(std::vector<torch::Tensor> const& params,
                                                               std::vector<torch::Tensor> const& grads,
-                                                              std::vector<torch::Tensor> const& states, bool amsgrad)
+                                                              std::vector<torch::Tensor> const& states,
+                                                              Options const& o)
   {
-    std::size_t const per = amsgrad ? 3 : 2;
+    std::size_t const per = o.amsgrad() ? 3 : 2;
     std::vector<torch::Tensor> m, v, vmax;
     for (std::size_t t = 0; t < params.size(); ++t) {
       m.push_back(states[t * per]);
       v.push_back(states[t * per + 1]);
-      if (amsgrad) { vmax.push_back(states[t * per + 2]); }
+      if (o.amsgrad()) { vmax.push_back(states[t * per + 2]); }
     }
     namespace slot = ::fusedopt::slot;
-    if (amsgrad) {
+    if (o.amsgrad()) {
       return detail::host_plan<Rule>(::fusedopt::bind(
         slot::param = detail::list_of<T>(params), slot::grad = detail::list_of<T const>(grads),
         slot::exp_avg = detail::list_of<T>(m), slot::exp_avg_sq = detail::list_of<T>(v),
@@ -357,74 +348,42 @@ class AdamW : public fused_optimizer<AdamW, torch::optim::AdamWOptions, torch::o
                                                     slot::exp_avg = detail::list_of<T>(m),
                                                     slot::exp_avg_sq = detail::list_of<T>(v)));
   }
+};
 
-  /// torch's checks (torch::optim::AdamW's constructor's).
-  template <class O>
-  static void check(O const& o)
+/// @brief torch::optim::AdamW, fused (torch::optim::AdamWOptions, AdamWParamState): decoupled
+/// weight decay.
+class AdamW : public adam_family<AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState,
+                                 ::fusedopt::rules::adamw> {
+ public:
+  static constexpr char const* name = "AdamW";
+
+  explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> const& groups,
+                 torch::optim::AdamWOptions const& defaults = {})
+      : adam_family(groups, defaults)
   {
-    TORCH_CHECK(o.lr() >= 0, "Invalid learning rate: ", o.lr());
-    TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
-    auto const [b1, b2] = o.betas();
-    TORCH_CHECK(0 <= b1 && b1 < 1, "Invalid beta parameter at index 0: ", b1);
-    TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
-    TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  }
+  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions const& defaults = {})
+      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults)
+  {
   }
 };
 
 /// @brief torch::optim::Adam, fused (torch::optim::AdamOptions, AdamParamState): L2 weight decay
 /// added to the gradient, as torch's C++ Adam.
-class Adam : public fused_optimizer<Adam, torch::optim::AdamOptions, torch::optim::AdamParamState,
-                                    ::fusedopt::rules::adam> {
+class Adam : public adam_family<Adam, torch::optim::AdamOptions, torch::optim::AdamParamState,
+                                ::fusedopt::rules::adam> {
  public:
   static constexpr char const* name = "Adam";
 
-  explicit Adam(std::vector<torch::optim::OptimizerParamGroup> const& groups, torch::optim::AdamOptions defaults = {})
-      : fused_optimizer(groups, std::make_unique<torch::optim::AdamOptions>(defaults))
-  {
-    AdamW::check(defaults);
-  }
-  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions defaults = {})
-      : Adam({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults))
+  explicit Adam(std::vector<torch::optim::OptimizerParamGroup> const& groups,
+                torch::optim::AdamOptions const& defaults = {})
+      : adam_family(groups, defaults)
   {
   }
-
-  static std::vector<torch::Tensor> state_tensors(torch::Tensor const& p, torch::optim::AdamOptions const& o,
-                                                  torch::optim::AdamParamState& s)
+  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions const& defaults = {})
+      : Adam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults)
   {
-    if (!s.exp_avg().defined()) {
-      s.step(0);
-      s.exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-      s.exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    }
-    if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
-      s.max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    }
-    if (o.amsgrad()) { return {s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()}; }
-    return {s.exp_avg(), s.exp_avg_sq()};
   }
-  static std::int64_t layout(torch::optim::AdamOptions const& o, torch::optim::AdamParamState const&)
-  {
-    return o.amsgrad() ? 1 : 0;
-  }
-  template <class T>
-  static auto make_plan(std::vector<torch::Tensor> const& params, std::vector<torch::Tensor> const& grads,
-                        std::vector<torch::Tensor> const& states, torch::optim::AdamOptions const& o)
-  {
-    return AdamW::adam_plan<::fusedopt::rules::adam, T>(params, grads, states, o.amsgrad());
-  }
-  static ::fusedopt::rules::adam rule(torch::optim::AdamOptions const& o)
-  {
-    ::fusedopt::rules::adam r;
-    r.lr = o.lr();
-    r.beta1 = std::get<0>(o.betas());
-    r.beta2 = std::get<1>(o.betas());
-    r.eps = o.eps();
-    r.weight_decay = o.weight_decay();
-    r.amsgrad = o.amsgrad();
-    return r;
-  }
-  static std::int64_t next_step(torch::optim::AdamParamState const& s) { return s.step() + 1; }
-  static void advance(torch::optim::AdamParamState& s) { s.step(s.step() + 1); }
 };
 
 /// @brief torch::optim::SGD, fused (torch::optim::SGDOptions, SGDParamState: the momentum buffer,
