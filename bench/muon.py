@@ -59,6 +59,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "integrations", "pytorch"))
 import torch_peers as peers  # noqa: E402
+from plot_quality import smooth  # noqa: E402
 
 import fusedopt_torch as ft  # noqa: E402
 from fusedopt_torch.muon import default_use_muon  # noqa: E402
@@ -435,16 +436,6 @@ def train(run, data, steps, seed):
     return torch.stack(losses).float().cpu().tolist(), seconds
 
 
-def moving_average(values, width=20):
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= width:
-            total -= values[i - width]
-        out.append(total / min(i + 1, width))
-    return out
-
-
 def plot(curve, path):
     try:
         import matplotlib
@@ -457,7 +448,7 @@ def plot(curve, path):
     fig, ax = plt.subplots(figsize=(8, 5))
     for run, r in curve["runs"].items():
         if "losses" in r:
-            ax.plot(moving_average(r["losses"]), linewidth=1.2,
+            ax.plot(smooth(r["losses"], 20), linewidth=1.2,
                     label=f"{CURVE_RUNS[run]} (final {r['final_loss']:.4f}, {r['ms_per_step']:.1f} ms/step)")
     ax.axhline(curve["entropy_floor"], color="gray", linestyle=":", linewidth=1, label="entropy of the data")
     ax.set_yscale("log")

@@ -8,13 +8,10 @@ Usage: python3 bench/plot_quality.py quality.json docs/quality.png
 import json
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 
 def smooth(values, width=25):
+    """The moving average of `values` over `width` steps (fewer at the start); bench/muon.py's
+    loss curves use it too, hence matplotlib is imported in main() only."""
     out, total = [], 0.0
     for i, v in enumerate(values):
         total += v
@@ -25,6 +22,11 @@ def smooth(values, width=25):
 
 
 def main():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     source, target = sys.argv[1], sys.argv[2]
     with open(source) as f:
         result = json.load(f)
