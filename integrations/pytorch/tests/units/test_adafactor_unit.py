@@ -10,19 +10,17 @@ RuntimeError with nothing written.
     python3 integrations/pytorch/tests/units/test_adafactor_unit.py   (CTest: host_torch_adafactor_unit)
 """
 
-import array
 import ctypes
 import math
-import os
 import random
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fusedopt_torch"
 sys.path.insert(0, str(PACKAGE))
 import _adafactor_unit as au  # noqa: E402
+from unit_testing import UnitTestCase, address, floats, worst  # noqa: E402
 
 SHAPES = [(4, 6), (3, 70), (2, 3, 5), (7,), ()]
 FLOAT_EPS = 2.0 ** -23  # torch.finfo(torch.float32).eps: eps1's None
@@ -79,20 +77,6 @@ def reference_step(param, grad, row, col, shape, t, o):
     param[:] = [x - alpha / denom * u for x, u in zip(param, update)]
 
 
-def floats(values):
-    return array.array("f", values)
-
-
-def address(buffer):
-    return buffer.buffer_info()[0]
-
-
-def worst(got, want):
-    """The largest difference, relative to the tensor's largest magnitude."""
-    scale = max([abs(w) for w in want] + [1e-30])
-    return max([abs(a - b) for a, b in zip(got, want)] + [0.0]) / scale
-
-
 DEFAULTS = dict(lr=1e-2, beta2_decay=-0.8, eps1=None, eps2=1e-3, d=1.0, weight_decay=0.0, maximize=False)
 
 
@@ -101,17 +85,10 @@ def hyper_of(o, step):
                     eps2=o["eps2"], d=o["d"], weight_decay=o["weight_decay"], step=step, maximize=int(o["maximize"]))
 
 
-class AdafactorUnit(unittest.TestCase):
+class AdafactorUnit(UnitTestCase):
     @classmethod
-    def setUpClass(cls):
-        cls.cache = tempfile.TemporaryDirectory()
-        os.environ["FUSEDOPT_TORCH_CACHE"] = cls.cache.name
-        os.environ.setdefault("FUSEDOPT_TORCH_QUIET", "1")
+    def make_units(cls):
         cls.unit = au.unit("host", "float32")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cache.cleanup()
 
     def tensors(self, seed):
         """Parameters, zero statistics (torch's initial state) and the plan over them."""

@@ -6,19 +6,17 @@ float; options read through pointers; gradients rebound; the library's errors as
     python3 integrations/pytorch/tests/units/test_muon_unit.py   (CTest runs it: host_torch_muon_unit)
 """
 
-import array
 import ctypes
 import math
-import os
 import random
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fusedopt_torch"
 sys.path.insert(0, str(PACKAGE))
 import _muon_unit as mu  # noqa: E402
+from unit_testing import UnitTestCase, address, floats  # noqa: E402
 
 SHAPES = [(3, 5), (5, 3), (4, 4), (1, 1), (3, 5), (2, 7)]
 SIZES = [r * c for r, c in SHAPES]
@@ -60,25 +58,10 @@ def reference_step(param, grad, buf, rows, cols, lr, wd, momentum, nesterov, ste
     param[:] = [p * (1 - lr * wd) - lr * ratio * v for p, v in zip(param, o)]
 
 
-def floats(values):
-    return array.array("f", values)
-
-
-def address(buffer):
-    return buffer.buffer_info()[0]
-
-
-class MuonUnit(unittest.TestCase):
+class MuonUnit(UnitTestCase):
     @classmethod
-    def setUpClass(cls):
-        cls.cache = tempfile.TemporaryDirectory()
-        os.environ["FUSEDOPT_TORCH_CACHE"] = cls.cache.name
-        os.environ.setdefault("FUSEDOPT_TORCH_QUIET", "1")
+    def make_units(cls):
         cls.unit = mu.unit("host", "float32", "float32")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cache.cleanup()
 
     def tensors(self, seed):
         rng = random.Random(seed)

@@ -13,19 +13,17 @@ errors as RuntimeError with nothing written.
     python3 integrations/pytorch/tests/units/test_prodigy_unit.py   (CTest: host_torch_prodigy_unit)
 """
 
-import array
 import ctypes
 import math
-import os
 import random
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fusedopt_torch"
 sys.path.insert(0, str(PACKAGE))
 import _prodigy_unit as pu  # noqa: E402
+from unit_testing import UnitTestCase, address, floats, worst  # noqa: E402
 
 SIZES = [24, 210, 30, 7, 1, 0]
 # Each value is a few float roundings of its tensor's largest magnitude after one step (each of
@@ -88,20 +86,6 @@ def reference_step(tensors, grads, scalars, k, o):
     return d, d_max, global_d_numerator
 
 
-def floats(values):
-    return array.array("f", values)
-
-
-def address(buffer):
-    return buffer.buffer_info()[0]
-
-
-def worst(got, want):
-    """The largest difference, relative to the tensor's largest magnitude."""
-    scale = max([abs(w) for w in want] + [1e-30])
-    return max([abs(a - b) for a, b in zip(got, want)] + [0.0]) / scale
-
-
 def relative(got, want):
     return abs(got - want) / max(abs(want), 1e-300)
 
@@ -149,17 +133,10 @@ class Tensors:
         return [[list(b[key]) for key in self.KEYS if b[key] is not None] for b in self.buffers]
 
 
-class ProdigyUnit(unittest.TestCase):
+class ProdigyUnit(UnitTestCase):
     @classmethod
-    def setUpClass(cls):
-        cls.cache = tempfile.TemporaryDirectory()
-        os.environ["FUSEDOPT_TORCH_CACHE"] = cls.cache.name
-        os.environ.setdefault("FUSEDOPT_TORCH_QUIET", "1")
+    def make_units(cls):
         cls.units = {True: pu.unit("host", "float32"), False: pu.unit("host", "float32", with_exp_avg=False)}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.cache.cleanup()
 
     def tensors(self, o, seed=1):
         return Tensors(self.units[o["betas"][0] > 0], o["betas"][0] > 0, seed)
