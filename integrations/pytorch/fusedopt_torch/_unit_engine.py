@@ -85,3 +85,39 @@ class UnitEngine:
 
     def plan_buckets(self, params, state, key):
         raise NotImplementedError
+
+
+class UnitOptimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer whose steps run through a UnitEngine: the subclass gives
+    `_new_engine()` and `_engine_step()`; the closure, `plan_builds()` and a new engine after
+    __setstate__ are common (torch pickles only defaults, state and param_groups, and
+    load_state_dict installs a loaded state through __setstate__: the plans are then built over
+    the loaded tensors)."""
+
+    def __init__(self, params, defaults):
+        self._engine = self._new_engine()
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._engine_step()
+        return loss
+
+    def plan_builds(self):
+        """How many plans were built (one per bucket of a group, again when its parameters with a
+        gradient, their addresses or the options the plans depend on change)."""
+        return self._engine.builds
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._engine = self._new_engine()
+
+    def _new_engine(self):
+        raise NotImplementedError
+
+    def _engine_step(self):
+        raise NotImplementedError

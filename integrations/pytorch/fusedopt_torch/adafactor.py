@@ -12,10 +12,9 @@ The plans live in a unit (csrc/adafactor_unit.hpp) compiled on first use into fu
 cache and called through ctypes (_adafactor_unit.py): no core, no torch in the unit.
 """
 import torch
-from torch.optim import Optimizer
 
 from . import _adafactor_unit, _ext
-from ._unit_engine import DTYPE_NAMES, UnitEngine, on_device
+from ._unit_engine import DTYPE_NAMES, UnitEngine, UnitOptimizer, on_device
 
 __all__ = ["Adafactor"]
 
@@ -169,7 +168,7 @@ class _AdafactorEngine(UnitEngine):
         torch._foreach_add_(bucket.steps, 1.0)
 
 
-class Adafactor(Optimizer):
+class Adafactor(UnitOptimizer):
     """torch.optim.Adafactor, fused: the same constructor, checks, algorithm and state_dict
     (``state[p]``: 'step', a CPU scalar tensor of torch's step dtype; 'row_var' and 'col_var' of shapes
     p.shape[:-1] + (1,) and p.shape[:-2] + (1, p.shape[-1]) for two or more dimensions, else
@@ -192,30 +191,15 @@ class Adafactor(Optimizer):
         _check_options(lr, beta2_decay, eps, d, weight_decay)
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d, weight_decay=weight_decay, foreach=foreach,
                         maximize=maximize)
-        self._engine = _AdafactorEngine()
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _new_engine(self):  # plans per group, device, dtype and step count
+        return _AdafactorEngine()
+
+    def _engine_step(self):
         self._engine.step(self.param_groups, self.state)
-        return loss
-
-    def plan_builds(self):
-        """How many Adafactor plans were built (one per group, device, dtype and step count, again
-        when its set of parameters with a gradient or their addresses change)."""
-        return self._engine.builds
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        return {k: v for k, v in state.items() if k != "_engine"}
 
     def __setstate__(self, state):
-        # Also load_state_dict's way of installing the loaded state: new plans over it.
         super().__setstate__(state)
         for group in self.param_groups:
             group.setdefault("foreach", None)
-        self._engine = _AdafactorEngine()

@@ -16,10 +16,9 @@ import ctypes
 import re
 
 import torch
-from torch.optim import Optimizer
 
 from . import _ext, _muon_unit
-from ._unit_engine import DTYPE_NAMES, UnitEngine, on_device
+from ._unit_engine import DTYPE_NAMES, UnitEngine, UnitOptimizer, on_device
 from .optimizers import AdamW
 
 __all__ = ["Muon", "MuonWithAdamW"]
@@ -149,7 +148,7 @@ class _MuonEngine(UnitEngine):
             bucket.plan.run(hyper, stream)
 
 
-class Muon(Optimizer):
+class Muon(UnitOptimizer):
     """torch.optim.Muon, fused: the same constructor, checks, algorithm and state_dict
     (``state[p]['momentum_buffer']``), for 2-D parameters only.
 
@@ -168,7 +167,6 @@ class Muon(Optimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
                         ns_dtype=ns_dtype)
-        self._engine = _MuonEngine()
         super().__init__(params, defaults)  # each group checked by add_param_group
 
     def add_param_group(self, param_group):
@@ -179,32 +177,16 @@ class Muon(Optimizer):
         for p in group["params"]:
             _check_2d(p)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._engine.step(self.param_groups, self.state, range(len(self.param_groups)))
-        return loss
+    def _new_engine(self):  # plans per group, device and dtype
+        return _MuonEngine()
 
-    def plan_builds(self):
-        """How many muon plans were built (one per group, device and dtype, again when its set of
-        parameters with a gradient or their buffers change)."""
-        return self._engine.builds
+    def _engine_step(self):
+        self._engine.step(self.param_groups, self.state, range(len(self.param_groups)))
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)  # through __setstate__: new buffers, new plans
         for group in self.param_groups:
             group.setdefault("ns_dtype", torch.bfloat16)  # torch.optim.Muon's state_dict has none
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        return {k: v for k, v in state.items() if k != "_engine"}
-
-    def __setstate__(self, state):
-        super().__setstate__(state)
-        self._engine = _MuonEngine()
 
 
 # Names of 2-D parameters that are not hidden matrices (embeddings, output heads): AdamW takes them.
@@ -217,7 +199,7 @@ def default_use_muon(name, p):
     return p.ndim == 2 and (name is None or not _NOT_HIDDEN.search(name))
 
 
-class MuonWithAdamW(Optimizer):
+class MuonWithAdamW(UnitOptimizer):
     """Muon for the hidden 2-D matrices and AdamW for everything else, in one ``step()``: the form
     Muon is trained with (Keller Jordan's MuonWithAuxAdam, Moonlight, modded-nanogpt).
 
@@ -238,7 +220,6 @@ class MuonWithAdamW(Optimizer):
                                    ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                                    adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype)
         self._adamw_defaults = dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay)
-        self._engine = _MuonEngine()
         self._adamw = None
         super().__init__(self._split(params, use_muon), dict(use_muon=True))
 
@@ -298,18 +279,15 @@ class MuonWithAdamW(Optimizer):
                 self._adamw._dirty = True
         self._adamw.state = self.state
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _new_engine(self):
+        return _MuonEngine()
+
+    def _engine_step(self):
         muon = [(k, g) for k, g in enumerate(self.param_groups) if g["use_muon"]]
         if muon:
             self._engine.step([g for _, g in muon], self.state, [k for k, _ in muon])
         if self._adamw is not None:
             self._adamw.step()
-        return loss
 
     def state_dict(self):
         if self._adamw is not None:
@@ -319,12 +297,11 @@ class MuonWithAdamW(Optimizer):
     def __getstate__(self):
         if self._adamw is not None:
             self._adamw._pull_steps()
-        state = super().__getstate__()
-        return {k: v for k, v in state.items() if k not in ("_engine", "_adamw")}
+        # torch pickles defaults, state and param_groups: each kind's defaults, for _link.
+        return dict(super().__getstate__(), _muon_defaults=self._muon_defaults, _adamw_defaults=self._adamw_defaults)
 
     def __setstate__(self, state):
         # Also load_state_dict's way of installing the loaded groups: a new AdamW part over them.
         super().__setstate__(state)
-        self._engine = _MuonEngine()
         self._adamw = None
         self._link()

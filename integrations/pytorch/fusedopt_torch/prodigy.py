@@ -11,10 +11,9 @@ The plans live in a unit (csrc/prodigy_unit.hpp) compiled on first use into fuse
 cache and called through ctypes (_prodigy_unit.py): no core, no torch in the unit.
 """
 import torch
-from torch.optim import Optimizer
 
 from . import _ext, _prodigy_unit
-from ._unit_engine import DTYPE_NAMES, UnitEngine, on_device
+from ._unit_engine import DTYPE_NAMES, UnitEngine, UnitOptimizer, on_device
 
 __all__ = ["Prodigy"]
 
@@ -161,7 +160,7 @@ class _ProdigyEngine(UnitEngine):
         return [bucket]
 
 
-class Prodigy(Optimizer):
+class Prodigy(UnitOptimizer):
     r"""konstmish/prodigy's Prodigy (``prodigyopt.Prodigy``), fused: the same constructor, checks,
     algorithm and state_dict (the group's 'd', 'd0', 'd_max', 'd_numerator', 'k' and options;
     ``state[p]``: 'step' (an int), 's' and 'p0' of p.numel() elements, 'exp_avg' (beta1 > 0) and
@@ -197,8 +196,6 @@ class Prodigy(Optimizer):
                         d_numerator=0.0, d_coef=d_coef, k=0, growth_rate=growth_rate,
                         use_bias_correction=use_bias_correction, decouple=decouple, safeguard_warmup=safeguard_warmup,
                         fsdp_in_use=fsdp_in_use, slice_p=slice_p)
-        self.d0 = d0
-        self._engine = _ProdigyEngine()
         super().__init__(params, defaults)
 
     @property
@@ -219,14 +216,11 @@ class Prodigy(Optimizer):
                              "its groups)")
         super().add_param_group(param_group)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _new_engine(self):  # one plan over the group
+        return _ProdigyEngine()
+
+    def _engine_step(self):
         self._engine.step(self.param_groups[0], self.state)
-        return loss
 
     def state_dict(self):
         """torch's, with the group's d, d_max, d_numerator and the parameters' 'step' read from
@@ -234,17 +228,6 @@ class Prodigy(Optimizer):
         self._engine.store(self.param_groups[0], self.state)
         return super().state_dict()
 
-    def plan_builds(self):
-        """How many Prodigy plans were built (one per group, again when its set of parameters with
-        a gradient, their addresses or whether beta1 > 0 change)."""
-        return self._engine.builds
-
     def __getstate__(self):
         self._engine.store(self.param_groups[0], self.state)
-        state = super().__getstate__()
-        return {k: v for k, v in state.items() if k != "_engine"}
-
-    def __setstate__(self, state):
-        # Also load_state_dict's way of installing the loaded state: a new plan over it.
-        super().__setstate__(state)
-        self._engine = _ProdigyEngine()
+        return super().__getstate__()
