@@ -117,7 +117,8 @@ std::unique_ptr<plan_handle<Rule>> host_plan(Lists lists)
   return std::make_unique<host_plan_handle<Rule, decltype(plan)>>(std::move(plan));
 }
 
-/// One bucket of a group: its parameters, the addresses its plan was built over, its plan.
+/// One bucket of a group: its parameters (held, so that their memory is not reused while the
+/// plan points at it), the addresses its plan was built over, its plan.
 template <class Rule>
 struct bucket {
   std::vector<torch::Tensor> params;
@@ -148,9 +149,13 @@ class fused_optimizer : public torch::optim::Optimizer {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
+    // Every group is checked and bucketed (its states created) before any is stepped: a refused
+    // parameter or state leaves every tensor as it was.
     buckets_.resize(param_groups_.size());
-    for (std::size_t g = 0; g < param_groups_.size(); ++g) { check_group(param_groups_[g]); }
-    for (std::size_t g = 0; g < param_groups_.size(); ++g) { step_group(g); }
+    for (auto const& group : param_groups_) { check_group(group); }
+    std::vector<group_members> members;
+    for (auto& group : param_groups_) { members.push_back(collect_group(group)); }
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) { step_group(g, members[g]); }
     return loss;
   }
 
@@ -196,66 +201,76 @@ class fused_optimizer : public torch::optim::Optimizer {
   // its step count advances.
   using bucket_key = std::tuple<int, std::int64_t, std::size_t>;
 
-  void step_group(std::size_t g)
+  /// A bucket's parameters, their torch states and their state tensors (in slot order, per
+  /// parameter), as collected before any step.
+  struct members {
+    std::vector<torch::Tensor> params;
+    std::vector<ParamState*> states;
+    std::vector<torch::Tensor> state_tensors;
+  };
+  /// A group's buckets by (dtype, layout, step).
+  using group_members = std::map<std::tuple<int, std::int64_t, std::int64_t>, members>;
+
+  group_members collect_group(torch::optim::OptimizerParamGroup& group)
   {
-    auto& group = param_groups_[g];
     auto const& options = static_cast<Options const&>(group.options());
-    std::map<std::tuple<int, std::int64_t, std::int64_t>, std::vector<torch::Tensor>> members;
+    group_members out;
     for (auto const& p : group.params()) {
       if (!p.grad().defined()) { continue; }
       auto& slot = state_[detail::state_key<state_map>(p)];
       if (!slot) { slot = std::make_unique<ParamState>(); }
       auto& state = static_cast<ParamState&>(*slot);
-      self().state_tensors(p, options, state);  // created as torch creates them
-      members[{static_cast<int>(p.scalar_type()), self().layout(options, state), self().next_step(state)}].push_back(p);
+      auto const tensors = self().state_tensors(p, options, state);  // created as torch creates them
+      for (auto const& t : tensors) {
+        TORCH_CHECK(t.is_contiguous() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes(),
+                    Derived::name, ": a state tensor must be contiguous, of its parameter's dtype and shape");
+      }
+      // The key after the states exist: SGD's step depends on whether its buffer is new.
+      auto& m = out[{static_cast<int>(p.scalar_type()), self().layout(options, state), self().next_step(state)}];
+      m.state_tensors.insert(m.state_tensors.end(), tensors.begin(), tensors.end());
+      m.params.push_back(p);
+      m.states.push_back(&state);
     }
+    return out;
+  }
+
+  void step_group(std::size_t g, group_members const& buckets)
+  {
+    auto const& options = static_cast<Options const&>(param_groups_[g].options());
     auto& kept = buckets_[g];
     std::map<bucket_key, detail::bucket<Rule>> next;
     std::tuple<int, std::int64_t> previous{-1, -1};
     std::size_t rank = 0;
-    for (auto& [key, params] : members) {
+    for (auto const& [key, m] : buckets) {
       std::tuple<int, std::int64_t> const kind{std::get<0>(key), std::get<1>(key)};
       rank = kind == previous ? rank + 1 : 0;
       previous = kind;
       bucket_key const id{std::get<0>(key), std::get<1>(key), rank};
       auto found = kept.find(id);
       detail::bucket<Rule> b = found != kept.end() ? std::move(found->second) : detail::bucket<Rule>{};
-      run_bucket(b, params, options, std::get<2>(key));
+      run_bucket(b, m, options, std::get<2>(key));
       next.emplace(id, std::move(b));
     }
     kept = std::move(next);
   }
 
-  void run_bucket(detail::bucket<Rule>& b, std::vector<torch::Tensor> const& params, Options const& options,
-                  std::int64_t step)
+  void run_bucket(detail::bucket<Rule>& b, members const& m, Options const& options, std::int64_t step)
   {
-    std::vector<torch::Tensor> grads, states;
+    std::vector<torch::Tensor> grads;
     std::vector<void*> addresses;
     std::vector<void const*> grad_addresses;
-    for (auto const& p : params) {
+    for (auto const& p : m.params) {
       grads.push_back(p.grad());
       grad_addresses.push_back(p.grad().data_ptr());
       addresses.push_back(p.data_ptr());
     }
-    auto& self_state = state_;
-    auto state_of = [&self_state](torch::Tensor const& p) -> ParamState& {
-      return static_cast<ParamState&>(*self_state.at(detail::state_key<state_map>(p)));
-    };
-    for (auto const& p : params) {
-      for (auto const& s : self().state_tensors(p, options, state_of(p))) {
-        TORCH_CHECK(s.is_contiguous() && s.scalar_type() == p.scalar_type() && s.sizes() == p.sizes(),
-                    Derived::name, ": a state tensor must be contiguous, of its parameter's dtype and shape");
-        states.push_back(s);
-        addresses.push_back(s.data_ptr());
-      }
-    }
-    bool const same = b.plan != nullptr && b.params.size() == params.size() && b.addresses == addresses;
-    if (!same) {
-      detail::dispatch(params.front().scalar_type(), Derived::name, [&](auto element) {
+    for (auto const& t : m.state_tensors) { addresses.push_back(t.data_ptr()); }
+    if (b.plan == nullptr || b.addresses != addresses) {
+      detail::dispatch(m.params.front().scalar_type(), Derived::name, [&](auto element) {
         using T = decltype(element);
-        b.plan = self().template make_plan<T>(params, grads, states, options);
+        b.plan = self().template make_plan<T>(m.params, grads, m.state_tensors, options);
       });
-      b.params = params;
+      b.params = m.params;
       b.addresses = std::move(addresses);
       b.grads = grad_addresses;
       ++builds_;
@@ -264,11 +279,9 @@ class fused_optimizer : public torch::optim::Optimizer {
       b.grads = grad_addresses;
     }
     b.plan->run(self().rule(options), ::fusedopt::step_info{step});
-    for (auto const& p : params) {
-      self().advance(state_of(p));
-      p.unsafeGetTensorImpl()->bump_version();  // written through its data pointer
-    }
-    for (auto const& s : states) { s.unsafeGetTensorImpl()->bump_version(); }
+    for (auto* state : m.states) { self().advance(*state); }
+    for (auto const& p : m.params) { p.unsafeGetTensorImpl()->bump_version(); }  // written through data_ptr
+    for (auto const& t : m.state_tensors) { t.unsafeGetTensorImpl()->bump_version(); }
   }
 
   std::vector<std::map<bucket_key, detail::bucket<Rule>>> buckets_;
