@@ -12,6 +12,9 @@ tensors (the factored sums of grad^2, the RMS of the parameter and of the update
 
 Usage, from the repository root on the GPU machine:
   python3 bench/adafactor.py [--out FILE]      (JSON to --out, or $OUT/adafactor.json)
+  ncu --profile-from-start off ... python3 bench/adafactor.py --profile
+      (one fusedopt step over GPT-2 small's tensors between cudaProfilerStart and Stop, after two
+      unprofiled steps that build and warm the plan: its kernels alone for Nsight Compute)
 """
 import argparse
 import json
@@ -40,11 +43,29 @@ def small_shapes():
     return [s for _ in range(50) for s in ((256, 256), (512, 256), (256, 512), (1024, 256))]
 
 
+def profile_one_step(device):
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = [torch.randn(s, device=device, generator=gen).requires_grad_() for s in gpt2_shapes()]
+    for p in params:
+        p.grad = torch.randn(p.shape, device=device, generator=gen)
+    opt = ft.Adafactor(params, lr=1e-2)
+    for _ in range(2):
+        opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "adafactor.json") if os.environ.get("OUT") else None)
+    parser.add_argument("--profile", action="store_true", help="one fusedopt step between cudaProfilerStart/Stop")
     args = parser.parse_args()
     device = torch.device("cuda")
+    if args.profile:
+        return profile_one_step(device)
     timer = peers.Timer(device)
     copy_bps = peers.copy_bandwidth(timer, device)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_gbps=copy_bps / 1e9, rows=[])

@@ -82,7 +82,7 @@ __device__ __forceinline__ tensor_entry<S> const& entry_of(tensor_entry<S> const
 
 /// The tiles of factored pass J: block b takes tiles b, b + gridDim.x, ... of the table. Each
 /// thread computes the values of 16 elements of the tile (consecutive threads, consecutive
-/// columns: coalesced loads) into shared memory; then thread c < 64 adds column c's values
+/// columns: coalesced loads) into registers, then shared memory; then thread c < 64 adds column c's values
 /// in row order and thread 64 + r row r's in column order, and writes the partials.
 template <class Rule, class Bound, int J, int P, class T>
 FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
@@ -115,12 +115,23 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
     void* bases[Bound::num_slots];
 #pragma unroll
     for (std::size_t s = 0; s < Bound::num_slots; ++s) { bases[s] = te.bases[s]; }
-    for (int v = tid; v < B * B; v += threads) {
-      int const r = v / B, c = v % B;
-      if (r < h && c < w) {
-        values[r][c] = ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t, first + r * e.cols + c);
-      }
+    // Thread tid takes column tid % B of rows tid / B, + 4, + 8, ...: all 16 loads are issued
+    // before the first store to shared memory, so 16 are in flight per thread, not one (the
+    // tile's bandwidth is bound by the loads in flight per SM).
+    constexpr int per_thread = B * B / threads;
+    constexpr int row_step = threads / B;
+    static_assert(B * B % threads == 0 && threads % B == 0, "a tile is whole rows of threads");
+    int const c = tid % B, r0 = tid / B;
+    double loaded[per_thread];
+#pragma unroll
+    for (int q = 0; q < per_thread; ++q) {
+      int const r = r0 + q * row_step;
+      loaded[q] = r < h && c < w ? ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t,
+                                                                                     first + r * e.cols + c)
+                                 : 0.0;
     }
+#pragma unroll
+    for (int q = 0; q < per_thread; ++q) { values[r0 + q * row_step][c] = loaded[q]; }
     __syncthreads();
     if (tid < B) {
       if (tid < w && e.col != nullptr) {
