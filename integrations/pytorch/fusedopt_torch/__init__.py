@@ -20,6 +20,7 @@ from .library_rules import (ADOPT, ASGD, AdEMAMix, Adan, CAdamW, Rprop, Schedule
                             ScheduleFreeSGD, StableAdamW)
 from .muon import Muon, MuonWithAdamW  # noqa: F401
 from .adafactor import Adafactor  # noqa: F401
+from .prodigy import Prodigy  # noqa: F401
 
 
 def extension():
@@ -35,4 +36,5 @@ def with_cuda():
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta", "LAMB", "Lion",
            "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state", "extension", "with_cuda", "rule", "State", "RuleOptimizer",
            "RuleCompileError", "Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW",
-           "ScheduleFreeSGD", "step_in_backward", "StepInBackward", "Muon", "MuonWithAdamW", "Adafactor"]
+           "ScheduleFreeSGD", "step_in_backward", "StepInBackward", "Muon", "MuonWithAdamW", "Adafactor",
+           "Prodigy"]

@@ -2,8 +2,8 @@
 steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 for Rprop's and
 ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py) and the built-in
 optimizers' of test_in_backward.py (one first step each, on a small model, in threads), and
-Muon's and Adafactor's (test_muon.py, test_adafactor.py, bench/muon.py). `prefetch_units.py
-muon`: Muon's, Adafactor's and AdamW's only. Prints what failed; exit status 1 if anything did."""
+Muon's, Adafactor's and Prodigy's (test_muon.py, test_adafactor.py, test_prodigy.py, bench/muon.py).
+`prefetch_units.py muon`: Muon's, Adafactor's, Prodigy's and AdamW's only. Prints what failed; exit status 1 if anything did."""
 
 import concurrent.futures
 import sys
@@ -12,7 +12,7 @@ import time
 import torch
 
 import fusedopt_torch as ft
-from fusedopt_torch import _adafactor_unit, _ext, _muon_unit
+from fusedopt_torch import _adafactor_unit, _ext, _muon_unit, _prodigy_unit
 
 CLASSES = [ft.Rprop, ft.ASGD, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft.CAdamW, ft.ScheduleFreeAdamW, ft.ScheduleFreeSGD]
 
@@ -28,6 +28,7 @@ def main():
     muon_jobs = [(d, t, ns) for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"),
                                                              ("bfloat16", "bfloat16"))]
     muon_jobs += [(d, t, None) for d in devices for t in ("float32", "bfloat16")]  # Adafactor's
+    muon_jobs += [(d, t, "prodigy") for d in devices for t in ("float32", "float64", "bfloat16")]
 
     def build(job):
         try:
@@ -40,13 +41,16 @@ def main():
         device, dtype, ns = job
         try:
             archs = (_ext.arch_of(0),) if device == "cuda" else ()
+            backend = "cuda" if device == "cuda" else "host"
             if ns is None:
-                _adafactor_unit.unit("cuda" if device == "cuda" else "host", dtype, archs)
+                _adafactor_unit.unit(backend, dtype, archs)
+            elif ns == "prodigy":
+                _prodigy_unit.unit(backend, dtype, True, archs)
             else:
-                _muon_unit.unit("cuda" if device == "cuda" else "host", dtype, ns, archs)
+                _muon_unit.unit(backend, dtype, ns, archs)
             return None
         except Exception as e:
-            return f"{'Adafactor' if ns is None else 'Muon'} {device} {dtype} NS {ns}: {e}"
+            return f"{'Adafactor' if ns is None else 'Prodigy' if ns == 'prodigy' else 'Muon'} {device} {dtype} NS {ns}: {e}"
 
     def first_step(job):
         make, device = job

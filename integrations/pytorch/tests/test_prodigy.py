@@ -44,8 +44,8 @@ def reference_step(params, grads, states, scalars, k, o):
     """prodigy.py's Prodigy.step for one group and slice_p = 1, in place over float64 `params`
     and `states` (dicts: s, p0, exp_avg (beta1 > 0), exp_avg_sq), from `scalars` (d, d_max,
     d_numerator) and group['k'] = k; the scalars after it (unchanged where it returns early)."""
-    o = dict(lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0, decouple=True,
-             use_bias_correction=False, safeguard_warmup=False, d0=1e-6, d_coef=1.0, growth_rate=float("inf"), **o)
+    o = {**dict(lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0, decouple=True,
+                use_bias_correction=False, safeguard_warmup=False, d0=1e-6, d_coef=1.0, growth_rate=float("inf")), **o}
     beta1, beta2 = o["betas"]
     beta3 = math.sqrt(beta2) if o["beta3"] is None else o["beta3"]
     d, d_max, d_numerator = scalars
@@ -88,6 +88,12 @@ def reference_step(params, grads, states, scalars, k, o):
 def make_params(device, dtype=torch.float32, shapes=SHAPES, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def detached_copy(t):
+    """t in float64 on the CPU, never sharing t's memory (.double().cpu() of a CPU float64 tensor
+    is the tensor itself, which the reference would then update in place)."""
+    return t.detach().to(device="cpu", dtype=torch.float64, copy=True)
 
 
 def twin_of(params):
@@ -133,8 +139,8 @@ def teacher_forced(device, dtype, options, steps=STEPS):
         opt.zero_grad(set_to_none=True)
         noisy_quadratic_grads(params, targets, step)
         scalars, k = scalars_of(opt), opt.param_groups[0]["k"]
-        theirs = [p.detach().double().cpu() for p in params]
-        states = [{key: t.detach().double().cpu() for key, t in opt.state[p].items() if key != "step"} for p in params]
+        theirs = [detached_copy(p) for p in params]
+        states = [{key: detached_copy(t) for key, t in opt.state[p].items() if key != "step"} for p in params]
         if step == 1:  # the reference's initial state
             states = [dict(s=torch.zeros(p.numel(), dtype=torch.float64), p0=q.flatten().clone(),
                            exp_avg_sq=torch.zeros_like(q)) for p, q in zip(params, theirs)]
@@ -174,7 +180,7 @@ def test_steps_against_reference(device, options):
 @pytest.mark.parametrize("options", OPTIONS, ids=IDS)
 def test_float64_trajectory_against_reference(device, options):
     params = make_params(device, torch.float64)
-    theirs = [p.detach().double().cpu() for p in params]
+    theirs = [detached_copy(p) for p in params]
     states = [dict(s=torch.zeros(p.numel(), dtype=torch.float64), p0=q.flatten().clone(), exp_avg_sq=torch.zeros_like(q),
                    exp_avg=torch.zeros_like(q)) for p, q in zip(params, theirs)]
     targets = targets_of(params)
@@ -268,8 +274,8 @@ def test_a_parameter_without_gradient_keeps_d(device):
     opt.zero_grad(set_to_none=True)
     noisy_quadratic_grads(params, targets, 5)
     params[1].grad = None
-    theirs = [p.detach().double().cpu() for p in params]
-    states = [{key: t.detach().double().cpu() for key, t in opt.state[p].items() if key != "step"} for p in params]
+    theirs = [detached_copy(p) for p in params]
+    states = [{key: detached_copy(t) for key, t in opt.state[p].items() if key != "step"} for p in params]
     grads = [p.grad.double().cpu() for p in params if p.grad is not None]
     keep = [i for i, p in enumerate(params) if p.grad is not None]
     want = reference_step([theirs[i] for i in keep], grads, [states[i] for i in keep], d, 4, {})

@@ -57,22 +57,21 @@ __device__ __forceinline__ std::int64_t factored_owner(factored_table<T> const& 
   return low;
 }
 
-/// The plan's tensor entry of list position `index` (entries are in list order, empty
-/// tensors left out): a binary search.
-template <std::size_t S>
-__device__ __forceinline__ tensor_entry<S> const& entry_of(tensor_entry<S> const* entries, std::int32_t count,
-                                                           std::int64_t index)
+/// The last i in [0, n) with key(i) <= item (keys ascending, key(0) <= item), found by the
+/// whole block: each thread tests its own i, i + blockDim.x, ..., so a table of up to
+/// blockDim.x entries costs one round of loads where a binary search by one thread costs
+/// log2(n) dependent ones (per tile, that wait was a large part of the tiles kernel's time).
+/// Every thread of the block calls it; `found` is a shared slot no other call of the same
+/// round uses.
+template <class Key>
+__device__ __forceinline__ std::int64_t block_find_last(std::int64_t n, std::int64_t item, Key const& key,
+                                                        std::int64_t* found)
 {
-  std::int32_t low = 0, high = count - 1;
-  while (low < high) {
-    std::int32_t const mid = (low + high + 1) / 2;
-    if (entries[mid].index <= index) {
-      low = mid;
-    } else {
-      high = mid - 1;
-    }
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    if (key(i) <= item && (i + 1 == n || key(i + 1) > item)) { *found = i; }
   }
-  return entries[low];
+  __syncthreads();
+  return *found;
 }
 
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
@@ -95,14 +94,19 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
   constexpr int B = static_cast<int>(factored_tile);
   constexpr int threads = factored_block_threads;
   __shared__ double values[B][B + 1];  // + 1: a row's values in other banks than the next row's
+  __shared__ std::int64_t found[2];     // block_find_last's answers: the tile's tensor and entry
   await_predecessor();
   auto const body = ::fusedopt::detail::prepare_factor_pass<J>(rule, step, results.data());
   int const tid = static_cast<int>(threadIdx.x);
   for (std::int64_t k = blockIdx.x; k < table.tiles; k += gridDim.x) {
-    std::int64_t const t =
-      factored_owner(table, k, [](factored_tensor<T> const& e) { return e.first_tile; });
+    // The tile's tensor (the last whose first tile is at most k: tensors without tiles share
+    // their first with the next one), then its plan entry (entries are in list order, empty
+    // tensors left out: the last whose index is at most t).
+    std::int64_t const t = block_find_last(
+      table.num_tensors, k, [&](std::int64_t i) { return table.tensors[i].first_tile; }, &found[0]);
     factored_tensor<T> const e = table.tensors[t];
-    tensor_entry<Bound::num_slots> const& te = entry_of(entries, num_entries, t);
+    tensor_entry<Bound::num_slots> const& te = entries[block_find_last(
+      num_entries, t, [&](std::int64_t i) { return std::int64_t{entries[i].index}; }, &found[1])];
     std::int64_t const local = k - e.first_tile;
     std::int64_t const per_matrix = e.row_tiles() * e.col_tiles();
     std::int64_t const m = local / per_matrix;
@@ -151,6 +155,25 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
   }
 }
 
+/// ((0 + x[0]) + x[stride]) + ... + x[(count - 1) stride]: the additions in order, the loads
+/// eight at a time ahead of them (a column of a tall matrix has hundreds of partials: one load
+/// in flight per addition would make the fold wait on memory count times).
+__device__ __forceinline__ double sum_in_order(double const* x, std::int64_t stride, std::int64_t count)
+{
+  constexpr int ahead = 8;
+  double sum = 0.0;
+  std::int64_t k = 0;
+  for (; k + ahead <= count; k += ahead) {
+    double loaded[ahead];
+#pragma unroll
+    for (int q = 0; q < ahead; ++q) { loaded[q] = x[(k + q) * stride]; }
+#pragma unroll
+    for (int q = 0; q < ahead; ++q) { sum += loaded[q]; }
+  }
+  for (; k < count; ++k) { sum += x[k * stride]; }
+  return sum;
+}
+
 /// The fold of factored pass J: thread g of the grid takes statistics g, g + threads, ... of
 /// the table (a tensor's row statistics, then its column statistics): its partials added in
 /// tile order, then the rule's fold, stored.
@@ -166,15 +189,14 @@ FUSEDOPT_KERNEL void factored_fold_kernel(Rule const rule, step_info const step,
     factored_tensor<T> const e = table.tensors[t];
     std::int64_t const k = g - e.first_line;
     std::int64_t const row_lines = e.matrices * e.rows;
-    double sum = 0.0;
     if (k < row_lines) {
       std::int64_t const m = k / e.rows, r = k % e.rows;
-      for (std::int64_t j = 0; j < e.col_tiles(); ++j) { sum += e.row_partials(m, j)[r]; }
+      double const sum = sum_in_order(e.row_partials(m, 0) + r, e.rows, e.col_tiles());
       ::fusedopt::detail::fold_statistic(fold, e.row + k, sum, e.cols);
     } else {
       std::int64_t const l = k - row_lines;
       std::int64_t const m = l / e.cols, c = l % e.cols;
-      for (std::int64_t i = 0; i < e.row_tiles(); ++i) { sum += e.col_partials(m, i)[c]; }
+      double const sum = sum_in_order(e.col_partials(m, 0) + c, e.cols, e.row_tiles());
       ::fusedopt::detail::fold_statistic(fold, e.col + l, sum, e.rows);
     }
   }
