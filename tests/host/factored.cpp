@@ -220,3 +220,48 @@ TEST_CASE("a factored table that does not describe its tensors is rejected befor
   CHECK(pr.p == before);
   CHECK(pr.rows == std::vector<double>(pr.rows.size(), -1.0));
 }
+
+TEST_CASE("an element's row and column: the 32-bit division is exact where the 64-bit one is", "[factored]")
+{
+  using fo::detail::index_divider;
+  std::vector<std::int64_t> divisors = {1, 2, 3, 5, 7, 64, 768, 1000, 2304, 3072, 50257, 65535, 65536, 65537,
+                                        (std::int64_t{1} << 31) - 1, std::int64_t{1} << 31, (std::int64_t{1} << 31) + 1,
+                                        std::int64_t{0xfffffffe}, std::int64_t{0xffffffff}};
+  for (std::int64_t d = 1; d < 3000; d += 7) { divisors.push_back(d); }
+  std::vector<std::uint32_t> numerators = {0, 1, 2, 767, 768, 769, 0x7fffffffu, 0x80000000u, 0xfffffffeu, 0xffffffffu};
+  std::uint64_t state = 12345;
+  for (int k = 0; k < 2000; ++k) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    numerators.push_back(static_cast<std::uint32_t>(state >> 32));
+  }
+  std::int64_t mismatches = 0;
+  for (std::int64_t d : divisors) {
+    auto const divider = index_divider::of(d);
+    for (std::uint64_t n64 : numerators) {
+      for (std::uint64_t n : {n64, n64 / static_cast<std::uint64_t>(d) * static_cast<std::uint64_t>(d),
+                              n64 / static_cast<std::uint64_t>(d) * static_cast<std::uint64_t>(d) + static_cast<std::uint64_t>(d) - 1}) {
+        if (n > 0xffffffffull) { continue; }
+        std::uint32_t r = 0;
+        std::uint32_t const q = divider.quotient32(static_cast<std::uint32_t>(n), r);
+        mismatches += q != n / static_cast<std::uint64_t>(d) || r != n % static_cast<std::uint64_t>(d);
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+  // A lookup locates every element of a (3, 5, 7) tensor as the 64-bit path does.
+  fo::factored_tensor<float> entry;
+  entry.matrices = 3;
+  entry.rows = 5;
+  entry.cols = 7;
+  fo::factored_table<float> table;
+  table.tensors = &entry;
+  table.num_tensors = 1;
+  auto const lookup = fo::factored_lookup<float>::of(table, 0);
+  REQUIRE(lookup.narrow);
+  for (std::int64_t i = 0; i < 105; ++i) {
+    auto const at = lookup.locate(i);
+    CHECK(at.row_line == i / 7);
+    CHECK(at.col_line == i / 35 * 7 + i % 7);
+    CHECK(at.matrix == i / 35);
+  }
+}

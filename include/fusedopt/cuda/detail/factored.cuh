@@ -156,11 +156,11 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
 }
 
 /// ((0 + x[0]) + x[stride]) + ... + x[(count - 1) stride]: the additions in order, the loads
-/// eight at a time ahead of them (a column of a tall matrix has hundreds of partials: one load
+/// sixteen at a time ahead of them (a column of a tall matrix has hundreds of partials: one load
 /// in flight per addition would make the fold wait on memory count times).
 __device__ __forceinline__ double sum_in_order(double const* x, std::int64_t stride, std::int64_t count)
 {
-  constexpr int ahead = 8;
+  constexpr int ahead = 16;
   double sum = 0.0;
   std::int64_t k = 0;
   for (; k + ahead <= count; k += ahead) {
