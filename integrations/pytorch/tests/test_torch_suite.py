@@ -42,7 +42,7 @@ from test_parity import linear_closure  # noqa: E402
 
 OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad, "RMSprop": ft.RMSprop,
         "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta,
-        "Rprop": ft.Rprop, "ASGD": ft.ASGD}
+        "Rprop": ft.Rprop, "ASGD": ft.ASGD, "Adafactor": ft.Adafactor, "Muon": ft.Muon}
 UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
 
 
