@@ -6,18 +6,26 @@
 /// for `torch::optim::AdamW` work unchanged, and a checkpoint of either loads into the other.
 ///
 /// A step runs one fused pass per bucket (the parameters of a group with the same dtype and
-/// step count) through fusedopt's host backend: every element of p, grad and the states loaded
-/// once and stored once, where torch::optim's C++ step launches 8-9 operations per tensor.
-/// Plans are built at the first step of a bucket and kept; new gradient tensors
-/// (`zero_grad()` sets them to none) are rebound, anything else that moved rebuilds the plan.
+/// step count): every element of p, grad and the states loaded once and stored once, where
+/// torch::optim's C++ step launches 8-9 operations per tensor. CPU tensors step on fusedopt's
+/// host backend; CUDA tensors on its CUDA backend, on torch's current stream of their device,
+/// through the CUDA plans a project compiles in one `.cu` file (`make_cuda_steps()`,
+/// fusedopt/libtorch/cuda_steps.cuh) and hands to the optimizer (`cuda_config`). Plans are
+/// built at the first step of a bucket and kept; new gradient tensors (`zero_grad()` sets them
+/// to none) are rebound, moved parameters or states rebind the plan (a new plan where their
+/// geometry changed).
 ///
-/// This version steps CPU tensors (float, double, half, bfloat16); CUDA tensors are refused
-/// with a clear error (docs/libtorch.md, "Status").
+/// This header compiles with the C++ compiler alone (no nvcc, no CUDA toolkit): the one
+/// torch-CUDA call it makes, c10::cuda::getCurrentCUDAStream, is compiled where
+/// FUSEDOPT_LIBTORCH_CUDA_STREAMS is 1 (by default where <c10/cuda/CUDAStream.h> and
+/// <cuda_runtime_api.h> are both on the include path: a CUDA build of torch).
 #pragma once
 
 #include <fusedopt/fusedopt.hpp>
+#include <fusedopt/libtorch/plans.hpp>
 
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
@@ -26,6 +34,19 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 #include <torch/utils.h>
+
+#if !defined(FUSEDOPT_LIBTORCH_CUDA_STREAMS)
+// A CPU-only torch may ship c10/cuda's headers without the library behind them: the CUDA
+// runtime's header on the path too is the sign of a CUDA build (its CMake package puts it there).
+#  if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<cuda_runtime_api.h>)
+#    define FUSEDOPT_LIBTORCH_CUDA_STREAMS 1
+#  else
+#    define FUSEDOPT_LIBTORCH_CUDA_STREAMS 0
+#  endif
+#endif
+#if FUSEDOPT_LIBTORCH_CUDA_STREAMS
+#  include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +62,24 @@
 
 namespace fusedopt {
 namespace libtorch {
+
+/// @brief How an optimizer steps CUDA parameters (the constructors' last argument).
+struct cuda_config {
+  /// fusedopt's CUDA plans: `make_cuda_steps()`, defined by one `.cu` file of the program that
+  /// includes fusedopt/libtorch/cuda_steps.cuh. Null: a group of CUDA parameters is refused
+  /// with an error that says this.
+  std::shared_ptr<cuda_steps const> steps;
+  /// Lets `step()` be captured in a CUDA graph (torch::cuda::CUDAGraph) and replayed, as
+  /// torch's Python `capturable=True`: each bucket's step count lives in device memory and is
+  /// advanced there by every run, and each group's lr is read from device memory, which
+  /// `step()` refreshes from the options outside a capture and `upload_lr()` refreshes before
+  /// replays (after an LR scheduler's step). The other options are fixed when captured.
+  /// Replays do not advance the host `step()` of the states: `sync_steps()` copies the device
+  /// counts back (save() does it). Without it, a step under capture is refused (its step count
+  /// and lr would be frozen into the graph).
+  bool capturable = false;
+};
+
 namespace detail {
 
 /// The key torch's Optimizer::state() uses for a parameter: its TensorImpl's address, as a
@@ -58,89 +97,78 @@ typename Map::key_type state_key(torch::Tensor const& p)
   }
 }
 
-/// Calls f(T{}) with T the fusedopt element type of `type`; refuses the others.
-template <class F>
-void dispatch(c10::ScalarType type, char const* name, F&& f)
+/// The plans' element type of `type`; refuses the others.
+inline element_type element_type_of(c10::ScalarType type, char const* name)
 {
   switch (type) {
-    case c10::ScalarType::Float: f(float{}); break;
-    case c10::ScalarType::Double: f(double{}); break;
-    case c10::ScalarType::Half: f(::fusedopt::half{}); break;
-    case c10::ScalarType::BFloat16: f(::fusedopt::bfloat16{}); break;
-    default: TORCH_CHECK(false, name, ": parameters of dtype ", type, " are not supported (float, double, half, bfloat16)");
+    case c10::ScalarType::Float: return element_type::f32;
+    case c10::ScalarType::Double: return element_type::f64;
+    case c10::ScalarType::Half: return element_type::f16;
+    case c10::ScalarType::BFloat16: return element_type::bf16;
+    default: break;
   }
+  TORCH_CHECK(false, name, ": parameters of dtype ", type, " are not supported (float, double, half, bfloat16)");
+  return element_type::f32;
 }
 
-/// n tensors' data as a fusedopt list of T (T const for read-only slots).
-template <class T>
-::fusedopt::tensor_list<T> list_of(std::vector<torch::Tensor> const& tensors)
+/// torch's current stream of CUDA device `device` (a cudaStream_t).
+inline void* current_cuda_stream(c10::Device device, char const* name)
 {
-  ::fusedopt::tensor_list<T> list;
-  for (auto const& t : tensors) { list.push_back(static_cast<T*>(t.data_ptr()), t.numel()); }
-  return list;
+#if FUSEDOPT_LIBTORCH_CUDA_STREAMS
+  static_cast<void>(name);
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  TORCH_CHECK(false, name, ": parameters on ", device, ", but fusedopt/libtorch/optimizers.hpp was compiled "
+              "without torch's CUDA headers (c10/cuda/CUDAStream.h and cuda_runtime_api.h on the include path, "
+              "or FUSEDOPT_LIBTORCH_CUDA_STREAMS=1)");
+  return nullptr;
+#endif
 }
 
-/// A bucket's plan, whatever its lists: run a rule, rebind the gradients.
-template <class Rule>
-struct plan_handle {
-  virtual ~plan_handle() = default;
-  virtual void run(Rule const& rule, ::fusedopt::step_info const& step) const = 0;
-  virtual void rebind_grads(std::vector<torch::Tensor> const& grads) = 0;
+/// Where and how a group steps this time: its device (of the parameters with a gradient; none
+/// when no parameter has one), for CUDA the stream and whether it is being captured.
+struct group_device {
+  bool any = false;
+  c10::Device device{c10::kCPU};
+  void* stream = nullptr;
+  bool capturing = false;
 };
-
-template <class Rule, class Plan>
-class host_plan_handle final : public plan_handle<Rule> {
- public:
-  explicit host_plan_handle(Plan plan) : plan_(std::move(plan)) {}
-  void run(Rule const& rule, ::fusedopt::step_info const& step) const override { plan_.run(rule, step); }
-  void rebind_grads(std::vector<torch::Tensor> const& grads) override
-  {
-    addresses_.clear();
-    for (auto const& g : grads) { addresses_.push_back(static_cast<grad_pointer>(g.data_ptr())); }
-    plan_.rebind(::fusedopt::slot::grad, addresses_.data(), addresses_.size());
-  }
-
- private:
-  using grad_pointer = typename Plan::template slot_pointer_t<::fusedopt::slot::grad_t>;
-  Plan plan_;
-  std::vector<grad_pointer> addresses_;
-};
-
-/// A host plan over `lists` behind a plan_handle of Rule, on as many threads as torch's
-/// intra-op pool (at::get_num_threads(): torch::set_num_threads applies to the step too).
-template <class Rule, class Lists>
-std::unique_ptr<plan_handle<Rule>> host_plan(Lists lists)
-{
-  ::fusedopt::host::options options;
-  options.threads = at::get_num_threads();
-  auto plan = ::fusedopt::host::make_plan(std::move(lists), options);
-  return std::make_unique<host_plan_handle<Rule, decltype(plan)>>(std::move(plan));
-}
 
 /// One bucket of a group: its parameters (held, so that their memory is not reused while the
-/// plan points at it), the addresses its plan was built over, its plan.
-template <class Rule>
+/// plan points at it), the tensors its plan is bound to, its plan, and with
+/// cuda_config::capturable on CUDA its step count in device memory (int64, the count before
+/// the step: the run advances it).
+template <class Rule, class ParamState>
 struct bucket {
   std::vector<torch::Tensor> params;
-  std::vector<void*> addresses;  // params' and states' data, in the plan's order
-  std::vector<void const*> grads;
-  std::unique_ptr<plan_handle<Rule>> plan;
+  std::vector<ParamState*> states;
+  plan_tensors bound;
+  plan_tensors scratch;  // the next step's tensors, gathered without allocating
+  std::unique_ptr<plan<Rule>> steps;
+  torch::Tensor counter;
 };
 
 }  // namespace detail
 
-/// @brief What the three optimizers share: torch::optim::Optimizer with a fused step.
-/// `Derived` provides `name`, `state_tensors(p, options, state)` (the states in slot order,
-/// created as torch creates them), `layout(options, state)` (which optional slots the plan
-/// binds), `next_step(state)` (the 1-based step the rule takes), `make_plan<T>(params, grads,
-/// states, options)`, `rule(options)` and `advance(state)` (after the step).
+/// @brief What the optimizers share: torch::optim::Optimizer with a fused step.
+/// `Derived` provides `name`, `state_tensors(p, options, state)` (the states in the order
+/// `family<Rule>` binds them, created as torch creates them), `layout(options, state)` (which
+/// optional slots the plan binds), `next_step(state)` (the 1-based step the rule takes),
+/// `rule(options)`, `advance(state)` (after the step) and `set_step(state, count)` (sync_steps).
 template <class Derived, class Options, class ParamState, class Rule>
 class fused_optimizer : public torch::optim::Optimizer {
  public:
-  using torch::optim::Optimizer::Optimizer;
+  fused_optimizer(std::vector<torch::optim::OptimizerParamGroup> const& groups, std::unique_ptr<Options> defaults,
+                  cuda_config cuda)
+      : torch::optim::Optimizer(groups, std::move(defaults)), cuda_(std::move(cuda))
+  {
+  }
 
   /// One fused step of every parameter with a gradient; returns the closure's loss (or an
-  /// undefined tensor). Nothing is written when a parameter is refused (checked first).
+  /// undefined tensor). Nothing is written when a parameter is refused (every group is checked
+  /// first): sparse, mismatched or non-contiguous gradients, unsupported dtypes, a group whose
+  /// parameters are on more than one device, CUDA parameters without cuda_config::steps, or a
+  /// capture without cuda_config::capturable.
   torch::Tensor step(LossClosure closure = nullptr) override
   {
     torch::NoGradGuard no_grad;
@@ -149,18 +177,25 @@ class fused_optimizer : public torch::optim::Optimizer {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
+    buckets_.resize(param_groups_.size());
+    lrs_.resize(param_groups_.size());
     // Every group is checked and bucketed (its states created) before any is stepped: a refused
     // parameter or state leaves every tensor as it was.
-    buckets_.resize(param_groups_.size());
-    for (auto const& group : param_groups_) { check_group(group); }
+    std::vector<detail::group_device> devices;
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) { devices.push_back(check_group(g)); }
     std::vector<group_members> members;
     for (auto& group : param_groups_) { members.push_back(collect_group(group)); }
-    for (std::size_t g = 0; g < param_groups_.size(); ++g) { step_group(g, members[g]); }
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+      if (devices[g].any) { step_group(g, members[g], devices[g]); }
+    }
     return loss;
   }
 
   void save(torch::serialize::OutputArchive& archive) const override
   {
+    // With capturable steps the device counts are the states' true step counts: the host
+    // copies lag by the replays.
+    if (cuda_.capturable) { const_cast<fused_optimizer&>(*this).sync_steps(); }
     torch::optim::serialize<ParamState, Options>(archive, *this);
   }
 
@@ -171,35 +206,90 @@ class fused_optimizer : public torch::optim::Optimizer {
     buckets_.clear();
   }
 
-  /// How many plans were built (one per bucket, again when its tensors moved or changed).
+  /// How many plans were built (one per bucket, again when its tensors changed geometry).
   [[nodiscard]] std::int64_t plan_builds() const noexcept { return builds_; }
+  /// How many times a plan was pointed at moved parameters or states (not counting gradients).
+  [[nodiscard]] std::int64_t plan_rebinds() const noexcept { return rebinds_; }
+
+  /// With cuda_config::capturable: writes each CUDA group's lr (`options().get_lr()`) to the
+  /// device memory a captured step reads, in stream order on torch's current stream. Call it
+  /// after changing an lr (an LR scheduler's step) and before replaying a captured step; not
+  /// during a capture. `step()` does it itself outside a capture.
+  void upload_lr()
+  {
+    for (std::size_t g = 0; g < lrs_.size() && g < param_groups_.size(); ++g) {
+      if (lrs_[g].defined()) { lrs_[g].fill_(param_groups_[g].options().get_lr()); }
+    }
+  }
+
+  /// With cuda_config::capturable: sets the `step()` of every state stepped on CUDA to its
+  /// bucket's device count (replays of a captured step advance only that). Synchronises with
+  /// each such bucket's device.
+  void sync_steps()
+  {
+    for (auto& group : buckets_) {
+      for (auto& [key, b] : group) {
+        if (!b.counter.defined()) { continue; }
+        std::int64_t const count = b.counter.template item<std::int64_t>();
+        for (auto* state : b.states) { self().set_step(*state, count); }
+      }
+    }
+  }
+
+ protected:
+  cuda_config const& cuda() const noexcept { return cuda_; }
 
  private:
   using state_map = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
 
   Derived& self() { return static_cast<Derived&>(*this); }
 
-  void check_group(torch::optim::OptimizerParamGroup const& group)
+  detail::group_device check_group(std::size_t g)
   {
-    for (auto const& p : group.params()) {
-      auto const& g = p.grad();
-      if (!g.defined()) { continue; }
-      TORCH_CHECK(!g.is_sparse(), Derived::name, " does not support sparse gradients");
-      TORCH_CHECK(p.device().is_cpu(), Derived::name,
-                  ": this version of fusedopt::libtorch steps CPU tensors only; got a parameter on ", p.device());
-      TORCH_CHECK(g.device() == p.device() && g.scalar_type() == p.scalar_type() && g.sizes() == p.sizes(),
-                  Derived::name, ": a gradient of ", g.sizes(), " ", g.scalar_type(), " on ", g.device(),
+    detail::group_device out;
+    for (auto const& p : param_groups_[g].params()) {
+      auto const& grad = p.grad();
+      if (!grad.defined()) { continue; }
+      TORCH_CHECK(!grad.is_sparse(), Derived::name, " does not support sparse gradients");
+      TORCH_CHECK(p.device().is_cpu() || p.device().is_cuda(), Derived::name, ": parameters on ", p.device(),
+                  " are not supported (CPU or CUDA)");
+      if (!out.any) {
+        out.any = true;
+        out.device = p.device();
+      }
+      // One plan runs on one device: a group spread over several would need one per device.
+      TORCH_CHECK(p.device() == out.device, Derived::name, ": the parameters of a param group must be on one device; "
+                  "group ", g, " has parameters on ", out.device, " and on ", p.device(),
+                  " (make a group per device)");
+      TORCH_CHECK(grad.device() == p.device() && grad.scalar_type() == p.scalar_type() && grad.sizes() == p.sizes(),
+                  Derived::name, ": a gradient of ", grad.sizes(), " ", grad.scalar_type(), " on ", grad.device(),
                   " for a parameter of ", p.sizes(), " ", p.scalar_type(), " on ", p.device());
-      TORCH_CHECK(p.is_contiguous() && g.is_contiguous(), Derived::name,
+      TORCH_CHECK(p.is_contiguous() && grad.is_contiguous(), Derived::name,
                   ": parameters and gradients must be contiguous");
+      static_cast<void>(detail::element_type_of(p.scalar_type(), Derived::name));
     }
+    if (out.any && out.device.is_cuda()) {
+      TORCH_CHECK(cuda_.steps != nullptr, Derived::name, ": parameters on ", out.device,
+                  " need fusedopt's CUDA plans: include <fusedopt/libtorch/cuda_steps.cuh> in one .cu file of "
+                  "the program and pass fusedopt::libtorch::cuda_config{fusedopt::libtorch::make_cuda_steps()} "
+                  "to the optimizer's constructor (docs/libtorch.md)");
+      out.stream = detail::current_cuda_stream(out.device, Derived::name);
+      out.capturing = cuda_.steps->capturing(out.device.index(), out.stream);
+      TORCH_CHECK(!out.capturing || cuda_.capturable, Derived::name,
+                  ": step() is being captured in a CUDA graph, but its step count and lr would be frozen "
+                  "into the graph: construct the optimizer with cuda_config::capturable");
+      TORCH_CHECK(!out.capturing || lrs_[g].defined(), Derived::name,
+                  ": a captured step() needs a step outside the capture first (its plans and device "
+                  "memory are made there)");
+    }
+    return out;
   }
 
   // Buckets: the parameters with a gradient of one dtype and layout (the rule's optional
   // slots), split by step count (a parameter that had no gradient at some step lags); plans are
-  // kept by (dtype, layout, rank of the step count), so the usual bucket keeps its plan while
-  // its step count advances.
-  using bucket_key = std::tuple<int, std::int64_t, std::size_t>;
+  // kept by (device, dtype, layout, rank of the step count), so the usual bucket keeps its
+  // plan while its step count advances.
+  using bucket_key = std::tuple<int, int, std::int64_t, std::size_t>;
 
   /// A bucket's parameters, their torch states and their state tensors (in slot order, per
   /// parameter), as collected before any step.
@@ -222,8 +312,9 @@ class fused_optimizer : public torch::optim::Optimizer {
       auto& state = static_cast<ParamState&>(*slot);
       auto const tensors = self().state_tensors(p, options, state);  // created as torch creates them
       for (auto const& t : tensors) {
-        TORCH_CHECK(t.is_contiguous() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes(),
-                    Derived::name, ": a state tensor must be contiguous, of its parameter's dtype and shape");
+        TORCH_CHECK(t.is_contiguous() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() &&
+                      t.device() == p.device(),
+                    Derived::name, ": a state tensor must be contiguous, of its parameter's dtype, shape and device");
       }
       // The key after the states exist: SGD's step depends on whether its buffer is new.
       auto& m = out[{static_cast<int>(p.scalar_type()), self().layout(options, state), self().next_step(state)}];
@@ -234,67 +325,126 @@ class fused_optimizer : public torch::optim::Optimizer {
     return out;
   }
 
-  void step_group(std::size_t g, group_members const& buckets)
+  void step_group(std::size_t g, group_members const& buckets, detail::group_device const& where)
   {
     auto const& options = static_cast<Options const&>(param_groups_[g].options());
+    bool const on_cuda = where.device.is_cuda();
+    c10::OptionalDeviceGuard guard;
+    if (on_cuda) { guard.reset_device(where.device); }
+    if (on_cuda && cuda_.capturable) {
+      // The lr a capturable step reads: refreshed here outside a capture (a captured fill would
+      // put back the capture's lr at every replay), by upload_lr() before replays.
+      if (!lrs_[g].defined() || lrs_[g].device() != where.device) {
+        lrs_[g] = torch::full({1}, options.lr(), torch::dtype(torch::kDouble).device(where.device));
+      } else if (!where.capturing) {
+        lrs_[g].fill_(options.lr());
+      }
+    }
+    int const device = on_cuda ? where.device.index() : -1;
     auto& kept = buckets_[g];
-    std::map<bucket_key, detail::bucket<Rule>> next;
+    std::map<bucket_key, detail::bucket<Rule, ParamState>> next;
     std::tuple<int, std::int64_t> previous{-1, -1};
     std::size_t rank = 0;
     for (auto const& [key, m] : buckets) {
       std::tuple<int, std::int64_t> const kind{std::get<0>(key), std::get<1>(key)};
       rank = kind == previous ? rank + 1 : 0;
       previous = kind;
-      bucket_key const id{std::get<0>(key), std::get<1>(key), rank};
+      bucket_key const id{device, std::get<0>(key), std::get<1>(key), rank};
       auto found = kept.find(id);
-      detail::bucket<Rule> b = found != kept.end() ? std::move(found->second) : detail::bucket<Rule>{};
-      run_bucket(b, m, options, std::get<2>(key));
+      detail::bucket<Rule, ParamState> b =
+        found != kept.end() ? std::move(found->second) : detail::bucket<Rule, ParamState>{};
+      run_bucket(g, b, m, options, std::get<1>(key), std::get<2>(key), where);
       next.emplace(id, std::move(b));
     }
     kept = std::move(next);
   }
 
-  void run_bucket(detail::bucket<Rule>& b, members const& m, Options const& options, std::int64_t step)
+  void run_bucket(std::size_t g, detail::bucket<Rule, ParamState>& b, members const& m, Options const& options,
+                  std::int64_t layout, std::int64_t step, detail::group_device const& where)
   {
-    std::vector<torch::Tensor> grads;
-    std::vector<void*> addresses;
-    std::vector<void const*> grad_addresses;
-    for (auto const& p : m.params) {
-      grads.push_back(p.grad());
-      grad_addresses.push_back(p.grad().data_ptr());
-      addresses.push_back(p.data_ptr());
+    // The bucket's tensors as the plan sees them, gathered into the bucket's scratch lists
+    // (their storage reused from step to step) and compared with those the plan is bound to.
+    std::size_t const n = m.params.size();
+    std::size_t const per = m.state_tensors.size() / n;
+    plan_tensors& x = b.scratch;
+    x.sizes.clear();
+    x.params.clear();
+    x.grads.clear();
+    x.states.resize(per);
+    for (auto& s : x.states) { s.clear(); }
+    for (std::size_t t = 0; t < n; ++t) {
+      auto const& p = m.params[t];
+      x.sizes.push_back(p.numel());
+      x.params.push_back(p.data_ptr());
+      x.grads.push_back(p.grad().data_ptr());
+      for (std::size_t k = 0; k < per; ++k) { x.states[k].push_back(m.state_tensors[t * per + k].data_ptr()); }
     }
-    for (auto const& t : m.state_tensors) { addresses.push_back(t.data_ptr()); }
-    if (b.plan == nullptr || b.addresses != addresses) {
-      detail::dispatch(m.params.front().scalar_type(), Derived::name, [&](auto element) {
-        using T = decltype(element);
-        b.plan = self().template make_plan<T>(m.params, grads, m.state_tensors, options);
-      });
+    bool const on_cuda = where.device.is_cuda();
+    void* const stream = where.stream;
+    bool const moved = b.steps == nullptr || x.sizes != b.bound.sizes || x.params != b.bound.params ||
+                       x.states != b.bound.states;
+    if (moved) {
+      // Moved parameters or states keep their plan where the geometry allows; else a new plan.
+      bool rebound = false;
+      if (b.steps != nullptr && x.sizes == b.bound.sizes) {
+        rebound = b.steps->rebind(x, stream);
+        rebinds_ += rebound ? 1 : 0;
+      }
+      if (!rebound) {
+        TORCH_CHECK(!where.capturing, Derived::name, ": a captured step() cannot build a plan (that allocates and "
+                    "synchronises); step once outside the capture with the same tensors first");
+        plan_request request;
+        request.type = detail::element_type_of(m.params.front().scalar_type(), Derived::name);
+        request.layout = layout;
+        request.tensors = &x;
+        if (on_cuda) {
+          request.device = where.device.index();
+          request.stream = stream;
+          b.steps = cuda_.steps->make_plan(Rule{}, request);
+        } else {
+          b.steps = make_plan<Rule>([] { return host_backend{at::get_num_threads()}; }, request);
+        }
+        ++builds_;
+        if (on_cuda && cuda_.capturable && !b.counter.defined()) {
+          b.counter = torch::full({1}, step - 1, torch::dtype(torch::kLong).device(where.device));
+        }
+      }
       b.params = m.params;
-      b.addresses = std::move(addresses);
-      b.grads = grad_addresses;
-      ++builds_;
-    } else if (b.grads != grad_addresses) {
-      b.plan->rebind_grads(grads);
-      b.grads = grad_addresses;
+      std::swap(b.bound, x);
+    } else if (x.grads != b.bound.grads) {
+      b.steps->rebind_grads(x.grads.data(), x.grads.size(), stream);
+      std::swap(b.bound.grads, x.grads);
     }
-    b.plan->run(self().rule(options), ::fusedopt::step_info{step});
+    b.states = m.states;
+
+    Rule rule = self().rule(options);
+    ::fusedopt::step_info info{step};
+    if (b.counter.defined()) {
+      rule.lr = ::fusedopt::scalar<double>::from_pointer(lrs_[g].template data_ptr<double>());
+      auto* const count = b.counter.template data_ptr<std::int64_t>();
+      info.step = ::fusedopt::scalar<std::int64_t>::from_pointer(count);
+      info.advance = count;
+    }
+    b.steps->run(rule, info, stream);
     for (auto* state : m.states) { self().advance(*state); }
     for (auto const& p : m.params) { p.unsafeGetTensorImpl()->bump_version(); }  // written through data_ptr
     for (auto const& t : m.state_tensors) { t.unsafeGetTensorImpl()->bump_version(); }
   }
 
-  std::vector<std::map<bucket_key, detail::bucket<Rule>>> buckets_;
+  cuda_config cuda_;
+  std::vector<std::map<bucket_key, detail::bucket<Rule, ParamState>>> buckets_;
+  std::vector<torch::Tensor> lrs_;  // per group, with cuda_config::capturable on CUDA: its lr (double) on the device
   std::int64_t builds_ = 0;
+  std::int64_t rebinds_ = 0;
 };
 
 /// @brief What Adam and AdamW share: the states (exp_avg, exp_avg_sq, and max_exp_avg_sq with
-/// amsgrad, created as torch creates them), the plan, the rule's options and the step count.
+/// amsgrad, created as torch creates them), the rule's options and the step count.
 template <class Derived, class Options, class ParamState, class Rule>
 class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
  public:
-  adam_family(std::vector<torch::optim::OptimizerParamGroup> const& groups, Options const& defaults)
-      : fused_optimizer<Derived, Options, ParamState, Rule>(groups, std::make_unique<Options>(defaults))
+  adam_family(std::vector<torch::optim::OptimizerParamGroup> const& groups, Options const& defaults, cuda_config cuda)
+      : fused_optimizer<Derived, Options, ParamState, Rule>(groups, std::make_unique<Options>(defaults), std::move(cuda))
   {
     // torch::optim::Adam's and AdamW's constructors' checks.
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
@@ -322,6 +472,7 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
   static std::int64_t layout(Options const& o, ParamState const&) { return o.amsgrad() ? 1 : 0; }
   static std::int64_t next_step(ParamState const& s) { return s.step() + 1; }
   static void advance(ParamState& s) { s.step(s.step() + 1); }
+  static void set_step(ParamState& s, std::int64_t count) { s.step(count); }
   static Rule rule(Options const& o)
   {
     Rule r;
@@ -333,34 +484,6 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
     r.amsgrad = o.amsgrad();
     return r;
   }
-
-  /// The plan over exp_avg, exp_avg_sq (and max_exp_avg_sq) per parameter, in `states` in that
-  /// order.
-  template <class T>
-  static std::unique_ptr<detail::plan_handle<Rule>> make_plan(std::vector<torch::Tensor> const& params,
-                                                              std::vector<torch::Tensor> const& grads,
-                                                              std::vector<torch::Tensor> const& states,
-                                                              Options const& o)
-  {
-    std::size_t const per = o.amsgrad() ? 3 : 2;
-    std::vector<torch::Tensor> m, v, vmax;
-    for (std::size_t t = 0; t < params.size(); ++t) {
-      m.push_back(states[t * per]);
-      v.push_back(states[t * per + 1]);
-      if (o.amsgrad()) { vmax.push_back(states[t * per + 2]); }
-    }
-    namespace slot = ::fusedopt::slot;
-    if (o.amsgrad()) {
-      return detail::host_plan<Rule>(::fusedopt::bind(
-        slot::param = detail::list_of<T>(params), slot::grad = detail::list_of<T const>(grads),
-        slot::exp_avg = detail::list_of<T>(m), slot::exp_avg_sq = detail::list_of<T>(v),
-        slot::max_exp_avg_sq = detail::list_of<T>(vmax)));
-    }
-    return detail::host_plan<Rule>(::fusedopt::bind(slot::param = detail::list_of<T>(params),
-                                                    slot::grad = detail::list_of<T const>(grads),
-                                                    slot::exp_avg = detail::list_of<T>(m),
-                                                    slot::exp_avg_sq = detail::list_of<T>(v)));
-  }
 };
 
 /// @brief torch::optim::AdamW, fused (torch::optim::AdamWOptions, AdamWParamState): decoupled
@@ -370,13 +493,15 @@ class AdamW : public adam_family<AdamW, torch::optim::AdamWOptions, torch::optim
  public:
   static constexpr char const* name = "AdamW";
 
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
   explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                 torch::optim::AdamWOptions const& defaults = {})
-      : adam_family(groups, defaults)
+                 torch::optim::AdamWOptions const& defaults = {}, cuda_config cuda = {})
+      : adam_family(groups, defaults, std::move(cuda))
   {
   }
-  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions const& defaults = {})
-      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults)
+  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions const& defaults = {},
+                 cuda_config cuda = {})
+      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
   {
   }
 };
@@ -388,13 +513,15 @@ class Adam : public adam_family<Adam, torch::optim::AdamOptions, torch::optim::A
  public:
   static constexpr char const* name = "Adam";
 
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
   explicit Adam(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                torch::optim::AdamOptions const& defaults = {})
-      : adam_family(groups, defaults)
+                torch::optim::AdamOptions const& defaults = {}, cuda_config cuda = {})
+      : adam_family(groups, defaults, std::move(cuda))
   {
   }
-  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions const& defaults = {})
-      : Adam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults)
+  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions const& defaults = {},
+                cuda_config cuda = {})
+      : Adam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
   {
   }
 };
@@ -406,8 +533,10 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
  public:
   static constexpr char const* name = "SGD";
 
-  explicit SGD(std::vector<torch::optim::OptimizerParamGroup> const& groups, torch::optim::SGDOptions defaults)
-      : fused_optimizer(groups, std::make_unique<torch::optim::SGDOptions>(defaults))
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  explicit SGD(std::vector<torch::optim::OptimizerParamGroup> const& groups, torch::optim::SGDOptions defaults,
+               cuda_config cuda = {})
+      : fused_optimizer(groups, std::make_unique<torch::optim::SGDOptions>(defaults), std::move(cuda))
   {
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
     TORCH_CHECK(defaults.momentum() >= 0, "Invalid momentum value: ", defaults.momentum());
@@ -415,8 +544,8 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
     TORCH_CHECK(!defaults.nesterov() || (defaults.momentum() > 0 && defaults.dampening() == 0),
                 "Nesterov momentum requires a momentum and zero dampening");
   }
-  explicit SGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults)
-      : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults))
+  explicit SGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults, cuda_config cuda = {})
+      : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults), std::move(cuda))
   {
   }
 
@@ -444,20 +573,9 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
     auto const impl = s.momentum_buffer().unsafeGetTensorImpl();
     fresh_.erase(std::remove(fresh_.begin(), fresh_.end(), impl), fresh_.end());
   }
-
-  template <class T>
-  static std::unique_ptr<detail::plan_handle<::fusedopt::rules::sgd>> make_plan(
-    std::vector<torch::Tensor> const& params, std::vector<torch::Tensor> const& grads,
-    std::vector<torch::Tensor> const& states, torch::optim::SGDOptions const& o)
+  void set_step(torch::optim::SGDParamState& s, std::int64_t count)
   {
-    namespace slot = ::fusedopt::slot;
-    if (o.momentum() == 0) {
-      return detail::host_plan<::fusedopt::rules::sgd>(
-        ::fusedopt::bind(slot::param = detail::list_of<T>(params), slot::grad = detail::list_of<T const>(grads)));
-    }
-    return detail::host_plan<::fusedopt::rules::sgd>(::fusedopt::bind(slot::param = detail::list_of<T>(params),
-                                                                      slot::grad = detail::list_of<T const>(grads),
-                                                                      slot::momentum_buffer = detail::list_of<T>(states)));
+    if (count >= 1) { advance(s); }
   }
   static ::fusedopt::rules::sgd rule(torch::optim::SGDOptions const& o)
   {
