@@ -1,24 +1,37 @@
 // One optimizer step of fusedopt::libtorch::AdamW against torch::optim::AdamW (libtorch's C++
-// AdamW: 8-9 operations per tensor), CPU tensors, float32, over the benchmarks' workloads W1-W4
+// AdamW: 8-9 operations per tensor), float32, over the benchmarks' workloads W1-W4
 // (bench/workloads.hpp: 10 x 1024^2, GPT-2 small's 148 tensors, 2000 tensors of 256..65536
-// elements, one tensor of 2^28), median wall time of `repeats`
-// steps after 3 warm-up steps, and the time of torch's copy_ of the step's bytes (AdamW reads p,
-// g, m, v and writes p, m, v: 28 bytes per float element) over the fused step's, measured in the
-// same run: above 1, the step streams faster than torch copies (not a roofline). torch and
-// fusedopt use every hardware thread (at::set_num_threads).
-//   libtorch_step [repeats]      (default 10)
+// elements, one tensor of 2^28).
+//
+//   libtorch_step [repeats] [cpu|cuda|all]      (default 10 all; cuda where torch sees a GPU)
+//
+// CPU: median wall time of `repeats` steps after 3 warm-up steps, and the time of torch's copy_
+// of the step's bytes (AdamW reads p, g, m, v and writes p, m, v: 28 bytes per float element)
+// over the fused step's, measured in the same run: above 1, the step streams faster than torch
+// copies (not a roofline). torch and fusedopt use every hardware thread (at::set_num_threads).
+//
+// CUDA (cuda_timing.cu): per step, on torch's current stream, medians of `repeats` after 3
+// warm-up steps: the step time (the call to the end of a stream synchronisation: what a
+// training loop pays), the host time of the call alone, and the device time alone (events
+// around the call, queued behind a spin kernel that outlasts the call); the same for
+// fusedopt's own CUDA plan over the adapter's tensors (its device time is what the adapter's
+// should match: the adapter adds no device work). Gradients stay where they are (no rebind).
 #include <fusedopt/libtorch/optimizers.hpp>
 
 #include <torch/torch.h>
 
 #include "workloads.hpp"
 
+#if defined(FUSEDOPT_LIBTORCH_BENCH_CUDA)
+#  include "cuda_timing.hpp"
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -37,32 +50,33 @@ double median_seconds(F&& step, int repeats)
   return times[times.size() / 2];
 }
 
-template <class Optimizer>
-double time_optimizer(std::vector<std::int64_t> const& sizes, int repeats)
+std::vector<torch::Tensor> make_params(std::vector<std::int64_t> const& sizes, torch::Device device)
 {
   std::vector<torch::Tensor> params;
   for (auto n : sizes) {
-    params.push_back(torch::randn({n}).set_requires_grad(true));
-    params.back().mutable_grad() = torch::randn({n});
+    params.push_back(torch::randn({n}, torch::device(device)).set_requires_grad(true));
+    params.back().mutable_grad() = torch::randn({n}, torch::device(device));
   }
+  return params;
+}
+
+template <class Optimizer>
+double time_optimizer(std::vector<std::int64_t> const& sizes, int repeats)
+{
+  auto params = make_params(sizes, torch::kCPU);
   Optimizer opt(params, torch::optim::AdamWOptions(1e-3));
   return median_seconds([&] { opt.step(); }, repeats);
 }
 
-}  // namespace
-
-int main(int argc, char** argv)
+void cpu(int repeats)
 {
-  int const repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
-  torch::manual_seed(0);
   at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   std::printf("libtorch_step: CPU, float32, %d threads (at::get_num_threads), median of %d steps\n\n",
               at::get_num_threads(), repeats);
   std::printf("| workload | elements | fusedopt ms | torch::optim::AdamW ms | speedup | torch copy_ of the bytes / fusedopt |\n");
   std::printf("| --- | --- | --- | --- | --- | --- |\n");
   for (auto const& w : fusedopt_bench::all_workloads()) {
-    std::int64_t n = 0;
-    for (auto s : w.sizes) { n += s; }
+    std::int64_t const n = w.elements();
     // torch's copy of the step's bytes (28 per element, read + write) on the same threads: the
     // reference rate.
     auto const from = torch::randn({n * 7 / 2}), to = torch::empty_like(from);
@@ -70,8 +84,77 @@ int main(int argc, char** argv)
     double const ours = time_optimizer<fusedopt::libtorch::AdamW>(w.sizes, repeats);
     double const theirs = time_optimizer<torch::optim::AdamW>(w.sizes, repeats);
     std::printf("| %s %s | %lld | %.2f | %.2f | %.2fx | %.2f |\n", w.name.c_str(), w.description.c_str(),
-                static_cast<long long>(n),
-                ours * 1e3, theirs * 1e3, theirs / ours, copy / ours);
+                static_cast<long long>(n), ours * 1e3, theirs * 1e3, theirs / ours, copy / ours);
+    std::fflush(stdout);
+  }
+}
+
+#if defined(FUSEDOPT_LIBTORCH_BENCH_CUDA)
+namespace lb = fusedopt_libtorch_bench;
+
+void cuda(int repeats)
+{
+  torch::Device const device(torch::kCUDA, 0);
+  std::printf("\nlibtorch_step: CUDA (device 0), float32, torch's current stream, medians of %d steps after 3\n\n",
+              repeats);
+  std::printf("| workload | elements | fusedopt step ms | torch::optim::AdamW step ms | speedup | fusedopt device ms | "
+              "fusedopt plan device ms | adapter / plan | fusedopt host us | torch host ms | plans built |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (auto const& w : fusedopt_bench::all_workloads()) {
+    void* const stream = fusedopt::libtorch::detail::current_cuda_stream(device, "libtorch_step");
+    lb::step_times ours, plan, theirs;
+    std::int64_t builds = 0;
+    {
+      auto params = make_params(w.sizes, device);
+      fusedopt::libtorch::AdamW opt(params, torch::optim::AdamWOptions(1e-3),
+                                    {fusedopt::libtorch::make_cuda_steps()});
+      ours = lb::time_steps(stream, [&] { opt.step(); }, 3, repeats);
+      builds = opt.plan_builds();
+      // fusedopt's own plan over the same tensors (the states exist now).
+      std::vector<void*> p, m, v;
+      std::vector<void const*> g;
+      for (auto const& t : params) {
+        auto const& s = static_cast<torch::optim::AdamWParamState const&>(*opt.state().at(
+          fusedopt::libtorch::detail::state_key<std::decay_t<decltype(opt.state())>>(t)));
+        p.push_back(t.data_ptr());
+        g.push_back(t.grad().data_ptr());
+        m.push_back(s.exp_avg().data_ptr());
+        v.push_back(s.exp_avg_sq().data_ptr());
+      }
+      plan = lb::time_fused_plan(stream, p, g, m, v, w.sizes, 3, repeats);
+    }
+    {
+      auto params = make_params(w.sizes, device);
+      torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-3));
+      theirs = lb::time_steps(stream, [&] { opt.step(); }, 3, repeats);
+    }
+    std::printf("| %s %s | %lld | %.3f | %.3f | %.1fx | %.3f | %.3f | %.3f | %.1f | %.2f | %lld |\n", w.name.c_str(),
+                w.description.c_str(), static_cast<long long>(w.elements()), ours.wall * 1e3, theirs.wall * 1e3,
+                theirs.wall / ours.wall, ours.device * 1e3, plan.device * 1e3, ours.device / plan.device,
+                ours.host * 1e6, theirs.host * 1e3, static_cast<long long>(builds));
+    std::fflush(stdout);
+  }
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+  int const repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
+  std::string const what = argc > 2 ? argv[2] : "all";
+  torch::manual_seed(0);
+  if (what == "cpu" || what == "all") { cpu(repeats); }
+  if (what == "cuda" || what == "all") {
+#if defined(FUSEDOPT_LIBTORCH_BENCH_CUDA)
+    if (torch::cuda::is_available()) {
+      cuda(repeats);
+    } else {
+      std::printf("\nlibtorch_step: CUDA skipped (torch sees no CUDA device)\n");
+    }
+#else
+    std::printf("\nlibtorch_step: CUDA skipped (built without nvcc)\n");
+#endif
   }
   return 0;
 }
