@@ -1,14 +1,26 @@
-// fusedopt::libtorch's optimizers against libtorch's own (torch::optim::AdamW, Adam, SGD) on CPU
-// tensors: 20 steps from the same parameters and gradients, every parameter and state within a
+// fusedopt::libtorch's optimizers against libtorch's own (torch::optim::AdamW, Adam, SGD): 20 steps from the same parameters and gradients, every parameter and state within a
 // few float roundings per step (torch's C++ step rounds after each of its 8-9 operations, the
 // fused step once per formula, so the bits differ); param groups with their own options; an lr
 // changed through the options (what LR schedulers do) between steps; checkpoints that load
 // across the two implementations (torch::save / torch::load) and continue alike; gradients
 // that are new tensors every step (zero_grad) rebound, not rebuilt; a parameter without a
-// gradient skipped and its step count kept apart; refused input with nothing written.
+// gradient skipped and its step count kept apart; moved parameters and states rebound; refused
+// input with nothing written.
+//
+// Compiled twice: libtorch_optimizers steps CPU tensors (the host backend), and
+// libtorch_optimizers_cuda (FUSEDOPT_LIBTORCH_TEST_CUDA, with make_cuda_steps() from
+// tests/cuda_steps.cu) the same cases on CUDA tensors, plus the CUDA-only ones: a group on two
+// devices, CUDA parameters without fusedopt's CUDA plans, a step captured in a CUDA graph.
 #include <fusedopt/libtorch/optimizers.hpp>
 
 #include <torch/torch.h>
+
+#if defined(FUSEDOPT_LIBTORCH_TEST_CUDA) && FUSEDOPT_LIBTORCH_CUDA_STREAMS && __has_include(<ATen/cuda/CUDAGraph.h>)
+#  include <ATen/cuda/CUDAGraph.h>
+#  include <c10/cuda/CUDAGuard.h>
+#  include <c10/cuda/CUDAStream.h>
+#  define FUSEDOPT_LIBTORCH_TEST_GRAPHS 1
+#endif
 
 #include <cstdio>
 #include <string>
@@ -18,11 +30,21 @@
 
 namespace {
 
+#if defined(FUSEDOPT_LIBTORCH_TEST_CUDA)
+torch::Device const device{torch::kCUDA, 0};
+fusedopt::libtorch::cuda_config config() { return {fusedopt::libtorch::make_cuda_steps()}; }
+#else
+torch::Device const device{torch::kCPU};
+fusedopt::libtorch::cuda_config config() { return {}; }
+#endif
+
+torch::TensorOptions on_device(torch::Dtype dtype = torch::kFloat) { return torch::dtype(dtype).device(device); }
+
 std::vector<torch::Tensor> make_params(std::vector<std::vector<std::int64_t>> const& shapes, torch::Dtype dtype)
 {
   torch::manual_seed(0);
   std::vector<torch::Tensor> out;
-  for (auto const& s : shapes) { out.push_back(torch::randn(s, torch::dtype(dtype)).set_requires_grad(true)); }
+  for (auto const& s : shapes) { out.push_back(torch::randn(s, on_device(dtype)).set_requires_grad(true)); }
   return out;
 }
 
@@ -38,7 +60,7 @@ void set_grads(std::vector<torch::Tensor>& a, std::vector<torch::Tensor>& b, int
 {
   torch::manual_seed(1000 + step);
   for (std::size_t k = 0; k < a.size(); ++k) {
-    auto g = torch::randn(a[k].sizes(), torch::dtype(torch::kFloat)).to(a[k].scalar_type());
+    auto g = torch::randn(a[k].sizes(), on_device()).to(a[k].scalar_type());
     a[k].mutable_grad() = g.clone();
     b[k].mutable_grad() = g.clone();
   }
@@ -58,7 +80,7 @@ void compare_steps(Options const& options, torch::Dtype dtype, double per_step, 
 {
   auto a = make_params(shapes, dtype);
   auto b = clones(a);
-  Ours ours(a, options);
+  Ours ours(a, options, config());
   Theirs theirs(b, options);
   double worst = 0;
   for (int step = 1; step <= 20; ++step) {
@@ -75,8 +97,8 @@ void compare_steps(Options const& options, torch::Dtype dtype, double per_step, 
     }
   }
   REQUIRE(ours.plan_builds() == 1);  // new gradients every step: rebound
-  std::printf("%s vs torch::optim, %s: parameters within %.2e of their largest magnitude over 20 steps\n",
-              Ours::name, c10::toString(dtype), worst);
+  std::printf("%s vs torch::optim, %s on %s: parameters within %.2e of their largest magnitude over 20 steps\n",
+              Ours::name, c10::toString(dtype), device.str().c_str(), worst);
 }
 
 template <class State>
@@ -143,7 +165,7 @@ TEST_CASE("param groups keep their own options, and an lr set through the option
                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(3e-2).weight_decay(0.0)));
     return out;
   };
-  fusedopt::libtorch::AdamW ours(groups(a), torch::optim::AdamWOptions(1e-2));
+  fusedopt::libtorch::AdamW ours(groups(a), torch::optim::AdamWOptions(1e-2), config());
   torch::optim::AdamW theirs(groups(b), torch::optim::AdamWOptions(1e-2));
   for (int step = 1; step <= 6; ++step) {
     if (step == 4) {  // as torch::optim::StepLR does
@@ -163,7 +185,7 @@ TEST_CASE("checkpoints load across fusedopt's and torch's AdamW and continue ali
   auto a = make_params(shapes, torch::kFloat);
   auto b = clones(a);
   auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
-  fusedopt::libtorch::AdamW ours(a, options);
+  fusedopt::libtorch::AdamW ours(a, options, config());
   torch::optim::AdamW theirs(b, options);
   for (int step = 1; step <= 3; ++step) {
     set_grads(a, b, step);
@@ -175,7 +197,7 @@ TEST_CASE("checkpoints load across fusedopt's and torch's AdamW and continue ali
   torch::save(theirs, theirs_path);
   // Crossed: torch's AdamW continues from fusedopt's checkpoint and fusedopt's from torch's.
   torch::optim::AdamW theirs_from_ours(a, options);
-  fusedopt::libtorch::AdamW ours_from_theirs(b, options);
+  fusedopt::libtorch::AdamW ours_from_theirs(b, options, config());
   torch::load(theirs_from_ours, ours_path);
   torch::load(ours_from_theirs, theirs_path);
   std::remove(ours_path.c_str());
@@ -195,7 +217,7 @@ TEST_CASE("a parameter without a gradient is skipped and keeps its own step coun
 {
   auto a = make_params(shapes, torch::kFloat);
   auto b = clones(a);
-  fusedopt::libtorch::AdamW ours(a, torch::optim::AdamWOptions(1e-2));
+  fusedopt::libtorch::AdamW ours(a, torch::optim::AdamWOptions(1e-2), config());
   torch::optim::AdamW theirs(b, torch::optim::AdamWOptions(1e-2));
   for (int step = 1; step <= 5; ++step) {
     set_grads(a, b, step);
@@ -215,7 +237,7 @@ TEST_CASE("refused input raises before anything is written", "[libtorch]")
 {
   auto a = make_params(shapes, torch::kFloat);
   auto const before = clones(a);
-  fusedopt::libtorch::AdamW opt(a, torch::optim::AdamWOptions(1e-2));
+  fusedopt::libtorch::AdamW opt(a, torch::optim::AdamWOptions(1e-2), config());
   auto b = clones(a);
   set_grads(a, b, 1);
   SECTION("a sparse gradient")
@@ -225,22 +247,184 @@ TEST_CASE("refused input raises before anything is written", "[libtorch]")
   }
   SECTION("a gradient of another shape")
   {
-    a[4].mutable_grad() = torch::zeros({999});
+    a[4].mutable_grad() = torch::zeros({999}, on_device());
     REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("a gradient of"));
   }
   SECTION("a non-contiguous gradient")
   {
-    a[0].mutable_grad() = torch::randn({33, 64}).t();
+    a[0].mutable_grad() = torch::randn({33, 64}, on_device()).t();
     REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("contiguous"));
   }
   SECTION("an integer parameter")
   {
-    auto ints = torch::zeros({4}, torch::kInt64);
-    fusedopt::libtorch::AdamW bad(std::vector<torch::Tensor>{ints}, torch::optim::AdamWOptions(1e-2));
-    ints.mutable_grad() = torch::zeros({4}, torch::kInt64);
+    auto ints = torch::zeros({4}, on_device(torch::kInt64));
+    fusedopt::libtorch::AdamW bad(std::vector<torch::Tensor>{ints}, torch::optim::AdamWOptions(1e-2), config());
+    ints.mutable_grad() = torch::zeros({4}, on_device(torch::kInt64));
     REQUIRE_THROWS_WITH(bad.step(), fusedopt_test::contains("not supported"));
   }
   for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(torch::equal(a[k], before[k])); }
   REQUIRE_THROWS_WITH(fusedopt::libtorch::AdamW(a, torch::optim::AdamWOptions(-1.0)),
                       fusedopt_test::contains("Invalid learning rate"));
 }
+
+TEST_CASE("moved parameters and states rebind the plan, and the steps continue as torch's", "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  fusedopt::libtorch::AdamW ours(a, options, config());
+  torch::optim::AdamW theirs(b, options);
+  for (int step = 1; step <= 6; ++step) {
+    if (step == 3) {
+      // New storage under the same tensors (as a module's to() or a checkpoint's copy gives):
+      // the state keys stay, the addresses move.
+      for (std::size_t k = 0; k < a.size(); ++k) {
+        a[k].set_data(a[k].detach().clone());
+        b[k].set_data(b[k].detach().clone());
+      }
+    }
+    if (step == 5) {
+      auto& state = const_cast<torch::optim::AdamWParamState&>(state_of<torch::optim::AdamWParamState>(ours, a[2]));
+      state.exp_avg(state.exp_avg().clone());
+    }
+    set_grads(a, b, step);
+    ours.step();
+    theirs.step();
+  }
+  REQUIRE(ours.plan_builds() == 1);
+  REQUIRE(ours.plan_rebinds() == 2);
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 6); }
+}
+
+#if defined(FUSEDOPT_LIBTORCH_TEST_CUDA)
+
+TEST_CASE("CUDA: a param group on two devices, or CUDA parameters without CUDA plans, are refused with nothing written",
+          "[libtorch][cuda]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  set_grads(a, b, 1);
+  auto const before = clones(a);
+  SECTION("a group with a CPU parameter beside CUDA ones")
+  {
+    auto host = torch::randn({8}).set_requires_grad(true);
+    host.mutable_grad() = torch::randn({8});
+    auto const host_before = host.detach().clone();
+    auto all = a;
+    all.push_back(host);
+    fusedopt::libtorch::AdamW opt(all, torch::optim::AdamWOptions(1e-2), config());
+    REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("must be on one device"));
+    REQUIRE(torch::equal(host, host_before));
+  }
+  SECTION("no cuda_config::steps")
+  {
+    fusedopt::libtorch::AdamW opt(a, torch::optim::AdamWOptions(1e-2));
+    REQUIRE_THROWS_WITH(opt.step(), fusedopt_test::contains("make_cuda_steps"));
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(torch::equal(a[k], before[k])); }
+}
+
+TEST_CASE("CUDA: groups on the CPU and on CUDA in one optimizer step on their own backends", "[libtorch][cuda]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto host_a = torch::randn({300}).set_requires_grad(true);
+  auto host_b = host_a.detach().clone().set_requires_grad(true);
+  auto groups = [](std::vector<torch::Tensor> const& ps, torch::Tensor const& host) {
+    std::vector<torch::optim::OptimizerParamGroup> out;
+    out.emplace_back(ps);
+    out.emplace_back(std::vector<torch::Tensor>{host});
+    return out;
+  };
+  fusedopt::libtorch::AdamW ours(groups(a, host_a), torch::optim::AdamWOptions(1e-2), config());
+  torch::optim::AdamW theirs(groups(b, host_b), torch::optim::AdamWOptions(1e-2));
+  for (int step = 1; step <= 5; ++step) {
+    set_grads(a, b, step);
+    auto const g = torch::randn({300});
+    host_a.mutable_grad() = g.clone();
+    host_b.mutable_grad() = g.clone();
+    ours.step();
+    theirs.step();
+  }
+  REQUIRE(ours.plan_builds() == 2);
+  REQUIRE(distance(host_a, host_b) <= 4e-7 * 5);
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 5); }
+}
+
+#  if defined(FUSEDOPT_LIBTORCH_TEST_GRAPHS)
+
+TEST_CASE("CUDA: a step captured in a CUDA graph replays as torch's eager steps (capturable), an lr changed between "
+          "replays included",
+          "[libtorch][cuda]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  fusedopt::libtorch::cuda_config capturable = config();
+  capturable.capturable = true;
+  fusedopt::libtorch::AdamW ours(a, options, capturable);
+  torch::optim::AdamW theirs(b, options);
+  // The graph reads the gradients where they were at the capture: fixed tensors, refilled.
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    a[k].mutable_grad() = torch::zeros_like(a[k]);
+    b[k].mutable_grad() = torch::zeros_like(b[k]);
+  }
+  auto fill = [&](int step) {
+    torch::manual_seed(1000 + step);
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      auto const g = torch::randn(a[k].sizes(), on_device());
+      a[k].grad().copy_(g);
+      b[k].grad().copy_(g);
+    }
+  };
+  for (int step = 1; step <= 2; ++step) {  // outside the capture: the plans, states and device memory are made
+    fill(step);
+    ours.step();
+    theirs.step();
+  }
+  at::cuda::CUDAGraph graph;
+  torch::cuda::synchronize();
+  {
+    c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool());
+    graph.capture_begin();
+    ours.step();
+    graph.capture_end();
+  }
+  for (int step = 3; step <= 8; ++step) {
+    if (step == 6) {  // as torch::optim::StepLR does, then the device copy a replay reads
+      ours.param_groups()[0].options().set_lr(3e-3);
+      theirs.param_groups()[0].options().set_lr(3e-3);
+      ours.upload_lr();
+    }
+    fill(step);
+    graph.replay();
+    theirs.step();
+    for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * step); }
+  }
+  ours.sync_steps();
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(state_of<torch::optim::AdamWParamState>(ours, a[k]).step() == 8);
+  }
+}
+
+TEST_CASE("CUDA: a step under capture is refused without cuda_config::capturable", "[libtorch][cuda]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  set_grads(a, b, 1);
+  fusedopt::libtorch::AdamW ours(a, torch::optim::AdamWOptions(1e-2), config());
+  ours.step();
+  auto const before = clones(a);
+  at::cuda::CUDAGraph graph;
+  torch::cuda::synchronize();
+  {
+    c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool());
+    graph.capture_begin();
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("cuda_config::capturable"));
+    graph.capture_end();  // an empty graph (torch warns)
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(torch::equal(a[k], before[k])); }
+}
+
+#  endif
+#endif
