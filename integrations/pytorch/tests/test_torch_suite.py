@@ -42,7 +42,11 @@ from test_parity import linear_closure  # noqa: E402
 
 OURS = {"SGD": ft.SGD, "Adam": ft.Adam, "AdamW": ft.AdamW, "Adagrad": ft.Adagrad, "RMSprop": ft.RMSprop,
         "RAdam": ft.RAdam, "NAdam": ft.NAdam, "Adamax": ft.Adamax, "Adadelta": ft.Adadelta,
-        "Rprop": ft.Rprop, "ASGD": ft.ASGD, "Adafactor": ft.Adafactor, "Muon": ft.Muon}
+        "Rprop": ft.Rprop, "ASGD": ft.ASGD, "Adafactor": ft.Adafactor}
+# Not here: Muon. optim_db's generic inputs step models with 1-D biases, which torch.optim.Muon
+# refuses as fusedopt_torch.Muon does (torch's own suite skips those tests for it through its
+# entry's decorators, which this harness does not read); tests/test_muon.py covers the class.
+CONTIGUOUS_ONLY = {"Adafactor"}  # whose ctypes plans bind contiguous parameters (docs/pytorch.md)
 UNSUPPORTED = ("differentiable",)  # options fusedopt_torch rejects (NotImplementedError)
 
 
@@ -114,6 +118,8 @@ def _linear(device, contiguous=True):
 def test_forloop_goes_right_direction(case, contiguous, with_lrsched):
     info, device = case
     cls = ours(info)
+    if not contiguous and info.optim_cls.__name__ in CONTIGUOUS_ONLY:
+        pytest.skip(f"fusedopt_torch.{info.optim_cls.__name__} refuses non-contiguous parameters with an error")
     for sched in (info.scheduler_inputs if with_lrsched else [None]):
         for oi in supported_inputs(info, device):
             kwargs = dict(oi.kwargs)
