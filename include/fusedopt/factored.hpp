@@ -90,37 +90,33 @@ struct factored_table {
 };
 
 namespace detail {
-/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1, with a multiplication by 1 / d in
-/// double (a 64-bit division costs dozens of instructions on a GPU) corrected to the exact
-/// integers: the product is within 1 of n / d there. For n < 2^32 (`narrow`), Granlund and
+/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1: a division in double (within 1 of
+/// n / d there) corrected to the exact integers. For n < 2^32 (`quotient32`), Granlund and
 /// Montgomery's round-up multiplication ("Division by invariant integers using
 /// multiplication", 1994, figure 4.1): q = (t + ((n - t) >> s1)) >> s2 with t the high half of
-/// m n, exact for every 32-bit n, in five integer instructions where the double path takes
-/// two conversions each way (Adafactor's passes locate every element, twice per step).
+/// m n, exact for every 32-bit n, in five integer instructions (Adafactor's and CAME's passes
+/// locate every element). Four registers: a lookup holds two, for each chunk of elements.
 struct index_divider {
   std::int64_t d = 1;
-  double inverse = 1.0;
-  std::uint32_t magic = 1;  ///< m = floor(2^32 (2^l - d) / d) + 1, l = ceil(log2 d) (d < 2^32)
-  std::uint32_t shift1 = 0, shift2 = 0;  ///< min(l, 1), max(l - 1, 0)
+  std::uint32_t magic = 1;   ///< m = floor(2^32 (2^l - d) / d) + 1, l = ceil(log2 d) (d < 2^32)
+  std::uint32_t shifts = 0;  ///< s1 = min(l, 1) in the low byte, s2 = max(l - 1, 0) above it
   FUSEDOPT_HOST_DEVICE static index_divider of(std::int64_t divisor)
   {
     index_divider v;
     v.d = divisor;
-    v.inverse = 1.0 / static_cast<double>(divisor);
     if (divisor <= std::int64_t{0xffffffff}) {
       std::uint64_t const u = static_cast<std::uint64_t>(divisor);
       std::uint32_t l = 0;
       while ((std::uint64_t{1} << l) < u) { ++l; }
       // (2^l - d) < 2^31, so its product with 2^32 fits in 64 bits; the quotient in 32.
       v.magic = static_cast<std::uint32_t>((((std::uint64_t{1} << l) - u) << 32) / u + 1);
-      v.shift1 = l > 0 ? 1 : 0;
-      v.shift2 = l > 0 ? l - 1 : 0;
+      v.shifts = (l > 0 ? 1u : 0u) | ((l > 0 ? l - 1 : 0u) << 8);
     }
     return v;
   }
   FUSEDOPT_HOST_DEVICE std::int64_t quotient(std::int64_t n, std::int64_t& remainder) const
   {
-    auto q = static_cast<std::int64_t>(static_cast<double>(n) * inverse);
+    auto q = static_cast<std::int64_t>(static_cast<double>(n) / static_cast<double>(d));
     std::int64_t r = n - q * d;
     if (r < 0) {
       --q;
@@ -132,7 +128,7 @@ struct index_divider {
     remainder = r;
     return q;
   }
-  /// The same for 0 <= n < 2^32 (and so d < 2^32).
+/// The same for 0 <= n < 2^32 (and so d < 2^32).
   FUSEDOPT_HOST_DEVICE std::uint32_t quotient32(std::uint32_t n, std::uint32_t& remainder) const
   {
 #if defined(__CUDA_ARCH__)
@@ -140,7 +136,7 @@ struct index_divider {
 #else
     std::uint32_t const t = static_cast<std::uint32_t>((std::uint64_t{magic} * n) >> 32);
 #endif
-    std::uint32_t const q = (t + ((n - t) >> shift1)) >> shift2;
+    std::uint32_t const q = (t + ((n - t) >> (shifts & 0xffu))) >> (shifts >> 8);
     remainder = n - q * static_cast<std::uint32_t>(d);
     return q;
   }
