@@ -151,8 +151,8 @@ struct bucket {
 }  // namespace detail
 
 /// @brief What the optimizers share: torch::optim::Optimizer with a fused step.
-/// `Derived` provides `name`, `state_tensors(p, options, state)` (the states in the order
-/// `family<Rule>` binds them, created as torch creates them), `layout(options, state)` (which
+/// `Derived` provides `name`, `state_tensors(p, options, state, out)` (appends the states, in
+/// the order `family<Rule>` binds them, created as torch creates them), `layout(options, state)` (which
 /// optional slots the plan binds), `next_step(state)` (the 1-based step the rule takes),
 /// `rule(options)`, `advance(state)` (after the step) and `set_step(state, count)` (sync_steps).
 template <class Derived, class Options, class ParamState, class Rule>
@@ -292,11 +292,12 @@ class fused_optimizer : public torch::optim::Optimizer {
   using bucket_key = std::tuple<int, int, std::int64_t, std::size_t>;
 
   /// A bucket's parameters, their torch states and their state tensors (in slot order, per
-  /// parameter), as collected before any step.
+  /// parameter), as collected before any step: pointers into the group and the states, which
+  /// stay put during the step (no reference count taken per tensor).
   struct members {
-    std::vector<torch::Tensor> params;
+    std::vector<torch::Tensor const*> params;
     std::vector<ParamState*> states;
-    std::vector<torch::Tensor> state_tensors;
+    std::vector<torch::Tensor const*> state_tensors;
   };
   /// A group's buckets by (dtype, layout, step).
   using group_members = std::map<std::tuple<int, std::int64_t, std::int64_t>, members>;
@@ -310,16 +311,17 @@ class fused_optimizer : public torch::optim::Optimizer {
       auto& slot = state_[detail::state_key<state_map>(p)];
       if (!slot) { slot = std::make_unique<ParamState>(); }
       auto& state = static_cast<ParamState&>(*slot);
-      auto const tensors = self().state_tensors(p, options, state);  // created as torch creates them
-      for (auto const& t : tensors) {
-        TORCH_CHECK(t.is_contiguous() && t.scalar_type() == p.scalar_type() && t.sizes() == p.sizes() &&
-                      t.device() == p.device(),
+      state_scratch_.clear();
+      self().state_tensors(p, options, state, state_scratch_);  // created as torch creates them
+      for (auto const* t : state_scratch_) {
+        TORCH_CHECK(t->is_contiguous() && t->scalar_type() == p.scalar_type() && t->sizes() == p.sizes() &&
+                      t->device() == p.device(),
                     Derived::name, ": a state tensor must be contiguous, of its parameter's dtype, shape and device");
       }
       // The key after the states exist: SGD's step depends on whether its buffer is new.
       auto& m = out[{static_cast<int>(p.scalar_type()), self().layout(options, state), self().next_step(state)}];
-      m.state_tensors.insert(m.state_tensors.end(), tensors.begin(), tensors.end());
-      m.params.push_back(p);
+      m.state_tensors.insert(m.state_tensors.end(), state_scratch_.begin(), state_scratch_.end());
+      m.params.push_back(&p);
       m.states.push_back(&state);
     }
     return out;
@@ -373,11 +375,11 @@ class fused_optimizer : public torch::optim::Optimizer {
     x.states.resize(per);
     for (auto& s : x.states) { s.clear(); }
     for (std::size_t t = 0; t < n; ++t) {
-      auto const& p = m.params[t];
+      auto const& p = *m.params[t];
       x.sizes.push_back(p.numel());
       x.params.push_back(p.data_ptr());
       x.grads.push_back(p.grad().data_ptr());
-      for (std::size_t k = 0; k < per; ++k) { x.states[k].push_back(m.state_tensors[t * per + k].data_ptr()); }
+      for (std::size_t k = 0; k < per; ++k) { x.states[k].push_back(m.state_tensors[t * per + k]->data_ptr()); }
     }
     bool const on_cuda = where.device.is_cuda();
     void* const stream = where.stream;
@@ -394,7 +396,7 @@ class fused_optimizer : public torch::optim::Optimizer {
         TORCH_CHECK(!where.capturing, Derived::name, ": a captured step() cannot build a plan (that allocates and "
                     "synchronises); step once outside the capture with the same tensors first");
         plan_request request;
-        request.type = detail::element_type_of(m.params.front().scalar_type(), Derived::name);
+        request.type = detail::element_type_of(m.params.front()->scalar_type(), Derived::name);
         request.layout = layout;
         request.tensors = &x;
         if (on_cuda) {
@@ -409,7 +411,8 @@ class fused_optimizer : public torch::optim::Optimizer {
           b.counter = torch::full({1}, step - 1, torch::dtype(torch::kLong).device(where.device));
         }
       }
-      b.params = m.params;
+      b.params.clear();
+      for (auto const* p : m.params) { b.params.push_back(*p); }
       std::swap(b.bound, x);
     } else if (x.grads != b.bound.grads) {
       b.steps->rebind_grads(x.grads.data(), x.grads.size(), stream);
@@ -427,12 +430,13 @@ class fused_optimizer : public torch::optim::Optimizer {
     }
     b.steps->run(rule, info, stream);
     for (auto* state : m.states) { self().advance(*state); }
-    for (auto const& p : m.params) { p.unsafeGetTensorImpl()->bump_version(); }  // written through data_ptr
-    for (auto const& t : m.state_tensors) { t.unsafeGetTensorImpl()->bump_version(); }
+    for (auto const* p : m.params) { p->unsafeGetTensorImpl()->bump_version(); }  // written through data_ptr
+    for (auto const* t : m.state_tensors) { t->unsafeGetTensorImpl()->bump_version(); }
   }
 
   cuda_config cuda_;
   std::vector<std::map<bucket_key, detail::bucket<Rule, ParamState>>> buckets_;
+  std::vector<torch::Tensor const*> state_scratch_;  // one parameter's state tensors, in collect_group
   std::vector<torch::Tensor> lrs_;  // per group, with cuda_config::capturable on CUDA: its lr (double) on the device
   std::int64_t builds_ = 0;
   std::int64_t rebinds_ = 0;
@@ -456,7 +460,8 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
   }
 
   // The hooks fused_optimizer calls.
-  static std::vector<torch::Tensor> state_tensors(torch::Tensor const& p, Options const& o, ParamState& s)
+  static void state_tensors(torch::Tensor const& p, Options const& o, ParamState& s,
+                            std::vector<torch::Tensor const*>& out)
   {
     if (!s.exp_avg().defined()) {
       s.step(0);
@@ -466,8 +471,9 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
     if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
       s.max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
     }
-    if (o.amsgrad()) { return {s.exp_avg(), s.exp_avg_sq(), s.max_exp_avg_sq()}; }
-    return {s.exp_avg(), s.exp_avg_sq()};
+    out.push_back(&s.exp_avg());
+    out.push_back(&s.exp_avg_sq());
+    if (o.amsgrad()) { out.push_back(&s.max_exp_avg_sq()); }
   }
   static std::int64_t layout(Options const& o, ParamState const&) { return o.amsgrad() ? 1 : 0; }
   static std::int64_t next_step(ParamState const& s) { return s.step() + 1; }
@@ -552,15 +558,15 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
   // SGD keeps no step count (torch's SGDParamState has none): a buffer created at this step
   // takes the gradient (step 1 for the rule), an existing one is updated (step 2). Buffers
   // created and not yet stepped are remembered here (a loaded buffer is an existing one).
-  std::vector<torch::Tensor> state_tensors(torch::Tensor const& p, torch::optim::SGDOptions const& o,
-                                           torch::optim::SGDParamState& s)
+  void state_tensors(torch::Tensor const& p, torch::optim::SGDOptions const& o, torch::optim::SGDParamState& s,
+                     std::vector<torch::Tensor const*>& out)
   {
-    if (o.momentum() == 0) { return {}; }
+    if (o.momentum() == 0) { return; }
     if (!s.momentum_buffer().defined()) {
       s.momentum_buffer(torch::zeros_like(p, torch::MemoryFormat::Preserve));
       fresh_.push_back(s.momentum_buffer().unsafeGetTensorImpl());
     }
-    return {s.momentum_buffer()};
+    out.push_back(&s.momentum_buffer());
   }
   static std::int64_t layout(torch::optim::SGDOptions const& o, torch::optim::SGDParamState const&)
   {
