@@ -383,8 +383,18 @@ class fused_optimizer : public torch::optim::Optimizer {
     }
     bool const on_cuda = where.device.is_cuda();
     void* const stream = where.stream;
-    bool const moved = b.steps == nullptr || x.sizes != b.bound.sizes || x.params != b.bound.params ||
-                       x.states != b.bound.states;
+    bool moved = b.steps == nullptr || x.sizes != b.bound.sizes || x.params != b.bound.params ||
+                 x.states != b.bound.states;
+    if (!moved && x.grads != b.bound.grads) {
+      // Only the gradients moved (the usual step): the plan checks the new addresses alone. One
+      // it declines (another alignment class) leaves it unchanged: then the whole lists.
+      try {
+        b.steps->rebind_grads(x.grads.data(), x.grads.size(), stream);
+        std::swap(b.bound.grads, x.grads);
+      } catch (::fusedopt::error const&) {
+        moved = true;
+      }
+    }
     if (moved) {
       // Moved parameters or states keep their plan where the geometry allows; else a new plan.
       bool rebound = false;
@@ -414,9 +424,6 @@ class fused_optimizer : public torch::optim::Optimizer {
       b.params.clear();
       for (auto const* p : m.params) { b.params.push_back(*p); }
       std::swap(b.bound, x);
-    } else if (x.grads != b.bound.grads) {
-      b.steps->rebind_grads(x.grads.data(), x.grads.size(), stream);
-      std::swap(b.bound.grads, x.grads);
     }
     b.states = m.states;
 
