@@ -22,6 +22,8 @@
 #  define FUSEDOPT_LIBTORCH_TEST_GRAPHS 1
 #endif
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -108,6 +110,73 @@ State const& state_of(torch::optim::Optimizer& opt, torch::Tensor const& p)
   return static_cast<State const&>(*map.at(fusedopt::libtorch::detail::state_key<std::decay_t<decltype(map)>>(p)));
 }
 
+/// Lion as lion-pytorch writes it, in libtorch operations (no torch::optim class has it).
+struct reference_lion {
+  std::vector<torch::Tensor> params, exp_avg;
+  fusedopt::libtorch::LionOptions o;
+  reference_lion(std::vector<torch::Tensor> ps, fusedopt::libtorch::LionOptions const& options)
+      : params(std::move(ps)), exp_avg(params.size()), o(options)
+  {
+  }
+  void step()
+  {
+    torch::NoGradGuard no_grad;
+    auto const [b1, b2] = o.betas();
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      auto& p = params[k];
+      if (!p.grad().defined()) { continue; }
+      auto const& g = p.grad();
+      if (!exp_avg[k].defined()) { exp_avg[k] = torch::zeros_like(p); }
+      p.mul_(1 - o.lr() * o.weight_decay());
+      auto const update = (exp_avg[k] * b1).add(g, 1 - b1).sign();
+      p.add_(update, -o.lr());
+      exp_avg[k].mul_(b2).add_(g, 1 - b2);
+    }
+  }
+};
+
+/// LAMB as apex's FusedLAMB computes it (decoupled decay in adam_w_mode, else L2; the trust
+/// ratio ||p|| / ||update|| per tensor while weight_decay is not 0 or with use_nvlamb), in
+/// libtorch operations.
+struct reference_lamb {
+  std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
+  std::int64_t step_count = 0;
+  fusedopt::libtorch::LAMBOptions o;
+  reference_lamb(std::vector<torch::Tensor> ps, fusedopt::libtorch::LAMBOptions const& options)
+      : params(std::move(ps)), exp_avg(params.size()), exp_avg_sq(params.size()), o(options)
+  {
+  }
+  void step()
+  {
+    torch::NoGradGuard no_grad;
+    ++step_count;
+    auto const [b1, b2] = o.betas();
+    double const bc1 = o.bias_correction() ? 1 - std::pow(b1, step_count) : 1;
+    double const bc2 = o.bias_correction() ? 1 - std::pow(b2, step_count) : 1;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      auto& p = params[k];
+      if (!p.grad().defined()) { continue; }
+      auto g = p.grad();
+      if (!exp_avg[k].defined()) {
+        exp_avg[k] = torch::zeros_like(p);
+        exp_avg_sq[k] = torch::zeros_like(p);
+      }
+      if (!o.adam_w_mode()) { g = g.add(p, o.weight_decay()); }
+      exp_avg[k].mul_(b1).add_(g, o.grad_averaging() ? 1 - b1 : 1.0);
+      exp_avg_sq[k].mul_(b2).addcmul_(g, g, 1 - b2);
+      auto update = (exp_avg[k] / bc1) / ((exp_avg_sq[k] / bc2).sqrt() + o.eps());
+      if (o.adam_w_mode()) { update.add_(p, o.weight_decay()); }
+      double ratio = 1;
+      if (o.use_nvlamb() || o.weight_decay() != 0) {
+        double const w = p.to(torch::kDouble).norm().item<double>();
+        double const u = update.to(torch::kDouble).norm().item<double>();
+        if (w > 0 && u > 0) { ratio = std::min(w / u, o.max_trust_ratio()); }
+      }
+      p.add_(update, -o.lr() * ratio);
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("AdamW steps as torch::optim::AdamW", "[libtorch]")
@@ -151,6 +220,105 @@ TEST_CASE("SGD steps as torch::optim::SGD", "[libtorch]")
     });
   compare_steps<fusedopt::libtorch::SGD, torch::optim::SGD>(torch::optim::SGDOptions(0.05), torch::kFloat, 2e-7,
                                                             [](auto&&...) {});
+}
+
+TEST_CASE("Adagrad steps as torch::optim::Adagrad", "[libtorch]")
+{
+  auto const options =
+    torch::optim::AdagradOptions(5e-2).lr_decay(0.01).weight_decay(0.05).initial_accumulator_value(0.1);
+  compare_steps<fusedopt::libtorch::Adagrad, torch::optim::Adagrad>(
+    options, torch::kFloat, 4e-7, [](auto& ours, auto& theirs, auto const& p, auto const& q, double bound) {
+      auto const& s = state_of<torch::optim::AdagradParamState>(ours, p);
+      auto const& t = state_of<torch::optim::AdagradParamState>(theirs, q);
+      REQUIRE(s.step() == t.step());
+      REQUIRE(distance(s.sum(), t.sum()) <= bound);
+    });
+  compare_steps<fusedopt::libtorch::Adagrad, torch::optim::Adagrad>(options, torch::kDouble, 1e-14,
+                                                                    [](auto&&...) {});
+}
+
+TEST_CASE("RMSprop steps as torch::optim::RMSprop", "[libtorch]")
+{
+  auto const momentum = GENERATE(0.0, 0.9);
+  auto const centered = GENERATE(false, true);
+  auto const options =
+    torch::optim::RMSpropOptions(1e-2).alpha(0.9).weight_decay(0.05).momentum(momentum).centered(centered);
+  compare_steps<fusedopt::libtorch::RMSprop, torch::optim::RMSprop>(
+    options, torch::kFloat, 4e-7, [](auto& ours, auto& theirs, auto const& p, auto const& q, double bound) {
+      auto const& s = state_of<torch::optim::RMSpropParamState>(ours, p);
+      auto const& t = state_of<torch::optim::RMSpropParamState>(theirs, q);
+      REQUIRE(s.step() == t.step());
+      REQUIRE(distance(s.square_avg(), t.square_avg()) <= bound);
+      if (t.momentum_buffer().defined()) { REQUIRE(distance(s.momentum_buffer(), t.momentum_buffer()) <= bound); }
+      if (t.grad_avg().defined()) { REQUIRE(distance(s.grad_avg(), t.grad_avg()) <= bound); }
+    });
+}
+
+TEST_CASE("Lion steps as lion-pytorch (a reference in libtorch operations)", "[libtorch]")
+{
+  // float64: a direction within a rounding of 0 may take the other sign in float32, which moves
+  // that element by 2 lr (both are right).
+  auto const options = fusedopt::libtorch::LionOptions(3e-3).betas(std::make_tuple(0.9, 0.99)).weight_decay(0.5);
+  compare_steps<fusedopt::libtorch::Lion, reference_lion>(options, torch::kDouble, 1e-14, [](auto&&...) {});
+}
+
+TEST_CASE("LAMB steps as apex's FusedLAMB (a reference in libtorch operations)", "[libtorch]")
+{
+  auto const nvlamb = GENERATE(false, true);
+  auto const adam_w_mode = GENERATE(true, false);
+  auto const options = fusedopt::libtorch::LAMBOptions(1e-2)
+                         .weight_decay(nvlamb ? 0.0 : 0.01)
+                         .use_nvlamb(nvlamb)
+                         .adam_w_mode(adam_w_mode);
+  compare_steps<fusedopt::libtorch::LAMB, reference_lamb>(options, torch::kFloat, 1e-6, [](auto&&...) {});
+  compare_steps<fusedopt::libtorch::LAMB, reference_lamb>(options, torch::kDouble, 1e-13, [](auto&&...) {});
+}
+
+TEST_CASE("Lion and LAMB: groups keep their own options (add_group), checkpoints continue the run", "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{a[0], a[1]});
+  groups.emplace_back(std::vector<torch::Tensor>{a[2], a[3]},
+                      std::make_unique<fusedopt::libtorch::LAMBOptions>(fusedopt::libtorch::LAMBOptions(5e-3)));
+  fusedopt::libtorch::LAMB ours(groups, fusedopt::libtorch::LAMBOptions(1e-2), config());
+  ours.add_group(torch::optim::OptimizerParamGroup(
+    {a[4]}, std::make_unique<fusedopt::libtorch::LAMBOptions>(fusedopt::libtorch::LAMBOptions(2e-3).eps(1e-5))));
+  REQUIRE(ours.param_groups().size() == 3);
+  REQUIRE(ours.param_groups()[0].options().get_lr() == 1e-2);
+  REQUIRE(ours.param_groups()[1].options().get_lr() == 5e-3);
+  REQUIRE(static_cast<fusedopt::libtorch::LAMBOptions const&>(ours.param_groups()[2].options()).eps() == 1e-5);
+  REQUIRE_THROWS_WITH(ours.add_group(torch::optim::OptimizerParamGroup({a[4]})),
+                      fusedopt_test::contains("more than one parameter group"));
+  auto b = clones(a);
+  for (int step = 1; step <= 3; ++step) {
+    set_grads(a, b, step);
+    ours.step();
+  }
+  std::string const path = "fusedopt_libtorch_lamb.pt";
+  torch::save(ours, path);
+  // The same parameters' values in a second optimizer that loads the checkpoint: both continue alike.
+  for (std::size_t k = 0; k < a.size(); ++k) { b[k].detach().copy_(a[k].detach()); }
+  // The groups built as before (torch 1.x's load keeps the groups' options; 2.x's also reads them).
+  std::vector<torch::optim::OptimizerParamGroup> groups_b;
+  groups_b.emplace_back(std::vector<torch::Tensor>{b[0], b[1]});
+  groups_b.emplace_back(std::vector<torch::Tensor>{b[2], b[3]},
+                        std::make_unique<fusedopt::libtorch::LAMBOptions>(fusedopt::libtorch::LAMBOptions(5e-3)));
+  groups_b.emplace_back(std::vector<torch::Tensor>{b[4]},
+                        std::make_unique<fusedopt::libtorch::LAMBOptions>(fusedopt::libtorch::LAMBOptions(2e-3).eps(1e-5)));
+  fusedopt::libtorch::LAMB loaded(groups_b, fusedopt::libtorch::LAMBOptions(1e-2), config());
+  torch::load(loaded, path);
+  std::remove(path.c_str());
+  REQUIRE(loaded.param_groups()[1].options().get_lr() == 5e-3);
+  for (int step = 4; step <= 6; ++step) {
+    set_grads(a, b, step);
+    ours.step();
+    loaded.step();
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(torch::equal(a[k], b[k]));
+    REQUIRE(state_of<fusedopt::libtorch::LAMBParamState>(loaded, b[k]).step() == 6);
+  }
 }
 
 TEST_CASE("param groups keep their own options, and an lr set through the options is read at the next step",

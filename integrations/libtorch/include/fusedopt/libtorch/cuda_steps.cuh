@@ -17,7 +17,8 @@
 /// over several `.cu` files compiled in parallel, define FUSEDOPT_LIBTORCH_CUDA_PLANS_EXTERN
 /// before including this header, and instantiate each rule in a file of its own:
 /// `#include <fusedopt/libtorch/cuda_plans.cuh>` then
-/// `FUSEDOPT_LIBTORCH_CUDA_PLANS(fusedopt::rules::adamw);` (likewise adam, sgd).
+/// `FUSEDOPT_LIBTORCH_CUDA_PLANS(fusedopt::rules::adamw);` (likewise adam, sgd, adagrad, rmsprop,
+/// lion and lamb: every rule of cuda_steps' interface, each in exactly one file).
 #pragma once
 
 #include "cuda_plans.cuh"
@@ -31,6 +32,10 @@ namespace detail {
 extern template std::unique_ptr<plan<rules::adamw>> make_cuda_plan<rules::adamw>(plan_request const&);
 extern template std::unique_ptr<plan<rules::adam>> make_cuda_plan<rules::adam>(plan_request const&);
 extern template std::unique_ptr<plan<rules::sgd>> make_cuda_plan<rules::sgd>(plan_request const&);
+extern template std::unique_ptr<plan<rules::adagrad>> make_cuda_plan<rules::adagrad>(plan_request const&);
+extern template std::unique_ptr<plan<rules::rmsprop>> make_cuda_plan<rules::rmsprop>(plan_request const&);
+extern template std::unique_ptr<plan<rules::lion>> make_cuda_plan<rules::lion>(plan_request const&);
+extern template std::unique_ptr<plan<rules::lamb>> make_cuda_plan<rules::lamb>(plan_request const&);
 #endif
 
 class cuda_steps_impl final : public cuda_steps {
@@ -46,6 +51,22 @@ class cuda_steps_impl final : public cuda_steps {
   std::unique_ptr<plan<rules::sgd>> make_plan(rules::sgd const&, plan_request const& r) const override
   {
     return make_cuda_plan<rules::sgd>(r);
+  }
+  std::unique_ptr<plan<rules::adagrad>> make_plan(rules::adagrad const&, plan_request const& r) const override
+  {
+    return make_cuda_plan<rules::adagrad>(r);
+  }
+  std::unique_ptr<plan<rules::rmsprop>> make_plan(rules::rmsprop const&, plan_request const& r) const override
+  {
+    return make_cuda_plan<rules::rmsprop>(r);
+  }
+  std::unique_ptr<plan<rules::lion>> make_plan(rules::lion const&, plan_request const& r) const override
+  {
+    return make_cuda_plan<rules::lion>(r);
+  }
+  std::unique_ptr<plan<rules::lamb>> make_plan(rules::lamb const&, plan_request const& r) const override
+  {
+    return make_cuda_plan<rules::lamb>(r);
   }
   [[nodiscard]] bool capturing(int device, void* stream) const override
   {

@@ -1,9 +1,10 @@
 /// @file optimizers.hpp
-/// @brief fusedopt's fused steps as libtorch optimizers: `fusedopt::libtorch::AdamW`, `Adam` and
-/// `SGD` subclass `torch::optim::Optimizer` with torch's own options and per-parameter state
-/// classes (`torch::optim::AdamWOptions`, `AdamWParamState`, ...), so param groups, LR
-/// schedulers (`options().set_lr()`), `torch::save`/`torch::load` checkpoints and code written
-/// for `torch::optim::AdamW` work unchanged, and a checkpoint of either loads into the other.
+/// @brief fusedopt's fused steps as libtorch optimizers: `fusedopt::libtorch::AdamW`, `Adam`,
+/// `SGD`, `Adagrad` and `RMSprop` subclass `torch::optim::Optimizer` with torch's own options and
+/// per-parameter state classes (`torch::optim::AdamWOptions`, `AdamWParamState`, ...), so param
+/// groups, LR schedulers (`options().set_lr()`), `torch::save`/`torch::load` checkpoints and code
+/// written for `torch::optim::AdamW` work unchanged, and a checkpoint of either loads into the
+/// other. `Lion` and `LAMB` (no torch::optim class) bring their own options and states.
 ///
 /// A step runs one fused pass per bucket (the parameters of a group with the same dtype and
 /// step count): every element of p, grad and the states loaded once and stored once, where
@@ -26,9 +27,12 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
+#include <torch/arg.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/serialize.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
@@ -51,12 +55,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -152,9 +158,10 @@ struct bucket {
 
 /// @brief What the optimizers share: torch::optim::Optimizer with a fused step.
 /// `Derived` provides `name`, `state_tensors(p, options, state, out)` (appends the states, in
-/// the order `family<Rule>` binds them, created as torch creates them), `layout(options, state)` (which
-/// optional slots the plan binds), `next_step(state)` (the 1-based step the rule takes),
-/// `rule(options)`, `advance(state)` (after the step) and `set_step(state, count)` (sync_steps).
+/// the order `family<Rule>` binds them, created as torch creates them), `layout(options, state)`
+/// (which optional slots the plan binds) and `rule(options)`; the step count's hooks
+/// `next_step(state)` (the 1-based step the rule takes), `advance(state)` (after the step) and
+/// `set_step(state, count)` (sync_steps) default to the state's `step()`.
 template <class Derived, class Options, class ParamState, class Rule>
 class fused_optimizer : public torch::optim::Optimizer {
  public:
@@ -206,6 +213,12 @@ class fused_optimizer : public torch::optim::Optimizer {
     buckets_.clear();
   }
 
+  // The step-count hooks of the families whose state has torch's `step` (all but SGD's, which
+  // hides them).
+  static std::int64_t next_step(ParamState const& s) { return s.step() + 1; }
+  static void advance(ParamState& s) { s.step(s.step() + 1); }
+  static void set_step(ParamState& s, std::int64_t count) { s.step(count); }
+
   /// How many plans were built (one per bucket, again when its tensors changed geometry).
   [[nodiscard]] std::int64_t plan_builds() const noexcept { return builds_; }
   /// How many times a plan was pointed at moved parameters or states (not counting gradients).
@@ -238,6 +251,23 @@ class fused_optimizer : public torch::optim::Optimizer {
 
  protected:
   cuda_config const& cuda() const noexcept { return cuda_; }
+
+  /// Appends `group` with its own options (a copy of the defaults where it has none): for the
+  /// options types torch does not know (Lion's, LAMB's), whose per-group options torch 2.10+'s
+  /// add_param_group replaces with the defaults. torch's checks: leaf tensors, each in one group.
+  void add_group_keeping_options(torch::optim::OptimizerParamGroup const& group)
+  {
+    std::unordered_set<c10::TensorImpl const*> known;
+    for (auto const& other : param_groups_) {
+      for (auto const& q : other.params()) { known.insert(q.unsafeGetTensorImpl()); }
+    }
+    for (auto const& p : group.params()) {
+      TORCH_CHECK(p.is_leaf(), "can't optimize a non-leaf Tensor");
+      TORCH_CHECK(known.insert(p.unsafeGetTensorImpl()).second,
+                  "some parameters appear in more than one parameter group");
+    }
+    param_groups_.emplace_back(group.params(), group.has_options() ? group.options().clone() : defaults_->clone());
+  }
 
  private:
   using state_map = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
@@ -483,9 +513,6 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
     if (o.amsgrad()) { out.push_back(&s.max_exp_avg_sq()); }
   }
   static std::int64_t layout(Options const& o, ParamState const&) { return o.amsgrad() ? 1 : 0; }
-  static std::int64_t next_step(ParamState const& s) { return s.step() + 1; }
-  static void advance(ParamState& s) { s.step(s.step() + 1); }
-  static void set_step(ParamState& s, std::int64_t count) { s.step(count); }
   static Rule rule(Options const& o)
   {
     Rule r;
@@ -615,6 +642,355 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
   }
 
   std::vector<c10::TensorImpl const*> fresh_;
+};
+
+/// @brief torch::optim::Adagrad, fused (torch::optim::AdagradOptions, AdagradParamState: `sum`,
+/// created for every parameter at construction and filled with `initial_accumulator_value`, as
+/// torch does). Dense gradients only (torch's also takes sparse ones).
+class Adagrad : public fused_optimizer<Adagrad, torch::optim::AdagradOptions, torch::optim::AdagradParamState,
+                                       ::fusedopt::rules::adagrad> {
+ public:
+  static constexpr char const* name = "Adagrad";
+
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  explicit Adagrad(std::vector<torch::optim::OptimizerParamGroup> const& groups,
+                   torch::optim::AdagradOptions const& defaults = {}, cuda_config cuda = {})
+      : fused_optimizer(groups, std::make_unique<torch::optim::AdagradOptions>(defaults), std::move(cuda))
+  {
+    // torch::optim::Adagrad's constructor's checks, and its states.
+    TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+    TORCH_CHECK(defaults.lr_decay() >= 0, "Invalid lr_decay value: ", defaults.lr_decay());
+    TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+    TORCH_CHECK(defaults.initial_accumulator_value() >= 0,
+                "Invalid initial_accumulator_value value: ", defaults.initial_accumulator_value());
+    TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
+    using map = std::decay_t<decltype(state())>;
+    for (auto const& group : param_groups_) {
+      for (auto const& p : group.params()) {
+        auto s = std::make_unique<torch::optim::AdagradParamState>();
+        s->step(0);
+        s->sum(torch::full_like(p.detach(), defaults.initial_accumulator_value(), torch::MemoryFormat::Preserve));
+        state_[detail::state_key<map>(p)] = std::move(s);
+      }
+    }
+  }
+  explicit Adagrad(std::vector<torch::Tensor> params, torch::optim::AdagradOptions const& defaults = {},
+                   cuda_config cuda = {})
+      : Adagrad({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  {
+  }
+
+  // The hooks fused_optimizer calls (a parameter of a group added later gets its state here).
+  static void state_tensors(torch::Tensor const& p, torch::optim::AdagradOptions const& o,
+                            torch::optim::AdagradParamState& s, std::vector<torch::Tensor const*>& out)
+  {
+    if (!s.sum().defined()) {
+      s.step(0);
+      s.sum(torch::full_like(p.detach(), o.initial_accumulator_value(), torch::MemoryFormat::Preserve));
+    }
+    out.push_back(&s.sum());
+  }
+  static std::int64_t layout(torch::optim::AdagradOptions const&, torch::optim::AdagradParamState const&) { return 0; }
+  static ::fusedopt::rules::adagrad rule(torch::optim::AdagradOptions const& o)
+  {
+    ::fusedopt::rules::adagrad r;
+    r.lr = o.lr();
+    r.lr_decay = o.lr_decay();
+    r.weight_decay = o.weight_decay();
+    r.eps = o.eps();
+    return r;
+  }
+};
+
+/// @brief torch::optim::RMSprop, fused (torch::optim::RMSpropOptions, RMSpropParamState:
+/// square_avg, momentum_buffer with momentum, grad_avg when centered, all from zero as torch).
+class RMSprop : public fused_optimizer<RMSprop, torch::optim::RMSpropOptions, torch::optim::RMSpropParamState,
+                                       ::fusedopt::rules::rmsprop> {
+ public:
+  static constexpr char const* name = "RMSprop";
+
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  explicit RMSprop(std::vector<torch::optim::OptimizerParamGroup> const& groups,
+                   torch::optim::RMSpropOptions const& defaults = {}, cuda_config cuda = {})
+      : fused_optimizer(groups, std::make_unique<torch::optim::RMSpropOptions>(defaults), std::move(cuda))
+  {
+    TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+    TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
+    TORCH_CHECK(defaults.momentum() >= 0, "Invalid momentum value: ", defaults.momentum());
+    TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+    TORCH_CHECK(defaults.alpha() >= 0, "Invalid alpha value: ", defaults.alpha());
+  }
+  explicit RMSprop(std::vector<torch::Tensor> params, torch::optim::RMSpropOptions const& defaults = {},
+                   cuda_config cuda = {})
+      : RMSprop({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  {
+  }
+
+  using family_type = family<::fusedopt::rules::rmsprop>;
+  static void state_tensors(torch::Tensor const& p, torch::optim::RMSpropOptions const& o,
+                            torch::optim::RMSpropParamState& s, std::vector<torch::Tensor const*>& out)
+  {
+    if (!s.square_avg().defined()) {
+      s.step(0);
+      s.square_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+    // Created when first needed: torch creates them with the state, from the options then.
+    if (o.momentum() > 0 && !s.momentum_buffer().defined()) {
+      s.momentum_buffer(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+    if (o.centered() && !s.grad_avg().defined()) { s.grad_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve)); }
+    out.push_back(&s.square_avg());
+    if (o.momentum() > 0) { out.push_back(&s.momentum_buffer()); }
+    if (o.centered()) { out.push_back(&s.grad_avg()); }
+  }
+  static std::int64_t layout(torch::optim::RMSpropOptions const& o, torch::optim::RMSpropParamState const&)
+  {
+    return (o.momentum() > 0 ? family_type::momentum_bit : 0) | (o.centered() ? family_type::centered_bit : 0);
+  }
+  static ::fusedopt::rules::rmsprop rule(torch::optim::RMSpropOptions const& o)
+  {
+    ::fusedopt::rules::rmsprop r;
+    r.lr = o.lr();
+    r.alpha = o.alpha();
+    r.eps = o.eps();
+    r.weight_decay = o.weight_decay();
+    r.momentum = o.momentum();
+    r.centered = o.centered();
+    return r;
+  }
+};
+
+namespace detail {
+inline void write_value(torch::serialize::OutputArchive& archive, char const* key, c10::IValue const& value)
+{
+  archive.write(key, value);
+}
+/// Reads `key` into `set` when the archive has it (an absent key keeps the value).
+template <class T, class Set>
+void read_value(torch::serialize::InputArchive& archive, char const* key, Set&& set)
+{
+  c10::IValue value;
+  if (archive.try_read(key, value)) { set(value.to<T>()); }
+}
+}  // namespace detail
+
+/// @brief Lion's options (no torch::optim class has them): lr, betas (interpolation for the
+/// direction, decay of the momentum) and decoupled weight_decay, with Lion's defaults. Saved
+/// under these keys by torch::save.
+struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions> {
+  using betas_t = std::tuple<double, double>;
+  LionOptions(double lr = 1e-4) : lr_(lr) {}  // NOLINT(google-explicit-constructor): torch's options convert from lr
+  TORCH_ARG(double, lr) = 1e-4;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.99);
+  TORCH_ARG(double, weight_decay) = 0;
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override
+  {
+    detail::read_value<double>(archive, "lr", [&](double v) { lr(v); });
+    detail::read_value<betas_t>(archive, "betas", [&](betas_t v) { betas(v); });
+    detail::read_value<double>(archive, "weight_decay", [&](double v) { weight_decay(v); });
+  }
+  void serialize(torch::serialize::OutputArchive& archive) const override
+  {
+    detail::write_value(archive, "lr", lr());
+    detail::write_value(archive, "betas", betas());
+    detail::write_value(archive, "weight_decay", weight_decay());
+  }
+  [[nodiscard]] double get_lr() const override { return lr(); }
+  void set_lr(double const value) override { lr(value); }
+};
+
+/// @brief Lion's per-parameter state: its step count and exp_avg (the momentum).
+struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionParamState> {
+  TORCH_ARG(std::int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override
+  {
+    detail::read_value<std::int64_t>(archive, "step", [&](std::int64_t v) { step(v); });
+    detail::read_value<torch::Tensor>(archive, "exp_avg", [&](torch::Tensor v) { exp_avg(std::move(v)); });
+  }
+  void serialize(torch::serialize::OutputArchive& archive) const override
+  {
+    detail::write_value(archive, "step", step());
+    if (exp_avg().defined()) { detail::write_value(archive, "exp_avg", exp_avg()); }
+  }
+};
+
+/// @brief Lion (Chen et al. 2023, as lion-pytorch), fused: p *= 1 - lr * weight_decay;
+/// p -= lr * sign(beta1 * exp_avg + (1 - beta1) * grad); exp_avg = beta2 * exp_avg + (1 - beta2) * grad.
+/// LionOptions is not one of torch's options types: add groups with add_group(), which keeps
+/// their options (torch 2.10+'s add_param_group replaces them with the defaults).
+class Lion : public fused_optimizer<Lion, LionOptions, LionParamState, ::fusedopt::rules::lion> {
+ public:
+  static constexpr char const* name = "Lion";
+
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  explicit Lion(std::vector<torch::optim::OptimizerParamGroup> const& groups, LionOptions const& defaults = {},
+                cuda_config cuda = {})
+      : fused_optimizer({}, std::make_unique<LionOptions>(defaults), std::move(cuda))
+  {
+    TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+    auto const [b1, b2] = defaults.betas();
+    TORCH_CHECK(0 <= b1 && b1 <= 1, "Invalid beta parameter at index 0: ", b1);
+    TORCH_CHECK(0 <= b2 && b2 <= 1, "Invalid beta parameter at index 1: ", b2);
+    TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+    for (auto const& group : groups) { add_group(group); }
+  }
+  explicit Lion(std::vector<torch::Tensor> params, LionOptions const& defaults = {}, cuda_config cuda = {})
+      : Lion({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  {
+  }
+
+  /// @brief Adds a param group with its own options (the defaults where it has none).
+  void add_group(torch::optim::OptimizerParamGroup const& group) { add_group_keeping_options(group); }
+
+  static void state_tensors(torch::Tensor const& p, LionOptions const&, LionParamState& s,
+                            std::vector<torch::Tensor const*>& out)
+  {
+    if (!s.exp_avg().defined()) {
+      s.step(0);
+      s.exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+    out.push_back(&s.exp_avg());
+  }
+  static std::int64_t layout(LionOptions const&, LionParamState const&) { return 0; }
+  static ::fusedopt::rules::lion rule(LionOptions const& o)
+  {
+    ::fusedopt::rules::lion r;
+    r.lr = o.lr();
+    r.beta1 = std::get<0>(o.betas());
+    r.beta2 = std::get<1>(o.betas());
+    r.weight_decay = o.weight_decay();
+    return r;
+  }
+};
+
+/// @brief LAMB's options (no torch::optim class has them), with apex FusedLAMB's defaults and
+/// meaning (fusedopt::rules::lamb): adam_w_mode adds weight_decay * p to the update (else to
+/// the gradient), the trust ratio ||p|| / ||update|| per tensor applies while weight_decay is
+/// not 0, or always with use_nvlamb, at most max_trust_ratio. Saved under these keys.
+struct LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions> {
+  using betas_t = std::tuple<double, double>;
+  LAMBOptions(double lr = 1e-3) : lr_(lr) {}  // NOLINT(google-explicit-constructor): torch's options convert from lr
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(double, eps) = 1e-6;
+  TORCH_ARG(double, weight_decay) = 0.01;
+  TORCH_ARG(bool, bias_correction) = true;
+  TORCH_ARG(bool, grad_averaging) = true;
+  TORCH_ARG(bool, adam_w_mode) = true;
+  TORCH_ARG(bool, use_nvlamb) = false;
+  TORCH_ARG(double, max_trust_ratio) = std::numeric_limits<double>::max();
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override
+  {
+    detail::read_value<double>(archive, "lr", [&](double v) { lr(v); });
+    detail::read_value<betas_t>(archive, "betas", [&](betas_t v) { betas(v); });
+    detail::read_value<double>(archive, "eps", [&](double v) { eps(v); });
+    detail::read_value<double>(archive, "weight_decay", [&](double v) { weight_decay(v); });
+    detail::read_value<bool>(archive, "bias_correction", [&](bool v) { bias_correction(v); });
+    detail::read_value<bool>(archive, "grad_averaging", [&](bool v) { grad_averaging(v); });
+    detail::read_value<bool>(archive, "adam_w_mode", [&](bool v) { adam_w_mode(v); });
+    detail::read_value<bool>(archive, "use_nvlamb", [&](bool v) { use_nvlamb(v); });
+    detail::read_value<double>(archive, "max_trust_ratio", [&](double v) { max_trust_ratio(v); });
+  }
+  void serialize(torch::serialize::OutputArchive& archive) const override
+  {
+    detail::write_value(archive, "lr", lr());
+    detail::write_value(archive, "betas", betas());
+    detail::write_value(archive, "eps", eps());
+    detail::write_value(archive, "weight_decay", weight_decay());
+    detail::write_value(archive, "bias_correction", bias_correction());
+    detail::write_value(archive, "grad_averaging", grad_averaging());
+    detail::write_value(archive, "adam_w_mode", adam_w_mode());
+    detail::write_value(archive, "use_nvlamb", use_nvlamb());
+    detail::write_value(archive, "max_trust_ratio", max_trust_ratio());
+  }
+  [[nodiscard]] double get_lr() const override { return lr(); }
+  void set_lr(double const value) override { lr(value); }
+};
+
+/// @brief LAMB's per-parameter state: its step count, exp_avg and exp_avg_sq.
+struct LAMBParamState : public torch::optim::OptimizerCloneableParamState<LAMBParamState> {
+  TORCH_ARG(std::int64_t, step) = 0;
+  TORCH_ARG(torch::Tensor, exp_avg);
+  TORCH_ARG(torch::Tensor, exp_avg_sq);
+
+ public:
+  void serialize(torch::serialize::InputArchive& archive) override
+  {
+    detail::read_value<std::int64_t>(archive, "step", [&](std::int64_t v) { step(v); });
+    detail::read_value<torch::Tensor>(archive, "exp_avg", [&](torch::Tensor v) { exp_avg(std::move(v)); });
+    detail::read_value<torch::Tensor>(archive, "exp_avg_sq", [&](torch::Tensor v) { exp_avg_sq(std::move(v)); });
+  }
+  void serialize(torch::serialize::OutputArchive& archive) const override
+  {
+    detail::write_value(archive, "step", step());
+    if (exp_avg().defined()) { detail::write_value(archive, "exp_avg", exp_avg()); }
+    if (exp_avg_sq().defined()) { detail::write_value(archive, "exp_avg_sq", exp_avg_sq()); }
+  }
+};
+
+/// @brief LAMB (You et al. 2020, as apex's FusedLAMB; fusedopt::rules::lamb), fused: a reduction
+/// pass for each tensor's ||p|| and ||update||, then the update pass, in one plan run. As Lion,
+/// add groups with add_group().
+class LAMB : public fused_optimizer<LAMB, LAMBOptions, LAMBParamState, ::fusedopt::rules::lamb> {
+ public:
+  static constexpr char const* name = "LAMB";
+
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  explicit LAMB(std::vector<torch::optim::OptimizerParamGroup> const& groups, LAMBOptions const& defaults = {},
+                cuda_config cuda = {})
+      : fused_optimizer({}, std::make_unique<LAMBOptions>(defaults), std::move(cuda))
+  {
+    TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
+    TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
+    auto const [b1, b2] = defaults.betas();
+    TORCH_CHECK(0 <= b1 && b1 < 1, "Invalid beta parameter at index 0: ", b1);
+    TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
+    TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+    TORCH_CHECK(defaults.max_trust_ratio() > 0, "Invalid max_trust_ratio value: ", defaults.max_trust_ratio());
+    for (auto const& group : groups) { add_group(group); }
+  }
+  explicit LAMB(std::vector<torch::Tensor> params, LAMBOptions const& defaults = {}, cuda_config cuda = {})
+      : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  {
+  }
+
+  /// @brief Adds a param group with its own options (the defaults where it has none).
+  void add_group(torch::optim::OptimizerParamGroup const& group) { add_group_keeping_options(group); }
+
+  static void state_tensors(torch::Tensor const& p, LAMBOptions const&, LAMBParamState& s,
+                            std::vector<torch::Tensor const*>& out)
+  {
+    if (!s.exp_avg().defined()) {
+      s.step(0);
+      s.exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      s.exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    }
+    out.push_back(&s.exp_avg());
+    out.push_back(&s.exp_avg_sq());
+  }
+  static std::int64_t layout(LAMBOptions const&, LAMBParamState const&) { return 0; }
+  static ::fusedopt::rules::lamb rule(LAMBOptions const& o)
+  {
+    ::fusedopt::rules::lamb r;
+    r.lr = o.lr();
+    r.beta1 = std::get<0>(o.betas());
+    r.beta2 = std::get<1>(o.betas());
+    r.eps = o.eps();
+    r.weight_decay = o.weight_decay();
+    r.bias_correction = o.bias_correction();
+    r.grad_averaging = o.grad_averaging();
+    r.adam_w_mode = o.adam_w_mode();
+    r.use_nvlamb = o.use_nvlamb();
+    r.max_trust_ratio = o.max_trust_ratio();
+    return r;
+  }
 };
 
 }  // namespace libtorch

@@ -142,6 +142,60 @@ struct family<rules::sgd> {
   }
 };
 
+/// Adagrad: sum_sq (torch's state `sum`).
+template <>
+struct family<rules::adagrad> {
+  static constexpr int reduction_capacity = 0;
+  template <class T, class F>
+  static decltype(auto) with_lists(std::int64_t /*layout*/, F&& f)
+  {
+    return f(detail::binder<T, slot::sum_sq_t>{});
+  }
+};
+
+/// RMSprop: square_avg, then momentum_buffer with momentum (layout bit 1) and grad_avg when
+/// centered (layout bit 2), in that order (torch's state order).
+template <>
+struct family<rules::rmsprop> {
+  static constexpr std::int64_t momentum_bit = 1, centered_bit = 2;
+  static constexpr int reduction_capacity = 0;
+  template <class T, class F>
+  static decltype(auto) with_lists(std::int64_t layout, F&& f)
+  {
+    using detail::binder;
+    switch (layout & (momentum_bit | centered_bit)) {
+      case momentum_bit: return f(binder<T, slot::square_avg_t, slot::momentum_buffer_t>{});
+      case centered_bit: return f(binder<T, slot::square_avg_t, slot::grad_avg_t>{});
+      case momentum_bit | centered_bit:
+        return f(binder<T, slot::square_avg_t, slot::momentum_buffer_t, slot::grad_avg_t>{});
+      default: break;
+    }
+    return f(binder<T, slot::square_avg_t>{});
+  }
+};
+
+/// Lion: exp_avg.
+template <>
+struct family<rules::lion> {
+  static constexpr int reduction_capacity = 0;
+  template <class T, class F>
+  static decltype(auto) with_lists(std::int64_t /*layout*/, F&& f)
+  {
+    return f(detail::binder<T, slot::exp_avg_t>{});
+  }
+};
+
+/// LAMB: exp_avg, exp_avg_sq; its trust ratio's reduction pass sums two accumulators per tensor.
+template <>
+struct family<rules::lamb> {
+  static constexpr int reduction_capacity = 2;
+  template <class T, class F>
+  static decltype(auto) with_lists(std::int64_t /*layout*/, F&& f)
+  {
+    return f(detail::binder<T, slot::exp_avg_t, slot::exp_avg_sq_t>{});
+  }
+};
+
 namespace detail {
 
 /// Calls f(T{}) with the fusedopt element type of `t`.
@@ -252,6 +306,10 @@ class cuda_steps {
   virtual std::unique_ptr<plan<rules::adamw>> make_plan(rules::adamw const&, plan_request const& request) const = 0;
   virtual std::unique_ptr<plan<rules::adam>> make_plan(rules::adam const&, plan_request const& request) const = 0;
   virtual std::unique_ptr<plan<rules::sgd>> make_plan(rules::sgd const&, plan_request const& request) const = 0;
+  virtual std::unique_ptr<plan<rules::adagrad>> make_plan(rules::adagrad const&, plan_request const& request) const = 0;
+  virtual std::unique_ptr<plan<rules::rmsprop>> make_plan(rules::rmsprop const&, plan_request const& request) const = 0;
+  virtual std::unique_ptr<plan<rules::lion>> make_plan(rules::lion const&, plan_request const& request) const = 0;
+  virtual std::unique_ptr<plan<rules::lamb>> make_plan(rules::lamb const&, plan_request const& request) const = 0;
   /// @brief Whether `stream` (a `cudaStream_t` of device `device`) is being captured into a
   /// CUDA graph.
   /// @throws fusedopt::error if the query fails.
