@@ -90,33 +90,19 @@ struct factored_table {
 };
 
 namespace detail {
-/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1: a division in double (within 1 of
-/// n / d there) corrected to the exact integers. For n < 2^32 (`quotient32`), Granlund and
-/// Montgomery's round-up multiplication ("Division by invariant integers using
-/// multiplication", 1994, figure 4.1): q = (t + ((n - t) >> s1)) >> s2 with t the high half of
-/// m n, exact for every 32-bit n, in five integer instructions (Adafactor's and CAME's passes
-/// locate every element). Four registers: a lookup holds two, for each chunk of elements.
+/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1, with a multiplication by 1 / d in
+/// double (a 64-bit division costs dozens of instructions on a GPU) corrected to the exact
+/// integers: the product is within 1 of n / d there.
 struct index_divider {
   std::int64_t d = 1;
-  std::uint32_t magic = 1;   ///< m = floor(2^32 (2^l - d) / d) + 1, l = ceil(log2 d) (d < 2^32)
-  std::uint32_t shifts = 0;  ///< s1 = min(l, 1) in the low byte, s2 = max(l - 1, 0) above it
+  double inverse = 1.0;
   FUSEDOPT_HOST_DEVICE static index_divider of(std::int64_t divisor)
   {
-    index_divider v;
-    v.d = divisor;
-    if (divisor <= std::int64_t{0xffffffff}) {
-      std::uint64_t const u = static_cast<std::uint64_t>(divisor);
-      std::uint32_t l = 0;
-      while ((std::uint64_t{1} << l) < u) { ++l; }
-      // (2^l - d) < 2^31, so its product with 2^32 fits in 64 bits; the quotient in 32.
-      v.magic = static_cast<std::uint32_t>((((std::uint64_t{1} << l) - u) << 32) / u + 1);
-      v.shifts = (l > 0 ? 1u : 0u) | ((l > 0 ? l - 1 : 0u) << 8);
-    }
-    return v;
+    return {divisor, 1.0 / static_cast<double>(divisor)};
   }
   FUSEDOPT_HOST_DEVICE std::int64_t quotient(std::int64_t n, std::int64_t& remainder) const
   {
-    auto q = static_cast<std::int64_t>(static_cast<double>(n) / static_cast<double>(d));
+    auto q = static_cast<std::int64_t>(static_cast<double>(n) * inverse);
     std::int64_t r = n - q * d;
     if (r < 0) {
       --q;
@@ -126,18 +112,6 @@ struct index_divider {
       r -= d;
     }
     remainder = r;
-    return q;
-  }
-/// The same for 0 <= n < 2^32 (and so d < 2^32).
-  FUSEDOPT_HOST_DEVICE std::uint32_t quotient32(std::uint32_t n, std::uint32_t& remainder) const
-  {
-#if defined(__CUDA_ARCH__)
-    std::uint32_t const t = __umulhi(magic, n);
-#else
-    std::uint32_t const t = static_cast<std::uint32_t>((std::uint64_t{magic} * n) >> 32);
-#endif
-    std::uint32_t const q = (t + ((n - t) >> (shifts & 0xffu))) >> (shifts >> 8);
-    remainder = n - q * static_cast<std::uint32_t>(d);
     return q;
   }
 };
@@ -155,8 +129,6 @@ struct factored_lookup {
   std::int64_t cols = 1;
   detail::index_divider by_cols{};
   detail::index_divider by_rows{};
-  bool narrow = false;  ///< fewer than 2^32 elements: 32-bit division
-  bool single = false;  ///< one matrix (or a vector): no division by rows
 
   /// The entry of tensor t of `table` (a zero-row entry gives a lookup with no statistics).
   FUSEDOPT_HOST_DEVICE static factored_lookup of(factored_table<T> const& table, std::int64_t t)
@@ -170,9 +142,6 @@ struct factored_lookup {
     l.cols = entry.cols > 0 ? entry.cols : 1;
     l.by_cols = detail::index_divider::of(l.cols);
     l.by_rows = detail::index_divider::of(l.rows);
-    // An entry without statistics (rows 0) says nothing of its tensor's size: the 64-bit path.
-    l.single = entry.matrices <= 1;
-    l.narrow = entry.rows > 0 && entry.matrices * entry.rows * l.cols <= std::int64_t{0xffffffff};
     return l;
   }
   /// True when the tensor has column statistics (a matrix), false for a vector (or none).
@@ -184,13 +153,6 @@ struct factored_lookup {
   };
   FUSEDOPT_HOST_DEVICE position locate(std::int64_t index) const
   {
-    if (narrow) {
-      std::uint32_t c = 0, r = 0;
-      std::uint32_t const q = by_cols.quotient32(static_cast<std::uint32_t>(index), c);
-      if (single) { return {q, c, 0}; }
-      std::uint32_t const m = by_rows.quotient32(q, r);
-      return {q, std::int64_t{m} * cols + c, m};
-    }
     std::int64_t c = 0, r = 0;
     std::int64_t const q = by_cols.quotient(index, c);  // the row over the whole batch
     std::int64_t const m = by_rows.quotient(q, r);

@@ -97,7 +97,6 @@ struct scale_by_factored_rms {
     factored_lookup<T> stats;
     double inverse_rows;  ///< 1 / R: a matrix's mean row statistic from its total
     double eps1, eps1_squared;
-    double single_total;  ///< the row total of a one-matrix tensor, read once per chunk
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
@@ -107,8 +106,7 @@ struct scale_by_factored_rms {
       O v;
       if (stats.factored()) {
         // torch: (row_var @ col_var) / row_var.mean(-2).clamp_(min=eps1), in T's arithmetic.
-        double const total = stats.single ? single_total : stats.row_total[at.matrix];
-        auto const mean = static_cast<O>(total * inverse_rows);
+        auto const mean = static_cast<O>(stats.row_total[at.matrix] * inverse_rows);
         O const denominator = mean < static_cast<O>(eps1) ? static_cast<O>(eps1) : mean;
         v = static_cast<O>(to_opmath<S>(stats.row[at.row_line])) * static_cast<O>(to_opmath<S>(stats.col[at.col_line])) /
             denominator;
@@ -131,8 +129,7 @@ struct scale_by_factored_rms {
     FUSEDOPT_HOST_DEVICE tensor_direction for_tensor(std::int64_t tensor) const
     {
       auto const stats = factored_lookup<T>::of(statistics, tensor);
-      double const single_total = stats.single && stats.factored() ? stats.row_total[0] : 0.0;
-      return {stats, 1.0 / static_cast<double>(stats.rows), eps1, eps1 * eps1, single_total};
+      return {stats, 1.0 / static_cast<double>(stats.rows), eps1, eps1 * eps1};
     }
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const
