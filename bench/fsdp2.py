@@ -67,6 +67,8 @@ import torch.nn.functional as F  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integrations", "pytorch"))
+sys.path.insert(0, HERE)
+from train_loop import GPT  # noqa: E402
 
 try:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -78,49 +80,7 @@ PEERS = ("torch_fused", "torch_foreach")
 HYPER = dict(lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
-# ---- the model (bench/train_loop.py's GPT at GPT-2 medium's size) -------------------------------
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = torch.nn.LayerNorm(d)
-        self.qkv = torch.nn.Linear(d, 3 * d)
-        self.proj = torch.nn.Linear(d, d)
-        self.ln2 = torch.nn.LayerNorm(d)
-        self.fc = torch.nn.Linear(d, 4 * d)
-        self.out = torch.nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(torch.nn.Module):
-    """GPT-2's parameter tensors: wte, wpe, 12 per block, ln_f (the head is wte, tied)."""
-
-    def __init__(self, vocab, d, layers, heads, context):
-        super().__init__()
-        self.wte = torch.nn.Embedding(vocab, d)
-        self.wpe = torch.nn.Embedding(context, d)
-        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln_f = torch.nn.LayerNorm(d)
-        for m in self.modules():  # GPT-2's initialisation
-            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
-                torch.nn.init.normal_(m.weight, std=0.02)
-            if isinstance(m, torch.nn.Linear):
-                torch.nn.init.zeros_(m.bias)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return F.linear(self.ln_f(x), self.wte.weight)
+# ---- the model: bench/train_loop.py's GPT, at GPT-2 medium's size (build) -------------------------
 
 
 def build(args, device):
