@@ -7,7 +7,8 @@
 /// fold) and factored_total_kernel (a block per matrix: the row total's 256-lane tree). The
 /// work of each is numbered over the table (factored_tensor's first_tile, first_line,
 /// first_matrix), whose totals the rule carries, so the grids are sized on the host without
-/// reading the table; a block finds its tensor by binary search.
+/// reading the table; a tile's block finds its tensor with all its threads, a fold's thread
+/// and a total's block by binary search.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -81,8 +82,9 @@ __device__ __forceinline__ std::int64_t block_find_last(std::int64_t n, std::int
 
 /// The tiles of factored pass J: block b takes tiles b, b + gridDim.x, ... of the table. Each
 /// thread computes the values of 16 elements of the tile (consecutive threads, consecutive
-/// columns: coalesced loads) into registers, then shared memory; then thread c < 64 adds column c's values
-/// in row order and thread 64 + r row r's in column order, and writes the partials.
+/// columns: coalesced loads) into registers, then shared memory; then thread c < 64 adds
+/// column c's values in row order and thread 64 + r row r's in column order, and writes the
+/// partials.
 template <class Rule, class Bound, int J, int P, class T>
 FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
   factored_tiles_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
