@@ -25,10 +25,12 @@ def main():
     muon_only = sys.argv[1:] == ["muon"]
     jobs = [] if muon_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
     jobs += [] if muon_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
-    muon_jobs = [(d, t, ns) for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"),
-                                                             ("bfloat16", "bfloat16"))]
-    muon_jobs += [(d, t, None) for d in devices for t in ("float32", "bfloat16")]  # Adafactor's
-    muon_jobs += [(d, t, "prodigy") for d in devices for t in ("float32", "float64", "bfloat16")]
+    # (what, device, dtype, the unit's compile call with (backend, dtype, archs))
+    unit_jobs = [(f"Muon NS {ns}", d, t, lambda backend, dtype, archs, ns=ns: _muon_unit.unit(backend, dtype, ns, archs))
+                 for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"), ("bfloat16", "bfloat16"))]
+    unit_jobs += [("Adafactor", d, t, _adafactor_unit.unit) for d in devices for t in ("float32", "bfloat16")]
+    unit_jobs += [("Prodigy", d, t, lambda backend, dtype, archs: _prodigy_unit.unit(backend, dtype, True, archs))
+                  for d in devices for t in ("float32", "float64", "bfloat16")]
 
     def build(job):
         try:
@@ -37,20 +39,13 @@ def main():
         except Exception as e:  # reported, and the tests then fail with the same error
             return f"{job[0].__name__} {job[1]} {job[2]}: {e}"
 
-    def build_muon(job):
-        device, dtype, ns = job
+    def build_unit(job):
+        what, device, dtype, compile_unit = job
         try:
-            archs = (_ext.arch_of(0),) if device == "cuda" else ()
-            backend = "cuda" if device == "cuda" else "host"
-            if ns is None:
-                _adafactor_unit.unit(backend, dtype, archs)
-            elif ns == "prodigy":
-                _prodigy_unit.unit(backend, dtype, True, archs)
-            else:
-                _muon_unit.unit(backend, dtype, ns, archs)
+            compile_unit("cuda" if device == "cuda" else "host", dtype, (_ext.arch_of(0),) if device == "cuda" else ())
             return None
         except Exception as e:
-            return f"{'Adafactor' if ns is None else 'Prodigy' if ns == 'prodigy' else 'Muon'} {device} {dtype} NS {ns}: {e}"
+            return f"{what} {device} {dtype}: {e}"
 
     def first_step(job):
         make, device = job
@@ -69,9 +64,9 @@ def main():
         builtins = builtins[:1]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         steps = pool.map(first_step, [(b, d) for b in builtins for d in devices])
-        muons = pool.map(build_muon, muon_jobs)
-        errors = [e for e in pool.map(build, jobs) if e] + [e for e in steps if e] + [e for e in muons if e]
-    print(f"{len(jobs)} rule units, {len(muon_jobs)} Muon units and {len(builtins) * len(devices)} first steps in "
+        units = pool.map(build_unit, unit_jobs)
+        errors = [e for e in pool.map(build, jobs) if e] + [e for e in steps if e] + [e for e in units if e]
+    print(f"{len(jobs)} rule units, {len(unit_jobs)} Muon, Adafactor and Prodigy units and {len(builtins) * len(devices)} first steps in "
           f"{time.time() - start:.1f} s; "
           f"{len(errors)} failed", *errors, sep="\n")
     return 1 if errors else 0
