@@ -46,6 +46,8 @@
 #include <fusedopt/fusedopt.cuh>
 #include <fusedopt/nccl.cuh>
 
+#include "../examples/sharded_adamw/nccl_id.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -159,32 +161,7 @@ std::vector<std::int64_t> gpt2_sizes(settings const& s)
   return sizes;
 }
 
-// ---- NCCL id, waits -----------------------------------------------------------------------------
-
-// Rank 0 makes the id and publishes it in `path`; the others wait for the file (up to a minute).
-ncclUniqueId shared_id(int rank, int world, std::string const& path)
-{
-  ncclUniqueId id{};
-  if (world == 1 || rank == 0) {
-    FUSEDOPT_NCCL_TRY(ncclGetUniqueId(&id));
-    if (world > 1) {
-      std::string const partial = path + ".partial";
-      {
-        std::ofstream out(partial, std::ios::binary);
-        out.write(id.internal, sizeof id.internal);
-        if (!out) { fail("cannot write the NCCL id to " + partial); }
-      }
-      if (std::rename(partial.c_str(), path.c_str()) != 0) { fail("cannot rename " + partial + " to " + path); }
-    }
-    return id;
-  }
-  for (int tries = 0; tries < 600; ++tries) {
-    std::ifstream in(path, std::ios::binary);
-    if (in.read(id.internal, sizeof id.internal)) { return id; }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  fail("no NCCL id in " + path + " after a minute (did rank 0 start?)");
-}
+// ---- waits -----------------------------------------------------------------------------
 
 ncclComm_t g_comm = nullptr;  // aborted on a timeout or an asynchronous error
 bool g_aborted = false;
@@ -604,7 +581,7 @@ int main(int argc, char** argv)
     FUSEDOPT_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
     char const* id_path = std::getenv("FUSEDOPT_NCCL_ID");
     ncclComm_t comm = nullptr;
-    FUSEDOPT_NCCL_TRY(ncclCommInitRank(&comm, world, shared_id(rank, world, id_path ? id_path : "/tmp/fusedopt_overlap.id"), rank));
+    FUSEDOPT_NCCL_TRY(ncclCommInitRank(&comm, world, fusedopt_examples::shared_nccl_id(rank, world, id_path ? id_path : "/tmp/fusedopt_overlap.id"), rank));
     g_comm = comm;
     int nccl_version = 0;
     FUSEDOPT_NCCL_TRY(ncclGetVersion(&nccl_version));

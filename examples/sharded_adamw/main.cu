@@ -12,12 +12,11 @@
 #include <fusedopt/fusedopt.cuh>
 #include <fusedopt/nccl.cuh>
 
-#include <chrono>
+#include "nccl_id.hpp"
+
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace fo = fusedopt;
@@ -28,27 +27,6 @@ int env_int(char const* name, int fallback)
 {
   char const* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
-
-// Rank 0 makes the id and publishes it in `path`; the others wait for the file (up to a minute).
-ncclUniqueId shared_id(int rank, int world, std::string const& path)
-{
-  ncclUniqueId id{};
-  if (world == 1 || rank == 0) {
-    FUSEDOPT_NCCL_TRY(ncclGetUniqueId(&id));
-    if (world > 1) {
-      std::string const partial = path + ".partial";
-      std::ofstream(partial, std::ios::binary).write(id.internal, sizeof id.internal);
-      std::rename(partial.c_str(), path.c_str());  // readers never see half an id
-    }
-    return id;
-  }
-  for (int tries = 0; tries < 600; ++tries) {
-    std::ifstream in(path, std::ios::binary);
-    if (in.read(id.internal, sizeof id.internal)) { return id; }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  throw fo::error("no NCCL id in " + path + " after a minute");
 }
 
 template <class T>
@@ -75,7 +53,7 @@ int main()
   try {
     FUSEDOPT_CUDA_TRY(cudaSetDevice(env_int("LOCAL_RANK", rank) % devices));
     ncclComm_t comm = nullptr;
-    FUSEDOPT_NCCL_TRY(ncclCommInitRank(&comm, world, shared_id(rank, world, id_path ? id_path : "/tmp/fusedopt_nccl.id"), rank));
+    FUSEDOPT_NCCL_TRY(ncclCommInitRank(&comm, world, fusedopt_examples::shared_nccl_id(rank, world, id_path ? id_path : "/tmp/fusedopt_nccl.id"), rank));
     cudaStream_t stream = nullptr;
     FUSEDOPT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 

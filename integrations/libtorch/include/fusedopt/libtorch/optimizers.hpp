@@ -484,7 +484,9 @@ class fused_optimizer : public torch::optim::Optimizer {
 template <class Derived, class Options, class ParamState, class Rule>
 class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
  public:
-  adam_family(std::vector<torch::optim::OptimizerParamGroup> const& groups, Options const& defaults, cuda_config cuda)
+  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  explicit adam_family(std::vector<torch::optim::OptimizerParamGroup> const& groups, Options const& defaults = {},
+                       cuda_config cuda = {})
       : fused_optimizer<Derived, Options, ParamState, Rule>(groups, std::make_unique<Options>(defaults), std::move(cuda))
   {
     // torch::optim::Adam's and AdamW's constructors' checks.
@@ -494,6 +496,10 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
     TORCH_CHECK(0 <= b1 && b1 < 1, "Invalid beta parameter at index 0: ", b1);
     TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
     TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
+  }
+  explicit adam_family(std::vector<torch::Tensor> params, Options const& defaults = {}, cuda_config cuda = {})
+      : adam_family({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  {
   }
 
   // The hooks fused_optimizer calls.
@@ -532,18 +538,7 @@ class AdamW : public adam_family<AdamW, torch::optim::AdamWOptions, torch::optim
                                  ::fusedopt::rules::adamw> {
  public:
   static constexpr char const* name = "AdamW";
-
-  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
-  explicit AdamW(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                 torch::optim::AdamWOptions const& defaults = {}, cuda_config cuda = {})
-      : adam_family(groups, defaults, std::move(cuda))
-  {
-  }
-  explicit AdamW(std::vector<torch::Tensor> params, torch::optim::AdamWOptions const& defaults = {},
-                 cuda_config cuda = {})
-      : AdamW({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
-  {
-  }
+  using adam_family::adam_family;  // (groups or tensors, torch::optim::AdamWOptions, cuda_config)
 };
 
 /// @brief torch::optim::Adam, fused (torch::optim::AdamOptions, AdamParamState): L2 weight decay
@@ -552,18 +547,7 @@ class Adam : public adam_family<Adam, torch::optim::AdamOptions, torch::optim::A
                                 ::fusedopt::rules::adam> {
  public:
   static constexpr char const* name = "Adam";
-
-  /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
-  explicit Adam(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                torch::optim::AdamOptions const& defaults = {}, cuda_config cuda = {})
-      : adam_family(groups, defaults, std::move(cuda))
-  {
-  }
-  explicit Adam(std::vector<torch::Tensor> params, torch::optim::AdamOptions const& defaults = {},
-                cuda_config cuda = {})
-      : Adam({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
-  {
-  }
+  using adam_family::adam_family;  // (groups or tensors, torch::optim::AdamOptions, cuda_config)
 };
 
 /// @brief torch::optim::SGD, fused (torch::optim::SGDOptions, SGDParamState: the momentum buffer,
