@@ -1223,6 +1223,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
          py::arg("on_device") = false,
          py::arg("betas") = std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>>{},
          py::arg("user_tensors") = std::vector<std::vector<std::tuple<int, at::Tensor>>>{})
+    // The same step with the GIL released while it runs (the plans run in C++ alone; a unit's
+    // provider is called under the GIL it takes back): fusedopt_torch.CPUOffload's host steps on
+    // its worker thread, while autograd's thread runs backward's Python hooks.
+    .def("step_released", &engine::step, py::call_guard<py::gil_scoped_release>(), py::arg("hypers"),
+         py::arg("grad_scale") = py::none(), py::arg("found_inf") = py::none(),
+         py::arg("lrs") = std::vector<c10::optional<at::Tensor>>{}, py::arg("on_device") = false,
+         py::arg("betas") = std::vector<c10::optional<std::tuple<at::Tensor, at::Tensor>>>{},
+         py::arg("user_tensors") = std::vector<std::vector<std::tuple<int, at::Tensor>>>{})
     .def("steps", &engine::steps)
     .def("set_mu_products", &engine::set_mu_products, py::arg("values"), py::arg("single"))
     .def("mu_products", &engine::mu_products)

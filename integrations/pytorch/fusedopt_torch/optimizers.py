@@ -236,6 +236,9 @@ class FusedOptimizer(Optimizer):
     # What GradScaler sees is the property _step_supports_amp_scaling (the `fused` option).
     _amp_protocol = False
     _elementwise = True  # False: the rule needs whole tensors (LAMB's trust ratios), so no DTensor shards
+    # True: the engine runs the step with the GIL released (Engine.step_released): set on the
+    # optimizers fusedopt_torch.CPUOffload steps on its worker thread while backward's hooks run.
+    _release_gil = False
 
     def __init__(self, params, defaults):
         self._engine = None
@@ -351,9 +354,12 @@ class FusedOptimizer(Optimizer):
             grad_scale = _clip_divisor(*clip, grad_scale)
         with torch.no_grad():
             done = False
+            engine_step = self._engine.step
+            if self._release_gil:
+                engine_step = getattr(self._engine, "step_released", engine_step)
             if not self._dirty and (not self._views or self._sync_in()):
                 try:
-                    done = self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas, user_tensors)
+                    done = engine_step(hypers, grad_scale, found_inf, lrs, on_device, betas, user_tensors)
                 except RuntimeError:
                     # A gradient of another layout than its parameter's, or a sparse one: nothing
                     # was written (the engine checks every tensor before it runs a plan).
@@ -363,7 +369,7 @@ class FusedOptimizer(Optimizer):
                 self._rebuild()
                 if self._views and not self._sync_in():
                     raise RuntimeError("fusedopt_torch: internal error: a rebuilt proxy refused its gradient")
-                if not self._engine.step(hypers, grad_scale, found_inf, lrs, on_device, betas, user_tensors):
+                if not engine_step(hypers, grad_scale, found_inf, lrs, on_device, betas, user_tensors):
                     raise RuntimeError("fusedopt_torch: internal error: the engine refused a rebuilt parameter set")
             if self._views:
                 self._sync_out()
