@@ -1,0 +1,63 @@
+/// @file device.cc
+/// @brief The device helpers runner.hpp declares: CUDA runtime calls (compiled by nvcc with
+/// FUSEDOPT_JAX_CUDA=1), no-ops for the CPU library. Also make_runner, which picks the kind's unit.
+#include <cstddef>
+#include <cstring>
+#include <memory>
+
+#include "runner.hpp"
+
+#if FUSEDOPT_JAX_CUDA
+#include <cuda_runtime.h>
+
+#include <fusedopt/cuda/error.cuh>
+#endif
+
+namespace fusedopt_jax {
+namespace FUSEDOPT_JAX_BACKEND {
+
+std::unique_ptr<runner> make_runner(group_key const& key)
+{
+  switch (static_cast<kind>(key.kind)) {
+    case kind::sgd: return make_runner_sgd(key);
+    case kind::sgd_momentum: return make_runner_sgd_momentum(key);
+    case kind::adam: return make_runner_adam(key);
+    case kind::lion: return make_runner_lion(key);
+    case kind::lamb: return make_runner_lamb(key);
+    case kind::clip_adam: return make_runner_clip_adam(key);
+  }
+  return nullptr;
+}
+
+#if FUSEDOPT_JAX_CUDA
+int device_of(void const* pointer)
+{
+  cudaPointerAttributes attributes{};
+  FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, pointer));
+  return attributes.device;
+}
+
+int set_device(int device)
+{
+  int previous = 0;
+  FUSEDOPT_CUDA_TRY(cudaGetDevice(&previous));
+  if (previous != device) { FUSEDOPT_CUDA_TRY(cudaSetDevice(device)); }
+  return previous;
+}
+
+void copy_async(void* destination, void const* source, std::size_t bytes, void* stream)
+{
+  FUSEDOPT_CUDA_TRY(
+      cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+}
+#else
+int device_of(void const*) { return 0; }
+int set_device(int) { return 0; }
+void copy_async(void* destination, void const* source, std::size_t bytes, void*)
+{
+  std::memmove(destination, source, bytes);
+}
+#endif
+
+}  // namespace FUSEDOPT_JAX_BACKEND
+}  // namespace fusedopt_jax

@@ -1,0 +1,240 @@
+/// @file handler.cc
+/// @brief The XLA FFI handler of fusedopt_jax: one call steps every leaf of a pytree.
+///
+/// Compiled twice by the C++ compiler (no CUDA header here): FUSEDOPT_JAX_CUDA=1 exports
+/// `FusedoptJaxStepCuda` (registered for the "CUDA" platform: it takes XLA's stream),
+/// FUSEDOPT_JAX_CUDA=0 exports `FusedoptJaxStepCpu` (the "cpu" platform).
+///
+/// Operands: hyper (float32[16], optax_rules.hpp's hyper_index), then the n parameters, the n
+/// gradients and, per state the kind has (0, 1 or 2), its n tensors. Results: n parameters
+/// (fused form, `inplace`) or n updates (Optax's form), then the states. XLA aliases every
+/// written state (and the fused form's parameters) to its operand (input_output_aliases); where
+/// it did not (a backend without aliasing), the operand is copied into the result first.
+///
+/// Leaves are grouped by element types, and each group runs one cached plan (runner.hpp); plans
+/// are kept per device and geometry for the life of the process (the only state of the
+/// library, guarded by a mutex).
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runner.hpp"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace fusedopt_jax {
+namespace FUSEDOPT_JAX_BACKEND {
+namespace {
+
+constexpr std::int64_t hyper_floats = 16;
+
+int states_of(kind k)
+{
+  switch (k) {
+    case kind::sgd: return 0;
+    case kind::sgd_momentum:
+    case kind::lion: return 1;
+    default: return 2;
+  }
+}
+
+bool to_dtype(ffi::DataType t, dtype& out)
+{
+  if (t == ffi::DataType::F32) {
+    out = dtype::f32;
+    return true;
+  }
+  if (t == ffi::DataType::BF16) {
+    out = dtype::bf16;
+    return true;
+  }
+  return false;
+}
+
+std::size_t width(dtype d) { return d == dtype::f32 ? 4 : 2; }
+
+struct plan_cache {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<runner>> runners;
+};
+
+plan_cache& cache()
+{
+  static plan_cache* c = new plan_cache;  // never destroyed: XLA may call in at exit
+  return *c;
+}
+
+/// Geometry of one group on one device: the key of its plan.
+std::string cache_key(int device, group_key const& k, std::vector<leaf> const& leaves)
+{
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the sizes
+  for (leaf const& l : leaves) {
+    auto s = static_cast<std::uint64_t>(l.size);
+    for (int b = 0; b < 8; ++b) {
+      h ^= (s >> (8 * b)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  }
+  return std::to_string(device) + ":" + std::to_string(k.kind) + ":" + std::to_string(k.inplace) + ":" +
+         std::to_string(static_cast<int>(k.param)) + std::to_string(static_cast<int>(k.state1)) +
+         std::to_string(static_cast<int>(k.state2)) + std::to_string(static_cast<int>(k.update)) + ":" +
+         std::to_string(leaves.size()) + ":" + std::to_string(h);
+}
+
+ffi::Error fail(std::string message) { return ffi::Error::InvalidArgument("fusedopt_jax: " + std::move(message)); }
+
+struct device_guard {
+  int previous;
+  explicit device_guard(int device) : previous(set_device(device)) {}
+  ~device_guard() { set_device(previous); }
+  device_guard(device_guard const&) = delete;
+  device_guard& operator=(device_guard const&) = delete;
+};
+
+ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
+                ffi::RemainingRets rets)
+{
+  if (kind_value < 0 || kind_value >= num_kinds) { return fail("unknown optimizer kind " + std::to_string(kind_value)); }
+  auto const k = static_cast<kind>(kind_value);
+  int const states = states_of(k);
+  auto const expected_args = static_cast<std::size_t>(1 + n * (2 + states));
+  auto const expected_rets = static_cast<std::size_t>(n * (1 + states));
+  if (n < 0 || args.size() != expected_args || rets.size() != expected_rets) {
+    return fail("the call has " + std::to_string(args.size()) + " operands and " + std::to_string(rets.size()) +
+                " results, expected " + std::to_string(expected_args) + " and " + std::to_string(expected_rets) +
+                " for " + std::to_string(n) + " leaves");
+  }
+  auto hyper = args.get<ffi::AnyBuffer>(0);
+  if (hyper.has_error()) { return hyper.error(); }
+  if (hyper->element_type() != ffi::DataType::F32 || static_cast<std::int64_t>(hyper->element_count()) < hyper_floats) {
+    return fail("the hyperparameter operand must be float32[16]");
+  }
+  auto const* hyper_data = static_cast<float const*>(hyper->untyped_data());
+
+  std::vector<std::pair<group_key, std::vector<leaf>>> groups;
+  void const* first = nullptr;
+  for (std::int64_t i = 0; i < n; ++i) {
+    auto in = [&](std::int64_t block) { return args.get<ffi::AnyBuffer>(static_cast<std::size_t>(1 + block * n + i)); };
+    auto out = [&](std::int64_t block) { return rets.get<ffi::AnyBuffer>(static_cast<std::size_t>(block * n + i)); };
+    auto p = in(0);
+    auto g = in(1);
+    auto r0 = out(0);
+    if (p.has_error()) { return p.error(); }
+    if (g.has_error()) { return g.error(); }
+    if (r0.has_error()) { return r0.error(); }
+    group_key key;
+    key.kind = static_cast<int>(k);
+    key.inplace = inplace;
+    if (!to_dtype(p->element_type(), key.param)) { return fail("leaf " + std::to_string(i) + ": unsupported parameter type"); }
+    if (g->element_type() != p->element_type()) { return fail("leaf " + std::to_string(i) + ": gradient type differs from the parameter's"); }
+    dtype r0_type{};
+    if (!to_dtype((*r0)->element_type(), r0_type)) { return fail("leaf " + std::to_string(i) + ": unsupported result type"); }
+    auto const size = static_cast<std::int64_t>(p->element_count());
+    if (static_cast<std::int64_t>(g->element_count()) != size || static_cast<std::int64_t>((*r0)->element_count()) != size) {
+      return fail("leaf " + std::to_string(i) + ": gradient or result size differs from the parameter's");
+    }
+    leaf l;
+    l.size = size;
+    l.grad = g->untyped_data();
+    if (inplace) {
+      if (r0_type != key.param) { return fail("leaf " + std::to_string(i) + ": result type differs from the parameter's"); }
+      l.param = (*r0)->untyped_data();
+      if (l.param != p->untyped_data() && size > 0) { copy_async(l.param, p->untyped_data(), size * width(key.param), stream); }
+    } else {
+      key.update = r0_type;
+      l.param_in = p->untyped_data();
+      l.update = (*r0)->untyped_data();
+    }
+    for (int s = 0; s < states; ++s) {
+      auto si = in(2 + s);
+      auto so = out(1 + s);
+      if (si.has_error()) { return si.error(); }
+      if (so.has_error()) { return so.error(); }
+      dtype t{};
+      if (!to_dtype(si->element_type(), t) || (*so)->element_type() != si->element_type()) {
+        return fail("leaf " + std::to_string(i) + ": unsupported state type");
+      }
+      if (static_cast<std::int64_t>(si->element_count()) != size || static_cast<std::int64_t>((*so)->element_count()) != size) {
+        return fail("leaf " + std::to_string(i) + ": state size differs from the parameter's");
+      }
+      void* data = (*so)->untyped_data();
+      if (data != si->untyped_data() && size > 0) { copy_async(data, si->untyped_data(), size * width(t), stream); }
+      (s == 0 ? key.state1 : key.state2) = t;
+      (s == 0 ? l.state1 : l.state2) = data;
+    }
+    if (first == nullptr && size > 0) { first = l.grad; }
+    auto it = groups.begin();
+    while (it != groups.end() && !(it->first == key)) { ++it; }
+    if (it == groups.end()) {
+      groups.emplace_back(key, std::vector<leaf>{});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(l);
+  }
+  if (first == nullptr) { return ffi::Error::Success(); }  // nothing to update
+
+  try {
+    int const device = device_of(first);
+    device_guard guard(device);
+    plan_cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    for (auto& [key, leaves] : groups) {
+      std::unique_ptr<runner>& r = c.runners[cache_key(device, key, leaves)];
+      if (!r) { r = make_runner(key); }
+      if (!r) { return fail("this combination of element types is not compiled (parameters float32 or bfloat16, states float32 or the parameter's type)"); }
+      r->run(leaves, hyper_data, stream);
+    }
+  } catch (std::exception const& e) {
+    return fail(e.what());
+  }
+  return ffi::Error::Success();
+}
+
+#if FUSEDOPT_JAX_CUDA
+ffi::Error step_cuda(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
+                     ffi::RemainingRets rets)
+{
+  return step(stream, kind_value, inplace, n, args, rets);
+}
+#else
+ffi::Error step_cpu(std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args, ffi::RemainingRets rets)
+{
+  return step(nullptr, kind_value, inplace, n, args, rets);
+}
+#endif
+
+}  // namespace
+}  // namespace FUSEDOPT_JAX_BACKEND
+}  // namespace fusedopt_jax
+
+// The entry points are the only symbols the libraries export (built with -fvisibility=hidden).
+#if FUSEDOPT_JAX_CUDA
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* FusedoptJaxStepCuda(XLA_FFI_CallFrame* call_frame);
+#else
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* FusedoptJaxStepCpu(XLA_FFI_CallFrame* call_frame);
+#endif
+
+#if FUSEDOPT_JAX_CUDA
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCuda, fusedopt_jax::cuda_backend::step_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void*>>()
+                                  .Attr<std::int64_t>("kind")
+                                  .Attr<bool>("inplace")
+                                  .Attr<std::int64_t>("n")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+#else
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCpu, fusedopt_jax::host_backend::step_cpu,
+                              ffi::Ffi::Bind()
+                                  .Attr<std::int64_t>("kind")
+                                  .Attr<bool>("inplace")
+                                  .Attr<std::int64_t>("n")
+                                  .RemainingArgs()
+                                  .RemainingRets());
+#endif

@@ -1,0 +1,241 @@
+/// @file unit.cc
+/// @brief The fused steps of one optimizer kind (FUSEDOPT_JAX_KIND, 0-5 as `kind`) for every
+/// combination of element types fusedopt_jax supports, on one backend: compiled by nvcc with
+/// FUSEDOPT_JAX_CUDA=1 (fusedopt's CUDA plans) or by the C++ compiler (its host plans). One
+/// translation unit per kind so that the six compile in parallel.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "runner.hpp"
+
+#if FUSEDOPT_JAX_CUDA
+#include <fusedopt/fusedopt.cuh>
+#else
+#include <fusedopt/fusedopt.hpp>
+#endif
+
+#include "optax_rules.hpp"
+
+#ifndef FUSEDOPT_JAX_KIND
+#error "compile unit.cc with -DFUSEDOPT_JAX_KIND=<0..5>"
+#endif
+
+namespace fusedopt_jax {
+namespace FUSEDOPT_JAX_BACKEND {
+namespace {
+
+constexpr kind this_kind = static_cast<kind>(FUSEDOPT_JAX_KIND);
+
+template <kind K>
+inline constexpr bool has_state1 = K != kind::sgd;
+template <kind K>
+inline constexpr bool has_state2 = K == kind::adam || K == kind::lamb || K == kind::clip_adam;
+
+template <class T>
+T* typed(void* p)
+{
+  return static_cast<T*>(p);
+}
+template <class T>
+T const* typed(void const* p)
+{
+  return static_cast<T const*>(p);
+}
+
+/// The bound lists of one group, typed: param (read only in Optax's form), grad, the states,
+/// the update (Optax's form).
+template <bool InPlace, class P, class S1, class S2, class U>
+auto make_lists(std::vector<leaf> const& leaves)
+{
+  namespace slot = fo::slot;
+  fo::tensor_list<P const> param_in;
+  fo::tensor_list<P> param;
+  fo::tensor_list<P const> grad;
+  fo::tensor_list<S1> state1;
+  fo::tensor_list<S2> state2;
+  fo::tensor_list<U> update;
+  for (leaf const& l : leaves) {
+    if constexpr (InPlace) {
+      param.push_back(typed<P>(l.param), l.size);
+    } else {
+      param_in.push_back(typed<P>(l.param_in), l.size);
+      update.push_back(typed<U>(l.update), l.size);
+    }
+    grad.push_back(typed<P>(l.grad), l.size);
+    if constexpr (has_state1<this_kind>) { state1.push_back(typed<S1>(l.state1), l.size); }
+    if constexpr (has_state2<this_kind>) { state2.push_back(typed<S2>(l.state2), l.size); }
+  }
+  // The first state is momentum_buffer for SGD, exp_avg otherwise.
+  auto first_state = [&] {
+    if constexpr (this_kind == kind::sgd_momentum) {
+      return slot::momentum_buffer = std::move(state1);
+    } else {
+      return slot::exp_avg = std::move(state1);
+    }
+  };
+  if constexpr (InPlace) {
+    if constexpr (this_kind == kind::sgd) {
+      return fo::bind(slot::param = std::move(param), slot::grad = std::move(grad));
+    } else if constexpr (!has_state2<this_kind>) {
+      return fo::bind(slot::param = std::move(param), slot::grad = std::move(grad), first_state());
+    } else {
+      return fo::bind(slot::param = std::move(param), slot::grad = std::move(grad), first_state(),
+                      slot::exp_avg_sq = std::move(state2));
+    }
+  } else {
+    if constexpr (this_kind == kind::sgd) {
+      return fo::bind(slot::param = std::move(param_in), slot::grad = std::move(grad), update_out = std::move(update));
+    } else if constexpr (!has_state2<this_kind>) {
+      return fo::bind(slot::param = std::move(param_in), slot::grad = std::move(grad), first_state(),
+                      update_out = std::move(update));
+    } else {
+      return fo::bind(slot::param = std::move(param_in), slot::grad = std::move(grad), first_state(),
+                      slot::exp_avg_sq = std::move(state2), update_out = std::move(update));
+    }
+  }
+}
+
+template <bool InPlace>
+auto make_rule(float const* h)
+{
+  if constexpr (this_kind == kind::sgd) {
+    return optax_sgd<InPlace, false>{h};
+  } else if constexpr (this_kind == kind::sgd_momentum) {
+    return optax_sgd<InPlace, true>{h};
+  } else if constexpr (this_kind == kind::adam) {
+    return make_adam<InPlace>(h);
+  } else if constexpr (this_kind == kind::lion) {
+    return optax_lion<InPlace>{h};
+  } else if constexpr (this_kind == kind::lamb) {
+    return make_lamb<InPlace>(h);
+  } else {
+    return make_clip_adam<InPlace>(h);
+  }
+}
+
+#if FUSEDOPT_JAX_CUDA
+template <class Lists>
+auto new_plan(Lists const& lists, void* stream)
+{
+  return fo::cuda::make_plan(lists, {}, static_cast<cudaStream_t>(stream));
+}
+template <class Plan, class Lists>
+void rebind(Plan& plan, Lists const& lists, void* stream)
+{
+  plan.rebind(lists, static_cast<cudaStream_t>(stream));
+}
+template <class Plan, class Rule>
+void run_plan(Plan const& plan, Rule const& rule, void* stream)
+{
+  plan.run(rule, fo::step_info{}, static_cast<cudaStream_t>(stream));
+}
+#else
+template <class Lists>
+auto new_plan(Lists const& lists, void*)
+{
+  return fo::host::make_plan(lists);
+}
+template <class Plan, class Lists>
+void rebind(Plan& plan, Lists const& lists, void*)
+{
+  plan.rebind(lists);
+}
+template <class Plan, class Rule>
+void run_plan(Plan const& plan, Rule const& rule, void*)
+{
+  plan.run(rule, fo::step_info{});
+}
+#endif
+
+template <bool InPlace, class P, class S1, class S2, class U>
+class runner_impl final : public runner {
+  using lists_type = decltype(make_lists<InPlace, P, S1, S2, U>(std::declval<std::vector<leaf> const&>()));
+  using plan_type = decltype(new_plan(std::declval<lists_type const&>(), nullptr));
+
+ public:
+  void run(std::vector<leaf> const& leaves, float const* hyper, void* stream) override
+  {
+    auto const lists = make_lists<InPlace, P, S1, S2, U>(leaves);
+    // Geometry (sizes, types, alignment) decides the plan; addresses only rebind it: XLA's
+    // buffers of a donated step usually stay where they are, so most steps rebind nothing new.
+    if (!plan_ || !plan_->can_rebind(lists)) {
+      plan_.reset();
+      plan_.emplace(new_plan(lists, stream));
+    } else {
+      rebind(*plan_, lists, stream);
+    }
+    run_plan(*plan_, make_rule<InPlace>(hyper), stream);
+  }
+
+ private:
+  std::optional<plan_type> plan_;
+};
+
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+template <class F>
+std::unique_ptr<runner> with_type(dtype d, F&& f)
+{
+  switch (d) {
+    case dtype::f32: return f(type_tag<float>{});
+    case dtype::bf16: return f(type_tag<fo::bfloat16>{});
+  }
+  return nullptr;
+}
+
+/// The types of states a kind does not bind are taken as the parameter's, and the fused form's
+/// update as the promoted type, so that each combination is compiled once.
+std::unique_ptr<runner> make(group_key const& key)
+{
+  dtype const s1 = has_state1<this_kind> ? key.state1 : key.param;
+  dtype const s2 = has_state2<this_kind> ? key.state2 : key.param;
+  bool const all_bf16 = key.param == dtype::bf16 && s1 == dtype::bf16 && s2 == dtype::bf16;
+  dtype const promoted = all_bf16 ? dtype::bf16 : dtype::f32;
+  if (!key.inplace && key.update != promoted) { return nullptr; }
+  return with_type(key.param, [&](auto p) {
+    return with_type(s1, [&](auto a) {
+      return with_type(s2, [&](auto b) {
+        using P = typename std::decay_t<decltype(p)>::type;
+        using S1 = typename std::decay_t<decltype(a)>::type;
+        using S2 = typename std::decay_t<decltype(b)>::type;
+        // Optax's update type: bfloat16 where every list is, float otherwise (jnp's promotion).
+        constexpr bool bf16_only =
+            std::is_same_v<P, fo::bfloat16> && std::is_same_v<S1, fo::bfloat16> && std::is_same_v<S2, fo::bfloat16>;
+        using U = std::conditional_t<bf16_only, fo::bfloat16, float>;
+        // Only the combinations Python sends (fusedopt_jax/_core.py): an fp32 parameter has fp32 states.
+        if constexpr (std::is_same_v<P, float> && !(std::is_same_v<S1, float> && std::is_same_v<S2, float>)) {
+          return std::unique_ptr<runner>{};
+        } else if (key.inplace) {
+          return std::unique_ptr<runner>{std::make_unique<runner_impl<true, P, S1, S2, U>>()};
+        } else {
+          return std::unique_ptr<runner>{std::make_unique<runner_impl<false, P, S1, S2, U>>()};
+        }
+      });
+    });
+  });
+}
+
+}  // namespace
+
+#if FUSEDOPT_JAX_KIND == 0
+std::unique_ptr<runner> make_runner_sgd(group_key const& key) { return make(key); }
+#elif FUSEDOPT_JAX_KIND == 1
+std::unique_ptr<runner> make_runner_sgd_momentum(group_key const& key) { return make(key); }
+#elif FUSEDOPT_JAX_KIND == 2
+std::unique_ptr<runner> make_runner_adam(group_key const& key) { return make(key); }
+#elif FUSEDOPT_JAX_KIND == 3
+std::unique_ptr<runner> make_runner_lion(group_key const& key) { return make(key); }
+#elif FUSEDOPT_JAX_KIND == 4
+std::unique_ptr<runner> make_runner_lamb(group_key const& key) { return make(key); }
+#else
+std::unique_ptr<runner> make_runner_clip_adam(group_key const& key) { return make(key); }
+#endif
+
+}  // namespace FUSEDOPT_JAX_BACKEND
+}  // namespace fusedopt_jax

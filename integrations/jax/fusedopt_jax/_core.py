@@ -1,0 +1,320 @@
+"""The transformations: Optax-compatible GradientTransformations whose update is one XLA FFI custom
+call for the whole pytree (csrc/handler.cc), and their fused form `step`, which updates the
+parameters and states in place (aliased buffers; donate them to jax.jit).
+
+Every per-step value (the learning rate or a schedule's value, the betas, the bias corrections
+of the step count) goes to the call in one float32[16] operand computed by jax.numpy exactly as
+Optax computes it, never as a static attribute: a new learning rate does not recompile.
+"""
+
+import ctypes
+import threading
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from . import _build
+
+TARGET = "fusedopt_jax_step"
+
+# csrc/runner.hpp `kind`
+_SGD, _SGD_MOMENTUM, _ADAM, _LION, _LAMB, _CLIP_ADAM = range(6)
+_STATES = {_SGD: 0, _SGD_MOMENTUM: 1, _ADAM: 2, _LION: 1, _LAMB: 2, _CLIP_ADAM: 2}
+# csrc/optax_rules.hpp `hyper_index`
+_HYPER = ("step_size", "b1", "one_minus_b1", "b2", "one_minus_b2", "eps", "eps_root", "weight_decay", "bc1", "bc2",
+          "max_norm", "nesterov")
+_HYPER_SIZE = 16
+_SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+_lock = threading.Lock()
+_registered = {}  # platform -> library path
+
+
+def _platform_of(name: str) -> str:
+    return "cuda" if name in ("gpu", "cuda") else "cpu"
+
+
+def register(platform: Optional[str] = None) -> str:
+    """Builds (once, cached) and registers the FFI handler for `platform` ('cpu' or 'cuda'; default:
+    jax's default backend). Returns the library's path. Called by every update; call it ahead to
+    pay the compile outside a timed region."""
+    platform = _platform_of(platform or jax.default_backend())
+    with _lock:
+        if platform in _registered:
+            return _registered[platform]
+        path = _build.build(platform, jax.ffi.include_dir())
+        library = ctypes.cdll.LoadLibrary(str(path))
+        symbol = library.FusedoptJaxStepCuda if platform == "cuda" else library.FusedoptJaxStepCpu
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(symbol), platform="CUDA" if platform == "cuda" else "cpu")
+        _registered[platform] = str(path)
+        _registered.setdefault("_libraries", []).append(library)  # keep it loaded
+        return str(path)
+
+
+def _register_for(leaves):
+    platforms = {jax.default_backend()}
+    for x in leaves:
+        try:  # a tracer has no devices: the default backend stands
+            platforms.update(d.platform for d in x.devices())
+        except Exception:
+            pass
+    for p in platforms:
+        register(p)
+
+
+def _f32(x):
+    return jnp.asarray(x, dtype=jnp.float32)
+
+
+def _one_minus(b):
+    # Optax writes (1 - decay) * g: with a Python float the difference is taken in double and the
+    # product's constant is float32 of it; with an array (inject_hyperparams) in the array's type.
+    if isinstance(b, (int, float)):
+        return np.float32(1.0 - b)
+    return 1 - jnp.asarray(b)
+
+
+def _bias_correction(decay, count):
+    return (1 - decay ** count)  # optax.tree.bias_correction's expression
+
+
+def _increment(count):
+    inc = getattr(optax, "safe_increment", None) or optax.safe_int32_increment
+    return inc(count)
+
+
+def _is_schedule(lr):
+    return callable(lr)
+
+
+def _step_size(learning_rate, schedule_state):
+    """-learning_rate as optax.scale_by_learning_rate computes it (the schedule at the count
+    before the increment)."""
+    if _is_schedule(learning_rate):
+        return -1 * learning_rate(schedule_state.count)
+    if isinstance(learning_rate, (int, float)):
+        return np.float32(-1 * learning_rate)
+    return -1 * jnp.asarray(learning_rate)
+
+
+def _lr_state_after(learning_rate, lr_state):
+    if _is_schedule(learning_rate):
+        return optax.ScaleByScheduleState(count=_increment(lr_state.count))
+    return lr_state
+
+
+def _hyper(**values):
+    entries = [_f32(values.get(name, 0.0)) for name in _HYPER]
+    entries += [_f32(0.0)] * (_HYPER_SIZE - len(entries))
+    return jnp.stack(entries)
+
+
+def _flatten(treedef, tree, what):
+    try:
+        return treedef.flatten_up_to(tree)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"fusedopt_jax: the {what} do not have the parameters' pytree structure: {e}") from None
+
+
+class _Where:
+    """Names leaf i by its path in an error message (computed only when formatted)."""
+
+    def __init__(self, tree, i):
+        self.tree, self.i = tree, i
+
+    def __format__(self, spec):
+        path = jax.tree_util.tree_flatten_with_path(self.tree)[0][self.i][0]
+        return f"leaf {self.i} ({jax.tree_util.keystr(path)})"
+
+
+def _call(kind, hyper, params, grads, states, inplace):
+    """One FFI call over every leaf. Returns (first results: new params or updates, new states)."""
+    p_leaves, treedef = jax.tree.flatten(params)
+    g_leaves = _flatten(treedef, grads, "gradients")
+    s_leaves = [_flatten(treedef, s, f"optimizer state ({name})") for name, s in states]
+    n = len(p_leaves)
+    if n == 0:
+        return params, [s for _, s in states]
+    p_leaves = [jnp.asarray(x) for x in p_leaves]
+    g_leaves = [jnp.asarray(x) for x in g_leaves]
+    s_leaves = [[jnp.asarray(x) for x in leaves] for leaves in s_leaves]
+    first_types = []
+    for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
+        where = _Where(params, i)
+        if p.dtype not in _SUPPORTED:
+            raise TypeError(f"fusedopt_jax: {where}: parameter dtype {p.dtype} is not supported (float32 or bfloat16)")
+        if g.dtype != p.dtype:
+            raise TypeError(f"fusedopt_jax: {where}: gradient dtype {g.dtype} differs from the parameter's {p.dtype}")
+        if g.shape != p.shape:
+            raise ValueError(f"fusedopt_jax: {where}: gradient shape {g.shape} differs from the parameter's {p.shape}")
+        types = [p.dtype]
+        for (name, _), leaves in zip(states, s_leaves):
+            s = leaves[i]
+            if s.shape != p.shape:
+                raise ValueError(f"fusedopt_jax: {where}: state {name} has shape {s.shape}, the parameter {p.shape}")
+            if s.dtype not in _SUPPORTED or (p.dtype == jnp.float32 and s.dtype != jnp.float32):
+                raise TypeError(f"fusedopt_jax: {where}: state {name} dtype {s.dtype} is not supported with a {p.dtype} "
+                                "parameter (float32, or bfloat16 with a bfloat16 parameter)")
+            types.append(s.dtype)
+        promoted = jnp.bfloat16 if all(t == jnp.bfloat16 for t in types) else jnp.float32
+        first_types.append(p.dtype if inplace else jnp.dtype(promoted))
+    _register_for(p_leaves + g_leaves)
+    k = len(states)
+    results = [jax.ShapeDtypeStruct(p.shape, t) for p, t in zip(p_leaves, first_types)]
+    for leaves in s_leaves:
+        results += [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in leaves]
+    # Operands: hyper, params, grads, states; results: params or updates, states.
+    aliases = {1 + (2 + j) * n + i: (1 + j) * n + i for j in range(k) for i in range(n)}
+    if inplace:
+        aliases.update({1 + i: i for i in range(n)})
+    operands = [hyper] + p_leaves + g_leaves + [x for leaves in s_leaves for x in leaves]
+    outs = jax.ffi.ffi_call(TARGET, results, input_output_aliases=aliases)(
+        *operands, kind=np.int64(kind), inplace=bool(inplace), n=np.int64(n))
+    first = treedef.unflatten(outs[:n])
+    new_states = [treedef.unflatten(outs[(1 + j) * n:(2 + j) * n]) for j in range(k)]
+    return first, new_states
+
+
+class FusedTransformation(optax.GradientTransformationExtraArgs):
+    """An Optax GradientTransformation (init, update) whose update is one fused call, with the
+    fused form `step(params, grads, state) -> (new_params, new_state)` besides: the parameters
+    and states are updated in place when their buffers are donated
+    (``jax.jit(step, donate_argnums=(0, 2))``). The state is Optax's own pytree, so either form
+    can continue a run the other (or Optax's optimizer of the same name) started."""
+
+    def step(self, params, grads, state):
+        return self.update.fused_step(params, grads, state)
+
+
+def _transformation(init, run):
+    def update(updates, state, params=None, **extra_args):
+        del extra_args
+        if params is None:
+            raise ValueError("fusedopt_jax: update needs the parameters (optax: update(grads, state, params))")
+        return run(updates, state, params, False)
+
+    def fused_step(params, grads, state):
+        return run(grads, state, params, True)
+
+    update.fused_step = fused_step
+    return FusedTransformation(init, update)
+
+
+def _cast_states(state_dtype, *trees):
+    if state_dtype is None:
+        return trees
+    return tuple(jax.tree.map(lambda x: x.astype(state_dtype), t) for t in trees)
+
+
+def _check_wd(weight_decay):
+    if callable(weight_decay):
+        raise NotImplementedError("fusedopt_jax: a weight-decay schedule is not supported (a number or an array)")
+
+
+def _adam_like(kind, learning_rate, b1, b2, eps, eps_root, weight_decay, max_norm, reference, state_dtype):
+    """adam (weight_decay None), adamw, lamb, clip + adamw: their states are Optax's."""
+    _check_wd(weight_decay)
+
+    def init(params):
+        state = reference.init(params)
+        inner = state[1] if kind == _CLIP_ADAM else state
+        adam = inner[0]
+        mu, nu = _cast_states(state_dtype, adam.mu, adam.nu)
+        inner = (adam._replace(mu=mu, nu=nu),) + tuple(inner[1:])
+        return (state[0], inner) if kind == _CLIP_ADAM else inner
+
+    def run(grads, state, params, inplace):
+        inner = state[1] if kind == _CLIP_ADAM else state
+        adam, lr_state = inner[0], inner[-1]
+        count = _increment(adam.count)
+        hyper = _hyper(step_size=_step_size(learning_rate, lr_state), b1=b1, one_minus_b1=_one_minus(b1), b2=b2,
+                       one_minus_b2=_one_minus(b2), eps=eps, eps_root=eps_root,
+                       weight_decay=0.0 if weight_decay is None else weight_decay,
+                       bc1=_bias_correction(b1, count), bc2=_bias_correction(b2, count),
+                       max_norm=0.0 if max_norm is None else max_norm)
+        first, (mu, nu) = _call(kind, hyper, params, grads, [("mu", adam.mu), ("nu", adam.nu)], inplace)
+        new_inner = (adam._replace(count=count, mu=mu, nu=nu),) + tuple(inner[1:-1]) + (
+            _lr_state_after(learning_rate, lr_state),)
+        return first, ((state[0], new_inner) if kind == _CLIP_ADAM else new_inner)
+
+    return _transformation(init, run)
+
+
+def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *, state_dtype=None):
+    """optax.adam (nesterov=False) as one fused call. `state_dtype` (fusedopt_jax's): the dtype of
+    both moments (e.g. float32 with bfloat16 parameters); Optax's `mu_dtype` sets the first one."""
+    reference = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype)
+    return _adam_like(_ADAM, learning_rate, b1, b2, eps, eps_root, None, None, reference, state_dtype)
+
+
+def adamw(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, weight_decay=1e-4, *,
+          state_dtype=None):
+    """optax.adamw (no mask, nesterov=False) as one fused call."""
+    reference = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                            weight_decay=weight_decay)
+    return _adam_like(_ADAM, learning_rate, b1, b2, eps, eps_root, weight_decay, None, reference, state_dtype)
+
+
+def lamb(learning_rate, b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0, weight_decay=0.0, *, state_dtype=None):
+    """optax.lamb (no mask) as one fused call: a reduction pass for the per-tensor norms, then the
+    update pass."""
+    reference = optax.lamb(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root, weight_decay=weight_decay)
+    return _adam_like(_LAMB, learning_rate, b1, b2, eps, eps_root, weight_decay, None, reference, state_dtype)
+
+
+def clip_adamw(learning_rate, max_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
+               weight_decay=1e-4, *, state_dtype=None):
+    """optax.chain(optax.clip_by_global_norm(max_norm), optax.adamw(...)) as one fused call (a
+    reduction pass for the global norm, then the update pass); its state is that chain's."""
+    reference = optax.chain(optax.clip_by_global_norm(max_norm),
+                            optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
+                                        weight_decay=weight_decay))
+    return _adam_like(_CLIP_ADAM, learning_rate, b1, b2, eps, eps_root, weight_decay, max_norm, reference,
+                      state_dtype)
+
+
+def lion(learning_rate, b1=0.9, b2=0.99, mu_dtype=None, weight_decay=1e-3, *, state_dtype=None):
+    """optax.lion (hard sign, no mask) as one fused call."""
+    _check_wd(weight_decay)
+    reference = optax.lion(learning_rate, b1=b1, b2=b2, mu_dtype=mu_dtype, weight_decay=weight_decay)
+
+    def init(params):
+        state = reference.init(params)
+        (mu,) = _cast_states(state_dtype, state[0].mu)
+        return (state[0]._replace(mu=mu),) + tuple(state[1:])
+
+    def run(grads, state, params, inplace):
+        lion_state, lr_state = state[0], state[-1]
+        hyper = _hyper(step_size=_step_size(learning_rate, lr_state), b1=b1, one_minus_b1=_one_minus(b1), b2=b2,
+                       one_minus_b2=_one_minus(b2), weight_decay=weight_decay)
+        first, (mu,) = _call(_LION, hyper, params, grads, [("mu", lion_state.mu)], inplace)
+        new = (lion_state._replace(count=_increment(lion_state.count), mu=mu),) + tuple(state[1:-1]) + (
+            _lr_state_after(learning_rate, lr_state),)
+        return first, new
+
+    return _transformation(init, run)
+
+
+def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
+    """optax.sgd as one fused call (optax.trace's momentum, Nesterov or not)."""
+    reference = optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
+    kind = _SGD if momentum is None else _SGD_MOMENTUM
+
+    def run(grads, state, params, inplace):
+        lr_state = state[-1]
+        hyper = _hyper(step_size=_step_size(learning_rate, lr_state), b1=0.0 if momentum is None else momentum,
+                       nesterov=1.0 if nesterov else 0.0)
+        if kind == _SGD:
+            first, _ = _call(kind, hyper, params, grads, [], inplace)
+            first_state = state[0]
+        else:
+            first, (trace,) = _call(kind, hyper, params, grads, [("trace", state[0].trace)], inplace)
+            first_state = state[0]._replace(trace=trace)
+        return first, (first_state, _lr_state_after(learning_rate, lr_state))
+
+    return _transformation(reference.init, run)
+
+
