@@ -301,11 +301,14 @@ class CPUOffload(Optimizer):
         for b in self._buckets:
             if not b.launched:
                 self._launch(b, gather=True)
-        masters = []
         for b in self._buckets:
             if b.gathered is not None:
                 b.gathered[0].synchronize()
-                for i in b.copied:
+        masters = []  # in the groups' order, as torch's clip over the parameters sums them
+        for group in self.param_groups:
+            for p in group["params"]:
+                b, i = self._where[p]
+                if b.gathered is not None and i in b.copied:
                     b.masters[i].grad = b.grads[i]
                     masters.append(b.masters[i])
         try:
