@@ -1,0 +1,196 @@
+"""fusedopt_jax against Optax under jax.jit on W1-W4 (bench/workloads.hpp): step time and compile time.
+
+Cases: adamw_fp32 (float32 parameters and states) and adamw_bf16 (bfloat16 parameters, float32
+moments: optax.adamw(mu_dtype=float32) with its nu cast to float32, which Optax keeps; fusedopt_jax's
+state_dtype=float32). Variants:
+  optax            jit(update + apply_updates), nothing donated
+  optax_donated    the same with params and state donated
+  fj_optax_form    fusedopt_jax's update (one custom call) + optax.apply_updates, donated
+  fj_fused         fusedopt_jax's fused step (params and state in place), donated
+
+Time: wall time per step over a timed loop (jax.block_until_ready after the last step), after
+warm-up; compile: lower + compile of the jitted step. Memory: the device's bytes in use after the
+loop and, with --isolate (each case in a process of its own), its peak.
+
+Usage: python3 bench/compare_optax.py [--workloads W1,W3] [--cases adamw_fp32] [--isolate]
+       [--json out.json] [--min-seconds 0.3]
+Needs jax with a GPU (runs on whatever jax's default backend is), optax and fusedopt_jax
+(integrations/jax on PYTHONPATH).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MASK64 = (1 << 64) - 1
+W3_SEED = 20240404
+
+
+def _splitmix64(state):
+    state = (state + 0x9E3779B97F4A7C15) & MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return state, z ^ (z >> 31)
+
+
+def _log_uniform_sizes(count, seed):  # bench/workloads.hpp's W3 draw
+    sizes, state = [], seed
+    for _ in range(count):
+        state, z = _splitmix64(state)
+        u = (z >> 11) * 2.0**-53
+        sizes.append(int(2.0 ** (8.0 + 8.0 * u) + 0.5))
+    return sizes
+
+
+def _gpt2_small_sizes():
+    d = 768
+    sizes = [50257 * d, 1024 * d]
+    for _ in range(12):
+        sizes += [d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]
+    return sizes + [d, d]
+
+
+WORKLOADS = {
+    "W1": ("10 x 1024x1024", lambda: [1 << 20] * 10),
+    "W2": ("GPT-2 small, 148 tensors", _gpt2_small_sizes),
+    "W3": ("2000 x log-uniform 256..65536", lambda: _log_uniform_sizes(2000, W3_SEED)),
+    "W4": ("1 x 268435456", lambda: [1 << 28]),
+}
+CASES = ("adamw_fp32", "adamw_bf16")
+VARIANTS = ("optax", "optax_donated", "fj_optax_form", "fj_fused")
+TARGETS = {("W3", "adamw_fp32"): 3.0, ("W2", "adamw_bf16"): 1.3, ("W2", "adamw_fp32"): 1.1, ("W4", "adamw_fp32"): 1.0}
+
+
+def run_one(workload, case, variant, min_seconds):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import fusedopt_jax as fj
+
+    sizes = WORKLOADS[workload][1]()
+    pdtype = jnp.float32 if case == "adamw_fp32" else jnp.bfloat16
+    key = jax.random.PRNGKey(0)
+    params = {f"p{i:04d}": jax.random.normal(jax.random.fold_in(key, i), (n,), jnp.float32).astype(pdtype)
+              for i, n in enumerate(sizes)}
+    grads = {k: (v * 0.01).astype(pdtype) for k, v in params.items()}
+    kwargs = dict(learning_rate=1e-3, weight_decay=1e-2)
+    if variant.startswith("fj"):
+        fj.register()
+        tx = fj.adamw(**kwargs, state_dtype=None if pdtype == jnp.float32 else jnp.float32)
+    else:
+        tx = optax.adamw(**kwargs, mu_dtype=None if pdtype == jnp.float32 else jnp.float32)
+    state = tx.init(params)
+    if pdtype != jnp.float32 and not variant.startswith("fj"):
+        state = (state[0]._replace(nu=jax.tree.map(lambda x: x.astype(jnp.float32), state[0].nu)),) + state[1:]
+
+    if variant == "fj_fused":
+        def step(p, g, s):
+            return tx.step(p, g, s)
+    else:
+        def step(p, g, s):
+            u, s = tx.update(g, s, p)
+            return optax.apply_updates(p, u), s
+    donate = () if variant == "optax" else (0, 2)
+    jitted = jax.jit(step, donate_argnums=donate)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(params, grads, state).compile()
+    compile_s = time.perf_counter() - t0
+    hlo = compiled.as_text()
+    copies = sum(1 for line in hlo.splitlines() if " copy(" in line or "copy-start" in line)
+    custom_calls = hlo.count("custom-call(") + hlo.count("custom_call_target")
+    fusions = sum(1 for line in hlo.splitlines() if " fusion(" in line)
+    for _ in range(3):
+        params, state = compiled(params, grads, state)
+    jax.block_until_ready((params, state))
+    steps, elapsed = 0, 0.0
+    batch = 5
+    while elapsed < min_seconds and steps < 2000:
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            params, state = compiled(params, grads, state)
+        jax.block_until_ready((params, state))
+        elapsed += time.perf_counter() - t0
+        steps += batch
+        batch = min(batch * 2, 200)
+    stats = {}
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:
+        pass
+    elements = sum(sizes)
+    return dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
+                step_us=elapsed / steps * 1e6, steps=steps, compile_s=compile_s, hlo_copies=copies,
+                hlo_fusions=fusions, hlo_custom_calls=custom_calls, bytes_in_use=stats.get("bytes_in_use"),
+                peak_bytes_in_use=stats.get("peak_bytes_in_use"), backend=jax.default_backend(),
+                device=str(jax.devices()[0].device_kind))
+
+
+def table(rows):
+    out = ["| workload | case | variant | step (us) | vs optax_donated | compile (s) | HLO copies | fusions | peak MiB |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    base = {(r["workload"], r["case"]): r["step_us"] for r in rows if r["variant"] == "optax_donated"}
+    for r in rows:
+        b = base.get((r["workload"], r["case"]))
+        speed = f"{b / r['step_us']:.2f}x" if b else "-"
+        peak = r.get("peak_bytes_in_use")
+        out.append(f"| {r['workload']} | {r['case']} | {r['variant']} | {r['step_us']:.1f} | {speed} | "
+                   f"{r['compile_s']:.2f} | {r['hlo_copies']} | {r['hlo_fusions']} | "
+                   f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |")
+    lines = ["", "Targets (issue 45, fj_fused against optax_donated):"]
+    for (w, c), t in TARGETS.items():
+        fused = [r for r in rows if (r["workload"], r["case"], r["variant"]) == (w, c, "fj_fused")]
+        if fused and base.get((w, c)):
+            s = base[(w, c)] / fused[0]["step_us"]
+            lines.append(f"- {w} {c}: {s:.2f}x (target >= {t}x): {'met' if s >= t else 'NOT met'}")
+    return "\n".join(out + lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="W1,W2,W3,W4")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--min-seconds", type=float, default=0.3)
+    ap.add_argument("--isolate", action="store_true", help="each case in a process of its own (peak memory)")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        w, c, v = args.one.split(":")
+        print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds)), flush=True)
+        return
+    rows = []
+    for w in args.workloads.split(","):
+        for c in args.cases.split(","):
+            for v in args.variants.split(","):
+                try:
+                    if args.isolate:
+                        done = subprocess.run([sys.executable, __file__, "--one", f"{w}:{c}:{v}", "--min-seconds",
+                                               str(args.min_seconds)], capture_output=True, text=True,
+                                              env=dict(os.environ))
+                        row = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ROW ")]
+                        if not row:
+                            raise RuntimeError(done.stderr[-2000:])
+                        rows.append(row[0])
+                    else:
+                        rows.append(run_one(w, c, v, args.min_seconds))
+                    r = rows[-1]
+                    print(f"{w} {c} {v}: {r['step_us']:.1f} us/step, compile {r['compile_s']:.2f} s, "
+                          f"{r['hlo_copies']} copies", flush=True)
+                except Exception as e:  # keep the other cases
+                    print(f"{w} {c} {v}: FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
+                    rows.append(dict(workload=w, case=c, variant=v, error=f"{type(e).__name__}: {e}"[:2000],
+                                     step_us=float("nan"), compile_s=float("nan"), hlo_copies=-1, hlo_fusions=-1))
+    print(table([r for r in rows if "error" not in r]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""fusedopt_jax against Optax: parity over 20 steps, jit, schedules, donation, a 2000-leaf
+jax.grad pytree, mixed dtypes, bad input. Skipped where jax or optax is missing.
+
+Tolerances (docs/jax.md, "Parity"): the rules compute Optax's operations in Optax's order, each
+rounded to float32 (fusedopt's kernels are built with -ffp-contract=off / -fmad=false); XLA may
+contract a multiply and an add into one FMA (it does on GPUs), so bits agree where XLA does not
+contract and differ by a few ulps per step where it does. LAMB and clip_by_global_norm also sum
+their norms in another order (fusedopt: float partial sums combined in double; XLA: its
+reduction tree in float). The fused form is compared with Optax's form of fusedopt_jax itself:
+there the bits must agree (float32: p + u once, as optax.apply_updates).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+import jax.numpy as jnp  # noqa: E402
+
+import fusedopt_jax as fj  # noqa: E402
+
+STEPS = 20
+SHAPES = [(33, 17), (128,), (), (5, 3, 7), (1,), (0,), (257,)]
+
+
+def make_params(shapes=SHAPES, dtype=jnp.float32, seed=0):
+    keys = jax.random.split(jax.random.PRNGKey(seed), len(shapes))
+    return {f"w{i}": jax.random.normal(k, s, jnp.float32).astype(dtype) for i, (k, s) in enumerate(zip(keys, shapes))}
+
+
+def make_grads(params, steps=STEPS, seed=1):
+    out = []
+    key = jax.random.PRNGKey(seed)
+    for _ in range(steps):
+        key, sub = jax.random.split(key)
+        leaves, treedef = jax.tree.flatten(params)
+        keys = jax.random.split(sub, len(leaves))
+        out.append(treedef.unflatten([jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
+                                      for k, x in zip(keys, leaves)]))
+    return out
+
+
+def run_optax_form(tx, params, grads_seq):
+    state = tx.init(params)
+
+    @jax.jit
+    def step(p, s, g):
+        u, s = tx.update(g, s, p)
+        return optax.apply_updates(p, u), s, u
+
+    updates = None
+    for g in grads_seq:
+        params, state, updates = step(params, state, g)
+    return params, state, updates
+
+
+def run_fused_form(tx, params, grads_seq, donate=True):
+    params = jax.tree.map(jnp.copy, params)  # the caller's arrays stay alive: these are donated
+    state = tx.init(params)
+    step = jax.jit(tx.step, donate_argnums=(0, 2) if donate else ())
+    for g in grads_seq:
+        params, state = step(params, g, state)
+    return params, state
+
+
+def assert_trees_close(a, b, rtol, atol, what):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb), what
+    for i, (x, y) in enumerate(zip(la, lb)):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=f"{what}: leaf {i}")
+
+
+def bitwise_fraction(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    same = total = 0
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        same += int(np.sum((x == y) | (np.isnan(x) & np.isnan(y))))
+        total += x.size
+    return same / max(total, 1)
+
+
+# (name, fusedopt_jax factory, optax factory, kwargs, rtol): rtol covers XLA's FMA contraction over
+# 20 steps (Adam's and SGD's updates: a few ulps of the parameter) and the norms' summation order.
+CASES = [
+    ("adamw", fj.adamw, optax.adamw, dict(learning_rate=1e-2, weight_decay=0.1), 2e-5),
+    ("adam", fj.adam, optax.adam, dict(learning_rate=1e-2), 2e-5),
+    ("sgd", fj.sgd, optax.sgd, dict(learning_rate=1e-2), 1e-6),
+    ("sgd_momentum", fj.sgd, optax.sgd, dict(learning_rate=1e-2, momentum=0.9), 1e-5),
+    ("sgd_nesterov", fj.sgd, optax.sgd, dict(learning_rate=1e-2, momentum=0.9, nesterov=True), 1e-5),
+    ("lamb", fj.lamb, optax.lamb, dict(learning_rate=1e-2, weight_decay=0.01), 1e-4),
+]
+
+
+@pytest.mark.parametrize("name,ours,theirs,kwargs,rtol", CASES, ids=[c[0] for c in CASES])
+def test_parity_optax_form(name, ours, theirs, kwargs, rtol):
+    params = make_params()
+    grads = make_grads(params)
+    p1, s1, u1 = run_optax_form(ours(**kwargs), params, grads)
+    p2, s2, u2 = run_optax_form(theirs(**kwargs), params, grads)
+    assert jax.tree.structure(s1) == jax.tree.structure(s2)
+    assert_trees_close(p1, p2, rtol, rtol * 0.1, f"{name} params")
+    assert_trees_close(s1, s2, rtol, rtol * 0.1, f"{name} state")
+    print(f"{name}: {bitwise_fraction(p1, p2):.4f} of the parameters bit for bit equal to optax's "
+          f"({jax.default_backend()})")
+
+
+def test_parity_lion():
+    # Lion's update is lr * sign(...): where XLA's FMA moves an interpolation across 0 the update of
+    # that element flips (2 lr); allow a few such elements, the rest within float rounding.
+    params = make_params()
+    grads = make_grads(params)
+    kwargs = dict(learning_rate=1e-3, weight_decay=0.01)
+    p1, s1, _ = run_optax_form(fj.lion(**kwargs), params, grads)
+    p2, s2, _ = run_optax_form(optax.lion(**kwargs), params, grads)
+    assert_trees_close(s1, s2, 1e-5, 1e-6, "lion state")
+    x = np.concatenate([np.ravel(v) for v in jax.tree.leaves(p1)])
+    y = np.concatenate([np.ravel(v) for v in jax.tree.leaves(p2)])
+    off = np.abs(x - y) > 1e-5 + 1e-5 * np.abs(y)
+    assert off.mean() < 1e-3, f"{off.sum()} of {off.size} parameters differ"
+
+
+def test_parity_clip_adamw_and_chain():
+    params = make_params()
+    grads = [jax.tree.map(lambda g: 3 * g, g) for g in make_grads(params)]  # norms above max_norm
+    kwargs = dict(learning_rate=1e-2, weight_decay=0.1)
+    p1, s1, _ = run_optax_form(fj.clip_adamw(max_norm=1.0, **kwargs), params, grads)
+    ref = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(**kwargs))
+    p2, s2, _ = run_optax_form(ref, params, grads)
+    assert jax.tree.structure(s1) == jax.tree.structure(s2)
+    assert_trees_close(p1, p2, 1e-4, 1e-5, "clip+adamw params")
+    # fusedopt_jax's AdamW inside an optax.chain, after Optax's clipping.
+    p3, _, _ = run_optax_form(optax.chain(optax.clip_by_global_norm(1.0), fj.adamw(**kwargs)), params, grads)
+    assert_trees_close(p3, p2, 1e-4, 1e-5, "chain(clip, fj.adamw) params")
+
+
+@pytest.mark.parametrize("factory,kwargs", [(fj.adamw, dict(learning_rate=1e-2, weight_decay=0.1)),
+                                            (fj.sgd, dict(learning_rate=1e-2, momentum=0.9)),
+                                            (fj.lion, dict(learning_rate=1e-3)),
+                                            (fj.lamb, dict(learning_rate=1e-2)),
+                                            (fj.clip_adamw, dict(learning_rate=1e-2, max_norm=0.5))])
+def test_fused_form_matches_optax_form_bit_for_bit(factory, kwargs):
+    params = make_params()
+    grads = make_grads(params, steps=5)
+    p1, s1, _ = run_optax_form(factory(**kwargs), params, grads)
+    p2, s2 = run_fused_form(factory(**kwargs), params, grads)
+    for x, y in zip(jax.tree.leaves((p1, s1)), jax.tree.leaves((p2, s2))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_schedule_through_inject_hyperparams_without_recompiling():
+    params = make_params()
+    grads = make_grads(params)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-2, 5, STEPS)
+    traces = []
+
+    def run(factory):
+        tx = optax.inject_hyperparams(factory)(learning_rate=schedule, weight_decay=0.1)
+        state = tx.init(params)
+
+        @jax.jit
+        def step(p, s, g):
+            traces.append(1)
+            u, s = tx.update(g, s, p)
+            return optax.apply_updates(p, u), s
+
+        p = params
+        for g in grads:
+            p, state = step(p, state, g)
+        return p, state
+
+    before = len(traces)
+    p1, s1 = run(fj.adamw)
+    assert len(traces) - before == 1, "a new learning rate must not recompile"
+    p2, s2 = run(optax.adamw)
+    assert_trees_close(p1, p2, 2e-5, 2e-6, "scheduled adamw params")
+    np.testing.assert_allclose(s1.hyperparams["learning_rate"], s2.hyperparams["learning_rate"])
+
+
+def test_schedule_as_learning_rate():
+    params = make_params()
+    grads = make_grads(params)
+    schedule = optax.linear_schedule(1e-2, 1e-3, STEPS)
+    p1, s1, _ = run_optax_form(fj.adamw(schedule), params, grads)
+    p2, s2, _ = run_optax_form(optax.adamw(schedule), params, grads)
+    assert jax.tree.structure(s1) == jax.tree.structure(s2)
+    assert_trees_close(p1, p2, 2e-5, 2e-6, "adamw(schedule) params")
+
+
+def test_donated_buffers_are_updated_in_place():
+    params = make_params(shapes=[(1024, 256), (4096,), (3, 5)])
+    grads = make_grads(params, steps=1)[0]
+    tx = fj.adamw(1e-3, weight_decay=0.01)
+    state = tx.init(params)
+    step = jax.jit(tx.step, donate_argnums=(0, 2))
+    hlo = step.lower(params, grads, state).compile().as_text()
+    assert "fusedopt_jax_step" in hlo
+    copies = [line for line in hlo.splitlines() if " copy(" in line or "copy-start" in line]
+    assert not copies, "the compiled step copies buffers:\n" + "\n".join(copies[:10])
+    before = [x.unsafe_buffer_pointer() for x in jax.tree.leaves((params, state)) if x.size]
+    params, state = step(params, grads, state)
+    jax.block_until_ready(params)
+    after = [x.unsafe_buffer_pointer() for x in jax.tree.leaves((params, state)) if x.size]
+    assert before == after, "parameters and states moved: the step was not in place"
+
+
+def test_grad_pytree_of_2000_leaves():
+    rng = np.random.default_rng(0)
+    shapes = [tuple(int(d) for d in rng.integers(1, 40, size=rng.integers(1, 3))) for _ in range(2000)]
+    params = make_params(shapes, seed=3)
+    x = {k: jnp.ones_like(v) for k, v in params.items()}
+
+    def loss(p):
+        return sum(jnp.sum((p[k] * x[k] - 0.5) ** 2) for k in p)
+
+    grads = [jax.grad(loss)(params) for _ in range(3)]
+    p1, s1, _ = run_optax_form(fj.adamw(1e-2, weight_decay=0.1), params, grads)
+    p2, s2, _ = run_optax_form(optax.adamw(1e-2, weight_decay=0.1), params, grads)
+    assert_trees_close(p1, p2, 2e-5, 2e-6, "2000 leaves")
+    p3, _ = run_fused_form(fj.adamw(1e-2, weight_decay=0.1), params, grads)
+    assert_trees_close(p3, p1, 0, 0, "2000 leaves, fused form")
+
+
+def test_bf16_params_with_f32_states():
+    params = make_params(dtype=jnp.bfloat16)
+    grads = make_grads(params)
+    tx = fj.adamw(1e-2, weight_decay=0.1, state_dtype=jnp.float32)
+    p1, s1 = run_fused_form(tx, params, grads)
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p1))
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves((s1[0].mu, s1[0].nu)))
+    # Reference in float32 with the parameter rounded to bfloat16 after each step.
+    p, m, v = ({k: a.astype(jnp.float32) for k, a in params.items()}, None, None)
+    m = {k: jnp.zeros_like(a) for k, a in p.items()}
+    v = {k: jnp.zeros_like(a) for k, a in p.items()}
+    for t, g in enumerate(grads, 1):
+        for k in p:
+            gk = g[k].astype(jnp.float32)
+            m[k] = 0.1 * gk + 0.9 * m[k]
+            v[k] = 0.001 * gk * gk + 0.999 * v[k]
+            u = (m[k] / (1 - 0.9 ** t)) / (jnp.sqrt(v[k] / (1 - 0.999 ** t)) + 1e-8) + 0.1 * p[k]
+            p[k] = (p[k] - 1e-2 * u).astype(jnp.bfloat16).astype(jnp.float32)
+    assert_trees_close(p1, p, 1e-2, 1e-2, "bf16 params, f32 states")
+    # Mixed in one call: float32 and bfloat16 leaves together.
+    mixed = {"a": make_params()["w0"], "b": make_params(dtype=jnp.bfloat16)["w1"]}
+    pm, sm = run_fused_form(fj.adamw(1e-2, state_dtype=jnp.float32), mixed, make_grads(mixed, steps=3))
+    assert pm["a"].dtype == jnp.float32 and pm["b"].dtype == jnp.bfloat16
+
+
+def test_bf16_optax_form_close_to_optax():
+    params = make_params(dtype=jnp.bfloat16)
+    grads = make_grads(params, steps=5)
+    p1, _, _ = run_optax_form(fj.adamw(1e-2, weight_decay=0.1), params, grads)
+    p2, _, _ = run_optax_form(optax.adamw(1e-2, weight_decay=0.1), params, grads)
+    assert_trees_close(p1, p2, 2e-2, 2e-2, "bf16 adamw")  # a bfloat16 ulp is 2^-8 relative
+
+
+def test_bad_input_raises_clear_errors():
+    params = make_params()
+    tx = fj.adamw(1e-3)
+    state = tx.init(params)
+    grads = make_grads(params, steps=1)[0]
+    with pytest.raises(ValueError, match="pytree structure"):
+        tx.update({"w0": grads["w0"]}, state, params)
+    bad = dict(grads, w0=grads["w0"].astype(jnp.float16))
+    with pytest.raises(TypeError, match="gradient dtype"):
+        tx.update(bad, state, params)
+    with pytest.raises(TypeError, match="not supported"):
+        ints = {"w": jnp.ones((3,), jnp.int32)}
+        fj.sgd(1e-3).update(ints, fj.sgd(1e-3).init(ints), ints)
+    bad_shape = dict(grads, w1=jnp.ones((7,), jnp.float32))
+    with pytest.raises(ValueError, match="shape"):
+        tx.update(bad_shape, state, params)
+    with pytest.raises(ValueError, match="parameters"):
+        tx.update(grads, state)
+
+
+@pytest.mark.skipif(os.environ.get("FUSEDOPT_JAX_SKIP_CPU") == "1", reason="FUSEDOPT_JAX_SKIP_CPU=1")
+def test_cpu_platform():
+    cpu = jax.devices("cpu")[0]
+    fj.register("cpu")
+    params = jax.device_put(make_params(), cpu)
+    grads = [jax.device_put(g, cpu) for g in make_grads(params, steps=5)]
+    with jax.default_device(cpu):
+        p1, _, _ = run_optax_form(fj.adamw(1e-2, weight_decay=0.1), params, grads)
+        p2, _, _ = run_optax_form(optax.adamw(1e-2, weight_decay=0.1), params, grads)
+    assert_trees_close(p1, p2, 2e-5, 2e-6, "adamw on the CPU")
+    print(f"cpu adamw: {bitwise_fraction(p1, p2):.4f} of the parameters bit for bit equal to optax's")
