@@ -60,7 +60,8 @@ KW = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
 def build(name, dtype):
     torch.manual_seed(0)
-    model = GPT(**MODELS[name]).cuda()
+    with torch.device("cuda"):  # initialised on the GPU (the 1B model's normal_ on the CPU takes seconds)
+        model = GPT(**MODELS[name])
     return model.to(dtype) if dtype != torch.float32 else model
 
 

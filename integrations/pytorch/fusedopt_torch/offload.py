@@ -186,20 +186,24 @@ class CPUOffload(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for b in self._buckets:
-            if b.gathered is not None:
-                copied, ready = b.gathered
-                b.gathered = None
-                self._submit(b, copied, ready)
-            elif not b.launched:
-                self._launch(b, gather=False)
-        self._drain()
-        if self._wrote:
-            torch.cuda.current_stream(self._device).wait_event(self._written)
-            self._wrote = False
-        for b in self._buckets:
-            b.ready, b.launched, b.copied = 0, False, []
-            b.versions = [p._version for p in b.params]
+        try:
+            for b in self._buckets:
+                if b.gathered is not None:
+                    copied, ready = b.gathered
+                    b.gathered = None
+                    self._submit(b, copied, ready)
+                elif not b.launched:
+                    self._launch(b, gather=False)
+        finally:
+            try:
+                self._drain()  # also after a failed launch: what was queued completes first; raises its error
+            finally:
+                if self._wrote:
+                    torch.cuda.current_stream(self._device).wait_event(self._written)
+                    self._wrote = False
+                for b in self._buckets:
+                    b.ready, b.launched, b.copied, b.gathered = 0, False, [], None
+                    b.versions = [p._version for p in b.params]
         return loss
 
     def zero_grad(self, set_to_none=True):
