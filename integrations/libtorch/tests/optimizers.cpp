@@ -249,8 +249,20 @@ TEST_CASE("RMSprop steps as torch::optim::RMSprop", "[libtorch]")
       auto const& t = state_of<torch::optim::RMSpropParamState>(theirs, q);
       REQUIRE(s.step() == t.step());
       REQUIRE(distance(s.square_avg(), t.square_avg()) <= bound);
-      if (t.momentum_buffer().defined()) { REQUIRE(distance(s.momentum_buffer(), t.momentum_buffer()) <= bound); }
-      if (t.grad_avg().defined()) { REQUIRE(distance(s.grad_avg(), t.grad_avg()) <= bound); }
+      // Centered: the divisor's variance square_avg - grad_avg^2 cancels, which multiplies a
+      // rounding of square_avg by square_avg / variance in the momentum buffer (torch's CPU and
+      // CUDA kernels differ by as much): the bound grows by that factor, taken from torch's states.
+      double amplification = 1;
+      if (t.grad_avg().defined()) {
+        REQUIRE(distance(s.grad_avg(), t.grad_avg()) <= bound);
+        auto const square = t.square_avg().to(torch::kDouble);
+        auto const mean = t.grad_avg().to(torch::kDouble);
+        auto const variance = (square - mean * mean).clamp_min(1e-300);
+        amplification = std::max(1.0, (square / variance).max().template item<double>());
+      }
+      if (t.momentum_buffer().defined()) {
+        REQUIRE(distance(s.momentum_buffer(), t.momentum_buffer()) <= bound * amplification);
+      }
     });
 }
 
