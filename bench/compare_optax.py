@@ -8,8 +8,11 @@ state_dtype=float32). Variants:
   fj_optax_form    fusedopt_jax's update (one custom call) + optax.apply_updates, donated
   fj_fused         fusedopt_jax's fused step (params and state in place), donated
 
-Time: wall time per step over a timed loop (jax.block_until_ready after the last step), after
-warm-up; compile: lower + compile of the jitted step. Memory: the device's bytes in use after the
+Time: wall time per step, two ways, after warm-up: "in a loop" runs 10 steps inside one jitted
+lax.fori_loop (as a training step's own jit would: no per-call dispatch; the headline figure), "per
+call" calls the jitted step once a step (jax dispatches every leaf: about 1-2 us an array);
+jax.block_until_ready after the last step of each timed batch. Compile: lower + compile of the
+jitted step. Memory: the device's bytes in use after the
 loop and, with --isolate (each case in a process of its own), its peak.
 
 Usage: python3 bench/compare_optax.py [--workloads W1,W3] [--cases adamw_fp32] [--isolate]
@@ -117,6 +120,26 @@ def run_one(workload, case, variant, min_seconds):
         elapsed += time.perf_counter() - t0
         steps += batch
         batch = min(batch * 2, 200)
+    dispatch_us = elapsed / steps * 1e6
+    # The same steps LOOP at a time inside one jitted program (a lax.fori_loop over the donated
+    # (params, state) carry): what a training step that runs the update inside its own jit pays,
+    # without jax's per-call dispatch of every leaf (about 1-2 us an array, which the per-call
+    # loop above measures too).
+    loop = 10
+    looped = jax.jit(lambda p, g, s: jax.lax.fori_loop(0, loop, lambda i, c: step(c[0], g, c[1]), (p, s)),
+                     donate_argnums=donate)
+    looped_compiled = looped.lower(params, grads, state).compile()
+    loop_copies = sum(1 for line in looped_compiled.as_text().splitlines() if " copy(" in line or "copy-start" in line)
+    params, state = looped_compiled(params, grads, state)
+    jax.block_until_ready((params, state))
+    loop_steps, loop_elapsed = 0, 0.0
+    while loop_elapsed < min_seconds and loop_steps < 2000:
+        t0 = time.perf_counter()
+        for _ in range(5):
+            params, state = looped_compiled(params, grads, state)
+        jax.block_until_ready((params, state))
+        loop_elapsed += time.perf_counter() - t0
+        loop_steps += 5 * loop
     stats = {}
     try:
         stats = jax.devices()[0].memory_stats() or {}
@@ -124,22 +147,25 @@ def run_one(workload, case, variant, min_seconds):
         pass
     elements = sum(sizes)
     return dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
-                step_us=elapsed / steps * 1e6, steps=steps, compile_s=compile_s, hlo_copies=copies,
+                step_us=loop_elapsed / loop_steps * 1e6, dispatch_step_us=dispatch_us, loop_copies=loop_copies,
+                steps=steps, compile_s=compile_s, hlo_copies=copies,
                 hlo_fusions=fusions, hlo_custom_calls=custom_calls, bytes_in_use=stats.get("bytes_in_use"),
                 peak_bytes_in_use=stats.get("peak_bytes_in_use"), backend=jax.default_backend(),
                 device=str(jax.devices()[0].device_kind))
 
 
 def table(rows):
-    out = ["| workload | case | variant | step (us) | vs optax_donated | compile (s) | HLO copies | fusions | peak MiB |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| workload | case | variant | step in a loop (us) | vs optax_donated | step per call (us) | compile (s) | "
+           "HLO copies (call / loop) | fusions | peak MiB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     base = {(r["workload"], r["case"]): r["step_us"] for r in rows if r["variant"] == "optax_donated"}
     for r in rows:
         b = base.get((r["workload"], r["case"]))
         speed = f"{b / r['step_us']:.2f}x" if b else "-"
         peak = r.get("peak_bytes_in_use")
         out.append(f"| {r['workload']} | {r['case']} | {r['variant']} | {r['step_us']:.1f} | {speed} | "
-                   f"{r['compile_s']:.2f} | {r['hlo_copies']} | {r['hlo_fusions']} | "
+                   f"{r['dispatch_step_us']:.1f} | {r['compile_s']:.2f} | {r['hlo_copies']} / {r['loop_copies']} | "
+                   f"{r['hlo_fusions']} | "
                    f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |")
     lines = ["", "Targets (issue 45, fj_fused against optax_donated):"]
     for (w, c), t in TARGETS.items():
@@ -180,8 +206,8 @@ def main():
                     else:
                         rows.append(run_one(w, c, v, args.min_seconds))
                     r = rows[-1]
-                    print(f"{w} {c} {v}: {r['step_us']:.1f} us/step, compile {r['compile_s']:.2f} s, "
-                          f"{r['hlo_copies']} copies", flush=True)
+                    print(f"{w} {c} {v}: {r['step_us']:.1f} us/step in a loop, {r['dispatch_step_us']:.1f} per call, "
+                          f"compile {r['compile_s']:.2f} s, {r['hlo_copies']} / {r['loop_copies']} copies", flush=True)
                 except Exception as e:  # keep the other cases
                     print(f"{w} {c} {v}: FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
                     rows.append(dict(workload=w, case=c, variant=v, error=f"{type(e).__name__}: {e}"[:2000],
