@@ -68,10 +68,11 @@ void set_grads(std::vector<torch::Tensor>& a, std::vector<torch::Tensor>& b, int
   }
 }
 
-/// The largest difference between a and b relative to the largest magnitude of b.
-double distance(torch::Tensor const& a, torch::Tensor const& b)
+/// The largest difference between a and b relative to the largest magnitude of b (or 1 if b is 0).
+/// With `least_scale`, relative to that scale where b's largest magnitude is smaller.
+double distance(torch::Tensor const& a, torch::Tensor const& b, double least_scale = 0)
 {
-  auto const scale = b.abs().max().item<double>();
+  auto const scale = std::max(b.abs().max().item<double>(), least_scale);
   return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
 }
 
@@ -249,19 +250,13 @@ TEST_CASE("RMSprop steps as torch::optim::RMSprop", "[libtorch]")
       auto const& t = state_of<torch::optim::RMSpropParamState>(theirs, q);
       REQUIRE(s.step() == t.step());
       REQUIRE(distance(s.square_avg(), t.square_avg()) <= bound);
-      // Centered: the divisor's variance square_avg - grad_avg^2 cancels, which multiplies a
-      // rounding of square_avg by square_avg / variance in the momentum buffer (torch's CPU and
-      // CUDA kernels differ by as much): the bound grows by that factor, taken from torch's states.
-      double amplification = 1;
-      if (t.grad_avg().defined()) {
-        REQUIRE(distance(s.grad_avg(), t.grad_avg()) <= bound);
-        auto const square = t.square_avg().to(torch::kDouble);
-        auto const mean = t.grad_avg().to(torch::kDouble);
-        auto const variance = (square - mean * mean).clamp_min(1e-300);
-        amplification = std::max(1.0, (square / variance).max().template item<double>());
-      }
+      if (t.grad_avg().defined()) { REQUIRE(distance(s.grad_avg(), t.grad_avg()) <= bound); }
+      // The buffer's terms (momentum * buffer and grad / avg, about 1 / sqrt(1 - alpha) in
+      // magnitude) can cancel to a sum near 0 in a small tensor, where a rounding of a term is a
+      // large part of the sum (torch's CUDA kernel rounds them otherwise than its CPU one): the
+      // difference is measured against the terms' scale, 1 at least, not the sum's.
       if (t.momentum_buffer().defined()) {
-        REQUIRE(distance(s.momentum_buffer(), t.momentum_buffer()) <= bound * amplification);
+        REQUIRE(distance(s.momentum_buffer(), t.momentum_buffer(), 1.0) <= bound);
       }
     });
 }
