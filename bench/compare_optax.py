@@ -28,41 +28,9 @@ import subprocess
 import sys
 import time
 
-MASK64 = (1 << 64) - 1
-W3_SEED = 20240404
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workloads import WORKLOADS  # noqa: E402  (bench/workloads.py: W1-W4 as bench/workloads.hpp)
 
-
-def _splitmix64(state):
-    state = (state + 0x9E3779B97F4A7C15) & MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return state, z ^ (z >> 31)
-
-
-def _log_uniform_sizes(count, seed):  # bench/workloads.hpp's W3 draw
-    sizes, state = [], seed
-    for _ in range(count):
-        state, z = _splitmix64(state)
-        u = (z >> 11) * 2.0**-53
-        sizes.append(int(2.0 ** (8.0 + 8.0 * u) + 0.5))
-    return sizes
-
-
-def _gpt2_small_sizes():
-    d = 768
-    sizes = [50257 * d, 1024 * d]
-    for _ in range(12):
-        sizes += [d, d, d * 3 * d, 3 * d, d * d, d, d, d, d * 4 * d, 4 * d, 4 * d * d, d]
-    return sizes + [d, d]
-
-
-WORKLOADS = {
-    "W1": ("10 x 1024x1024", lambda: [1 << 20] * 10),
-    "W2": ("GPT-2 small, 148 tensors", _gpt2_small_sizes),
-    "W3": ("2000 x log-uniform 256..65536", lambda: _log_uniform_sizes(2000, W3_SEED)),
-    "W4": ("1 x 268435456", lambda: [1 << 28]),
-}
 CASES = ("adamw_fp32", "adamw_bf16")
 VARIANTS = ("optax", "optax_donated", "fj_optax_form", "fj_fused")
 TARGETS = {("W3", "adamw_fp32"): 3.0, ("W2", "adamw_bf16"): 1.3, ("W2", "adamw_fp32"): 1.1, ("W4", "adamw_fp32"): 1.0}
