@@ -39,6 +39,24 @@ import torch
 __all__ = ["StepInBackward", "step_in_backward"]
 
 
+
+def refuse_partial_steps(optimizer, who):
+    """Raises where a step over part of the parameters (a bucket) is not that part of the whole
+    step: what step_in_backward and CPUOffload both refuse."""
+    name = type(optimizer).__name__
+    spec = getattr(optimizer, "_spec", None)
+    if spec is not None and any(f"{r.name}_total" in (spec.body or "") for r in spec.reductions):
+        # A reduction's total is over every tensor of the launch: a bucket's would differ.
+        raise NotImplementedError(f"{who}: {name} reads a reduction's total over every tensor, which a bucket is not")
+    if getattr(optimizer, "_scalars_per_step", False):
+        # Schedule-Free advances its group's scalars at every step() call: once per bucket.
+        raise NotImplementedError(f"{who}: {name} advances per-step scalars in step(), which a bucket would advance "
+                                  "once per bucket")
+    if any(g.get("max_grad_norm", 0) for g in optimizer.param_groups):
+        # LAMB clips by the norm of every gradient before its step.
+        raise NotImplementedError(f"{who}: {name} with max_grad_norm > 0 needs every gradient before any step; set "
+                                  "max_grad_norm=0")
+
 class StepInBackward:
     """Hooks that step `optimizer`'s parameters during backward (see the module's text).
     ``remove()`` takes the hooks away (until then the parameters, their hooks and the optimizer
@@ -52,19 +70,7 @@ class StepInBackward:
 
         if not isinstance(optimizer, FusedOptimizer):
             raise TypeError(f"step_in_backward: a fusedopt_torch optimizer is needed, not {type(optimizer).__name__}")
-        spec = getattr(optimizer, "_spec", None)
-        if spec is not None and any(f"{r.name}_total" in (spec.body or "") for r in spec.reductions):
-            # A reduction's total is over every tensor of the launch: a bucket's would differ.
-            raise NotImplementedError(f"step_in_backward: {type(optimizer).__name__} reads a reduction's total over "
-                                      "every tensor, which a bucket is not")
-        if getattr(optimizer, "_scalars_per_step", False):
-            # Schedule-Free advances its group's scalars at every step() call: once per bucket.
-            raise NotImplementedError(f"step_in_backward: {type(optimizer).__name__} advances per-step scalars in "
-                                      "step(), which a bucket would advance once per bucket")
-        if any(g.get("max_grad_norm", 0) for g in optimizer.param_groups):
-            # LAMB clips by the norm of every gradient before its step.
-            raise NotImplementedError(f"step_in_backward: {type(optimizer).__name__} with max_grad_norm > 0 needs every "
-                                      "gradient before any step; set max_grad_norm=0")
+        refuse_partial_steps(optimizer, "step_in_backward")
         if int(bucket_bytes) <= 0:
             raise ValueError(f"step_in_backward: bucket_bytes must be positive, not {bucket_bytes}")
         self.optimizer = optimizer

@@ -56,6 +56,7 @@ import threading
 
 import torch
 from torch.optim import Optimizer
+from .in_backward import refuse_partial_steps
 
 __all__ = ["CPUOffload"]
 
@@ -77,17 +78,7 @@ def _serve(jobs):
 
 def _check_offloadable(probe):
     """The checks of step_in_backward: a bucket's step must be the whole step's on its tensors."""
-    name = type(probe).__name__
-    spec = getattr(probe, "_spec", None)
-    if spec is not None and any(f"{r.name}_total" in (spec.body or "") for r in spec.reductions):
-        raise NotImplementedError(f"CPUOffload: {name} reads a reduction's total over every tensor, which a bucket "
-                                  "is not")
-    if getattr(probe, "_scalars_per_step", False):
-        raise NotImplementedError(f"CPUOffload: {name} advances per-step scalars in its groups, which the buckets' "
-                                  "optimizers would each advance")
-    if any(g.get("max_grad_norm", 0) for g in probe.param_groups):
-        raise NotImplementedError(f"CPUOffload: {name} with max_grad_norm > 0 needs every gradient before any step; "
-                                  "set max_grad_norm=0")
+    refuse_partial_steps(probe, "CPUOffload")
     if any(g.get("kahan", False) or g.get("stochastic_rounding", False) for g in probe.param_groups):
         raise ValueError("CPUOffload: the masters are float32; kahan and stochastic_rounding are for bfloat16 or "
                          "float16 parameters stepped as they are")
