@@ -16,6 +16,7 @@ from .optimizers import (LAMB, SGD, SGD8bit, Adadelta, Adagrad, Adam, Adam8bit, 
 from . import _ext
 from .rules import RuleCompileError, RuleOptimizer, State, rule  # noqa: F401
 from .in_backward import StepInBackward, step_in_backward  # noqa: F401
+from .ddp_in_backward import DDPStepInBackward, ddp_step_in_backward  # noqa: F401
 from .offload import CPUOffload  # noqa: F401
 from .library_rules import (ADOPT, ASGD, AdEMAMix, Adan, CAdamW, Rprop, ScheduleFreeAdamW,  # noqa: F401
                             ScheduleFreeSGD, StableAdamW)
@@ -37,5 +38,6 @@ def with_cuda():
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta", "LAMB", "Lion",
            "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state", "extension", "with_cuda", "rule", "State", "RuleOptimizer",
            "RuleCompileError", "Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW",
-           "ScheduleFreeSGD", "step_in_backward", "StepInBackward", "CPUOffload", "Muon", "MuonWithAdamW", "Adafactor",
+           "ScheduleFreeSGD", "step_in_backward", "StepInBackward", "ddp_step_in_backward", "DDPStepInBackward",
+           "CPUOffload", "Muon", "MuonWithAdamW", "Adafactor",
            "Prodigy"]

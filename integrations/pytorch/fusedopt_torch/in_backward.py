@@ -29,15 +29,48 @@ does not combine with it: LAMB's max_grad_norm and user rules that read a reduct
 every tensor are refused here; GradScaler (the hooks would step scaled gradients: use bfloat16
 autocast, which needs no scaler) and clip_grad_norm_ (after backward there is nothing left to
 clip) cannot be detected from the hooks, so do not use them with it. Per-tensor reductions (LAMB's
-trust ratios, StableAdamW, CAdamW) are per bucket as they are per step. docs/memory.md.
+trust ratios, StableAdamW, CAdamW) are per bucket as they are per step. Under
+DistributedDataParallel: fusedopt_torch.ddp_step_in_backward (ddp_in_backward.py). docs/memory.md.
 """
 
 import contextlib
+import weakref
 
 import torch
 
 __all__ = ["StepInBackward", "step_in_backward"]
 
+
+# Optimizers some StepInBackward or DDPStepInBackward steps: a second one would step them twice.
+_hooked = weakref.WeakSet()
+
+
+def _optimizer_params(optimizer):
+    """The optimizer's parameters that take gradients, each once, in its groups' order."""
+    seen, params = set(), []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            params.append(p)
+    return params
+
+
+def _step_members(optimizer, params, members):
+    """One ``optimizer.step()`` over `members` alone: step() steps every parameter that has a
+    gradient, so the gradients of the others among `params` (not yet complete, or accumulating
+    from earlier micro-batches) are hidden from it meanwhile and put back after."""
+    in_bucket = {id(p) for p in members}
+    hidden = [(p, p.grad) for p in params if p.grad is not None and id(p) not in in_bucket]
+    for p, _ in hidden:
+        p.grad = None
+    try:
+        with torch.no_grad():
+            optimizer.step()
+    finally:
+        for p, g in hidden:
+            p.grad = g
 
 
 def refuse_partial_steps(optimizer, who):
@@ -57,6 +90,21 @@ def refuse_partial_steps(optimizer, who):
         raise NotImplementedError(f"{who}: {name} with max_grad_norm > 0 needs every gradient before any step; set "
                                   "max_grad_norm=0")
 
+
+def _check_optimizer(optimizer, who):
+    """What step_in_backward and ddp_step_in_backward refuse: not a fusedopt_torch optimizer, a
+    step that a bucket's is not part of (refuse_partial_steps), an optimizer already stepped
+    inside backward."""
+    from .optimizers import FusedOptimizer
+
+    if not isinstance(optimizer, FusedOptimizer):
+        raise TypeError(f"{who}: a fusedopt_torch optimizer is needed, not {type(optimizer).__name__}")
+    refuse_partial_steps(optimizer, who)
+    if optimizer in _hooked:
+        raise RuntimeError(f"{who}: this optimizer is already stepped inside backward (step_in_backward or "
+                           "ddp_step_in_backward): a second one would step it twice")
+
+
 class StepInBackward:
     """Hooks that step `optimizer`'s parameters during backward (see the module's text).
     ``remove()`` takes the hooks away (until then the parameters, their hooks and the optimizer
@@ -66,11 +114,7 @@ class StepInBackward:
     the last backward."""
 
     def __init__(self, optimizer, bucket_bytes=32 << 20):
-        from .optimizers import FusedOptimizer
-
-        if not isinstance(optimizer, FusedOptimizer):
-            raise TypeError(f"step_in_backward: a fusedopt_torch optimizer is needed, not {type(optimizer).__name__}")
-        refuse_partial_steps(optimizer, "step_in_backward")
+        _check_optimizer(optimizer, "step_in_backward")
         if int(bucket_bytes) <= 0:
             raise ValueError(f"step_in_backward: bucket_bytes must be positive, not {bucket_bytes}")
         self.optimizer = optimizer
@@ -80,15 +124,11 @@ class StepInBackward:
         self._accumulating = False
         self._flush_queued = False
         self._handles = []
-        self._params = []
-        seen = set()
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if id(p) in seen or not p.requires_grad:
-                    continue
-                seen.add(id(p))
-                self._params.append(p)
-                self._handles.append(p.register_post_accumulate_grad_hook(self._ready))
+        self._params = _optimizer_params(optimizer)
+        for p in self._params:
+            self._handles.append(p.register_post_accumulate_grad_hook(self._ready))
+        _hooked.add(optimizer)
+        self._registered = True
 
     @contextlib.contextmanager
     def accumulate(self):
@@ -103,6 +143,9 @@ class StepInBackward:
         """Takes the hooks away: the optimizer is stepped by its own step() again."""
         for h in self._handles:
             h.remove()
+        if self._registered:
+            _hooked.discard(self.optimizer)
+            self._registered = False
         self._handles = []
 
     def _ready(self, p):
@@ -127,18 +170,7 @@ class StepInBackward:
             return
         opt = self.optimizer
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        # step() steps every parameter that has a gradient: those not in the bucket (their
-        # gradients still accumulating from earlier micro-batches) are hidden from it meanwhile.
-        in_bucket = {id(p) for p in pending}
-        hidden = [(p, p.grad) for p in self._params if p.grad is not None and id(p) not in in_bucket]
-        for p, _ in hidden:
-            p.grad = None
-        try:
-            with torch.no_grad():
-                opt.step()
-        finally:
-            for p, g in hidden:
-                p.grad = g
+        _step_members(opt, self._params, pending)
         for p in pending:
             p.grad = None
         self.buckets += 1

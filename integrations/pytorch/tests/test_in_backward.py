@@ -169,3 +169,10 @@ def test_refused():
                      body="param -= lr * grad / n_total;")
     with pytest.raises(NotImplementedError, match="total"):
         ft.step_in_backward(Totals(model.parameters()))
+    # One stepper per optimizer (a second would step it twice), again after remove().
+    opt = ft.AdamW(model.parameters())
+    stepper = ft.step_in_backward(opt)
+    with pytest.raises(RuntimeError, match="already stepped inside backward"):
+        ft.step_in_backward(opt)
+    stepper.remove()
+    ft.step_in_backward(opt).remove()
