@@ -3,7 +3,13 @@
 // (bench/workloads.hpp: 10 x 1024^2, GPT-2 small's 148 tensors, 2000 tensors of 256..65536
 // elements, one tensor of 2^28).
 //
-//   libtorch_step [repeats] [cpu|cuda|all]      (default 10 all; cuda where torch sees a GPU)
+//   libtorch_step [repeats] [cpu|cuda|host|all]      (default 10 all; cuda where torch sees a GPU)
+//
+// host: the adapter's host work per step alone, over W3's count of tensors (2000) of one float
+// each, on one thread (at::set_num_threads(1)): the median step() time, per tensor, with the
+// gradients kept and with new gradient tensors at every step (as after zero_grad(), made
+// outside the timed call), beside fusedopt's own host plan run over the same tensors (the
+// fused step itself; the difference is the adapter's bookkeeping). Not part of "all".
 //
 // CPU: median wall time of `repeats` steps after 3 warm-up steps, and the time of torch's copy_
 // of the step's bytes (AdamW reads p, g, m, v and writes p, m, v: 28 bytes per float element)
@@ -89,6 +95,75 @@ void cpu(int repeats)
   }
 }
 
+/// The adapter's host work per step over `count` one-element float tensors (see the top).
+void host_bookkeeping(int repeats, std::size_t count)
+{
+  at::set_num_threads(1);
+  std::vector<std::int64_t> const sizes(count, 1);
+  auto params = make_params(sizes, torch::kCPU);
+  std::vector<std::vector<torch::Tensor>> grad_sets(2);
+  for (auto& set : grad_sets) {
+    for (std::size_t i = 0; i < count; ++i) { set.push_back(torch::randn({1})); }
+  }
+  fusedopt::libtorch::AdamW opt(params, torch::optim::AdamWOptions(1e-3));
+  auto const per_tensor_ns = [&](double seconds) { return seconds * 1e9 / static_cast<double>(count); };
+  double const kept = median_seconds([&] { opt.step(); }, repeats);
+  // New gradient tensors at every step, set outside the timed call.
+  std::vector<double> times;
+  for (int i = 0; i < repeats + 3; ++i) {
+    auto const& set = grad_sets[static_cast<std::size_t>(i) % 2];
+    for (std::size_t k = 0; k < count; ++k) { params[k].mutable_grad() = set[k]; }
+    auto const start = std::chrono::steady_clock::now();
+    opt.step();
+    if (i >= 3) { times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()); }
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  double const renewed = times[times.size() / 2];
+  // fusedopt's own host plan over the same tensors: the fused step without the adapter.
+  fusedopt::libtorch::plan_tensors x;
+  x.states.resize(2);
+  for (auto const& p : params) {
+    auto const& s = static_cast<torch::optim::AdamWParamState const&>(
+      *opt.state().at(fusedopt::libtorch::detail::state_key<std::decay_t<decltype(opt.state())>>(p)));
+    x.sizes.push_back(p.numel());
+    x.params.push_back(p.data_ptr());
+    x.grads.push_back(p.grad().data_ptr());
+    x.states[0].push_back(s.exp_avg().data_ptr());
+    x.states[1].push_back(s.exp_avg_sq().data_ptr());
+  }
+  fusedopt::libtorch::plan_request request;
+  request.tensors = &x;
+  auto const plan = fusedopt::libtorch::make_plan<fusedopt::rules::adamw>(
+    [] { return fusedopt::libtorch::host_backend{1}; }, request);
+  fusedopt::rules::adamw rule;
+  rule.lr = 1e-3;
+  std::int64_t step = 100;
+  double const own = median_seconds([&] { plan->run(rule, fusedopt::step_info{++step}, nullptr); }, repeats);
+  // What torch's in-place operations do per tensor and the step does too: one version-counter
+  // bump of each parameter and state tensor (an atomic increment each).
+  std::vector<c10::TensorImpl*> bumped;
+  for (auto const& p : params) {
+    auto const& s = static_cast<torch::optim::AdamWParamState const&>(
+      *opt.state().at(fusedopt::libtorch::detail::state_key<std::decay_t<decltype(opt.state())>>(p)));
+    bumped.push_back(p.unsafeGetTensorImpl());
+    bumped.push_back(s.exp_avg().unsafeGetTensorImpl());
+    bumped.push_back(s.exp_avg_sq().unsafeGetTensorImpl());
+  }
+  double const bumps = median_seconds([&] { for (auto* impl : bumped) { impl->bump_version(); } }, repeats);
+  std::printf("libtorch_step host: %zu float tensors of 1 element, 1 thread, median of %d steps\n\n", count, repeats);
+  std::printf("| what | us per step | ns per tensor |\n| --- | --- | --- |\n");
+  std::printf("| AdamW step(), gradients kept | %.1f | %.1f |\n", kept * 1e6, per_tensor_ns(kept));
+  std::printf("| AdamW step(), new gradient tensors | %.1f | %.1f |\n", renewed * 1e6, per_tensor_ns(renewed));
+  std::printf("| fusedopt's host plan run alone | %.1f | %.1f |\n", own * 1e6, per_tensor_ns(own));
+  std::printf("| version bumps alone (parameter, exp_avg, exp_avg_sq) | %.1f | %.1f |\n", bumps * 1e6,
+              per_tensor_ns(bumps));
+  std::printf("| adapter's bookkeeping (kept / new gradients) | %.1f / %.1f | %.1f / %.1f |\n", (kept - own) * 1e6,
+              (renewed - own) * 1e6, per_tensor_ns(kept - own), per_tensor_ns(renewed - own));
+  std::printf("plans built: %lld, rebinds: %lld, steps on the cached path: %lld\n",
+              static_cast<long long>(opt.plan_builds()), static_cast<long long>(opt.plan_rebinds()),
+              static_cast<long long>(opt.cached_steps()));
+}
+
 #if defined(FUSEDOPT_LIBTORCH_BENCH_CUDA)
 namespace lb = fusedopt_libtorch_bench;
 
@@ -145,6 +220,7 @@ int main(int argc, char** argv)
   std::string const what = argc > 2 ? argv[2] : "all";
   torch::manual_seed(0);
   if (what == "cpu" || what == "all") { cpu(repeats); }
+  if (what == "host") { host_bookkeeping(repeats, fusedopt_bench::w3().sizes.size()); }
   if (what == "cuda" || what == "all") {
 #if defined(FUSEDOPT_LIBTORCH_BENCH_CUDA)
     if (torch::cuda::is_available()) {

@@ -468,7 +468,101 @@ TEST_CASE("moved parameters and states rebind the plan, and the steps continue a
   }
   REQUIRE(ours.plan_builds() == 1);
   REQUIRE(ours.plan_rebinds() == 2);
+  REQUIRE(ours.cached_steps() == 3);  // steps 2, 4 and 6: new gradient tensors only
   for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 6); }
+}
+
+TEST_CASE("after steps on the cached path, changed input is checked again: refused with nothing written, or followed",
+          "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  fusedopt::libtorch::AdamW ours(a, options, config());
+  torch::optim::AdamW theirs(b, options);
+  for (int step = 1; step <= 3; ++step) {
+    set_grads(a, b, step);
+    ours.step();
+    theirs.step();
+  }
+  REQUIRE(ours.cached_steps() == 2);
+  auto const before = clones(a);  // the gradients stay the tensors the last step took
+  SECTION("a sparse gradient")
+  {
+    a[4].mutable_grad() = a[4].grad().to_sparse();
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("does not support sparse gradients"));
+  }
+  SECTION("a gradient of another shape")
+  {
+    a[4].mutable_grad() = torch::zeros({999}, on_device());
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("a gradient of"));
+  }
+  SECTION("a gradient resized in place")
+  {
+    a[4].grad().resize_({999});
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("a gradient of"));
+  }
+  SECTION("a non-contiguous gradient")
+  {
+    a[0].mutable_grad() = torch::randn({33, 64}, on_device()).t();
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("contiguous"));
+  }
+  SECTION("a parameter made non-contiguous")
+  {
+    a[0].set_data(a[0].detach().t().contiguous().t());
+    a[0].mutable_grad() = torch::zeros_like(a[0]);
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("contiguous"));
+  }
+  SECTION("a state replaced in the state map by one of another shape")
+  {
+    auto& slot = ours.state().at(fusedopt::libtorch::detail::state_key<std::decay_t<decltype(ours.state())>>(a[2]));
+    auto replaced = std::make_unique<torch::optim::AdamWParamState>(
+      static_cast<torch::optim::AdamWParamState const&>(*slot));
+    replaced->exp_avg(torch::zeros({7}, on_device()));
+    slot = std::move(replaced);
+    REQUIRE_THROWS_WITH(ours.step(), fusedopt_test::contains("a state tensor must be"));
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(torch::equal(a[k], before[k])); }
+}
+
+TEST_CASE("after steps on the cached path, a state replaced in the state map or a gradient lost is followed as torch",
+          "[libtorch]")
+{
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  fusedopt::libtorch::AdamW ours(a, options, config());
+  torch::optim::AdamW theirs(b, options);
+  for (int step = 1; step <= 8; ++step) {
+    if (step < 8) {
+      set_grads(a, b, step);
+    } else {
+      // The kept gradients accumulated into in place (no new tensors).
+      for (std::size_t k = 0; k < a.size(); ++k) {
+        a[k].grad().mul_(2);
+        b[k].grad().mul_(2);
+      }
+    }
+    if (step == 4) {
+      // A new state object with the same values (as a checkpoint tool might put back).
+      auto& slot = ours.state().at(fusedopt::libtorch::detail::state_key<std::decay_t<decltype(ours.state())>>(a[1]));
+      auto const& old = static_cast<torch::optim::AdamWParamState const&>(*slot);
+      auto replaced = std::make_unique<torch::optim::AdamWParamState>();
+      replaced->step(old.step());
+      replaced->exp_avg(old.exp_avg().clone());
+      replaced->exp_avg_sq(old.exp_avg_sq().clone());
+      slot = std::move(replaced);
+    }
+    if (step == 6) {
+      a[3].mutable_grad() = torch::Tensor();
+      b[3].mutable_grad() = torch::Tensor();
+    }
+    ours.step();
+    theirs.step();
+  }
+  REQUIRE(ours.cached_steps() >= 3);
+  REQUIRE(state_of<torch::optim::AdamWParamState>(ours, a[3]).step() == 7);
+  for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 8); }
 }
 
 #if defined(FUSEDOPT_LIBTORCH_TEST_CUDA)

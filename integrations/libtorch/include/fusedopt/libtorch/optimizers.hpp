@@ -152,7 +152,62 @@ struct bucket {
   plan_tensors scratch;  // the next step's tensors, gathered without allocating
   std::unique_ptr<plan<Rule>> steps;
   torch::Tensor counter;
+  // The cached path (fused_optimizer::step_cached): the layout the plan binds, the members'
+  // indices in their group's snapshot (the plan's order), and this step's gradient addresses
+  // and step count, gathered while checking.
+  std::int64_t layout = 0;
+  std::vector<std::uint32_t> members;
+  std::vector<void const*> next_grads;
+  bool grads_changed = false;
+  std::int64_t next_step = 0;
 };
+
+/// What a bucket's plan relies on for one tensor, read from its TensorImpl alone (its storage
+/// is not dereferenced): the same TensorImpl on the same storage at the same offset, with the
+/// same element count, dtype and contiguity. `set_data()`, `set_()` or a resize change it.
+struct tensor_mark {
+  c10::TensorImpl const* impl = nullptr;
+  c10::StorageImpl const* storage = nullptr;
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+  caffe2::TypeMeta type;
+  bool contiguous = false;
+
+  friend bool operator==(tensor_mark const& a, tensor_mark const& b)
+  {
+    return a.impl == b.impl && a.storage == b.storage && a.offset == b.offset && a.numel == b.numel &&
+           a.type == b.type && a.contiguous == b.contiguous;
+  }
+  friend bool operator!=(tensor_mark const& a, tensor_mark const& b) { return !(a == b); }
+};
+
+/// Asks the cache for the first `bytes` of the object at `address` (null: nothing), ahead of
+/// its use: the cached step's checks walk thousands of TensorImpls, states and autograd
+/// metadata scattered over the heap, each a cache miss when reached in turn.
+inline void prefetch_object(void const* address, int bytes = 192) noexcept
+{
+#if defined(__GNUC__) || defined(__clang__)
+  if (address == nullptr) { return; }
+  for (int offset = 0; offset < bytes; offset += 64) { __builtin_prefetch(static_cast<char const*>(address) + offset); }
+#else
+  static_cast<void>(address);
+  static_cast<void>(bytes);
+#endif
+}
+
+/// The mark of a defined, strided tensor (a sparse one has no storage: check is_sparse first).
+inline tensor_mark mark_of(torch::Tensor const& t)
+{
+  auto const* impl = t.unsafeGetTensorImpl();
+  tensor_mark m;
+  m.impl = impl;
+  m.storage = impl->storage().unsafeGetStorageImpl();
+  m.offset = impl->storage_offset();
+  m.numel = impl->numel();
+  m.type = impl->dtype();
+  m.contiguous = impl->is_contiguous();
+  return m;
+}
 
 }  // namespace detail
 
@@ -186,15 +241,9 @@ class fused_optimizer : public torch::optim::Optimizer {
     }
     buckets_.resize(param_groups_.size());
     lrs_.resize(param_groups_.size());
-    // Every group is checked and bucketed (its states created) before any is stepped: a refused
-    // parameter or state leaves every tensor as it was.
-    std::vector<detail::group_device> devices;
-    for (std::size_t g = 0; g < param_groups_.size(); ++g) { devices.push_back(check_group(g)); }
-    std::vector<group_members> members;
-    for (auto& group : param_groups_) { members.push_back(collect_group(group)); }
-    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
-      if (devices[g].any) { step_group(g, members[g], devices[g]); }
-    }
+    snapshots_.resize(param_groups_.size());
+    devices_.resize(param_groups_.size());
+    if (!step_cached()) { step_collected(); }
     return loss;
   }
 
@@ -211,6 +260,7 @@ class fused_optimizer : public torch::optim::Optimizer {
   {
     torch::optim::serialize<ParamState, Options>(archive, *this);
     buckets_.clear();
+    snapshots_.clear();
   }
 
   // The step-count hooks of the families whose state has torch's `step` (all but SGD's, which
@@ -223,6 +273,9 @@ class fused_optimizer : public torch::optim::Optimizer {
   [[nodiscard]] std::int64_t plan_builds() const noexcept { return builds_; }
   /// How many times a plan was pointed at moved parameters or states (not counting gradients).
   [[nodiscard]] std::int64_t plan_rebinds() const noexcept { return rebinds_; }
+  /// How many steps took the cached path (every group as at the step before, but for new
+  /// gradient tensors) rather than collecting every parameter's state again.
+  [[nodiscard]] std::int64_t cached_steps() const noexcept { return cached_steps_; }
 
   /// With cuda_config::capturable: writes each CUDA group's lr (`options().get_lr()`) to the
   /// device memory a captured step reads, in stream order on torch's current stream. Call it
@@ -298,7 +351,14 @@ class fused_optimizer : public torch::optim::Optimizer {
                   ": parameters and gradients must be contiguous");
       static_cast<void>(detail::element_type_of(p.scalar_type(), Derived::name));
     }
-    if (out.any && out.device.is_cuda()) {
+    if (out.any && out.device.is_cuda()) { where_on_cuda(g, out); }
+    return out;
+  }
+
+  /// A CUDA group's stream and capture state this step, with their checks.
+  void where_on_cuda(std::size_t g, detail::group_device& out)
+  {
+    {
       TORCH_CHECK(cuda_.steps != nullptr, Derived::name, ": parameters on ", out.device,
                   " need fusedopt's CUDA plans: include <fusedopt/libtorch/cuda_steps.cuh> in one .cu file of "
                   "the program and pass fusedopt::libtorch::cuda_config{fusedopt::libtorch::make_cuda_steps()} "
@@ -312,7 +372,6 @@ class fused_optimizer : public torch::optim::Optimizer {
                   ": a captured step() needs a step outside the capture first (its plans and device "
                   "memory are made there)");
     }
-    return out;
   }
 
   // Buckets: the parameters with a gradient of one dtype and layout (the rule's optional
@@ -357,21 +416,42 @@ class fused_optimizer : public torch::optim::Optimizer {
     return out;
   }
 
+  /// The step of every parameter collected again: each group checked, its states looked up
+  /// (created where missing) and checked, its buckets formed, then stepped; the snapshots of
+  /// the cached path taken.
+  void step_collected()
+  {
+    // Every group is checked and bucketed (its states created) before any is stepped: a refused
+    // parameter or state leaves every tensor as it was.
+    for (auto& snapshot : snapshots_) { snapshot.valid = false; }
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) { devices_[g] = check_group(g); }
+    std::vector<group_members> members;
+    for (auto& group : param_groups_) { members.push_back(collect_group(group)); }
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+      if (devices_[g].any) { step_group(g, members[g], devices_[g]); }
+      take_snapshot(g, members[g]);
+    }
+  }
+
+  /// The lr a capturable step reads: refreshed here outside a capture (a captured fill would
+  /// put back the capture's lr at every replay), by upload_lr() before replays.
+  void refresh_device_lr(std::size_t g, Options const& options, detail::group_device const& where)
+  {
+    if (!where.device.is_cuda() || !cuda_.capturable) { return; }
+    if (!lrs_[g].defined() || lrs_[g].device() != where.device) {
+      lrs_[g] = torch::full({1}, options.lr(), torch::dtype(torch::kDouble).device(where.device));
+    } else if (!where.capturing) {
+      lrs_[g].fill_(options.lr());
+    }
+  }
+
   void step_group(std::size_t g, group_members const& buckets, detail::group_device const& where)
   {
     auto const& options = static_cast<Options const&>(param_groups_[g].options());
     bool const on_cuda = where.device.is_cuda();
     c10::OptionalDeviceGuard guard;
     if (on_cuda) { guard.reset_device(where.device); }
-    if (on_cuda && cuda_.capturable) {
-      // The lr a capturable step reads: refreshed here outside a capture (a captured fill would
-      // put back the capture's lr at every replay), by upload_lr() before replays.
-      if (!lrs_[g].defined() || lrs_[g].device() != where.device) {
-        lrs_[g] = torch::full({1}, options.lr(), torch::dtype(torch::kDouble).device(where.device));
-      } else if (!where.capturing) {
-        lrs_[g].fill_(options.lr());
-      }
-    }
+    refresh_device_lr(g, options, where);
     int const device = on_cuda ? where.device.index() : -1;
     auto& kept = buckets_[g];
     std::map<bucket_key, detail::bucket<Rule, ParamState>> next;
@@ -386,9 +466,26 @@ class fused_optimizer : public torch::optim::Optimizer {
       detail::bucket<Rule, ParamState> b =
         found != kept.end() ? std::move(found->second) : detail::bucket<Rule, ParamState>{};
       run_bucket(g, b, m, options, std::get<1>(key), std::get<2>(key), where);
+      b.layout = std::get<1>(key);
       next.emplace(id, std::move(b));
     }
     kept = std::move(next);
+  }
+
+  /// Runs bucket `b`'s plan: the rule from the options (the lr and the step count from device
+  /// memory with a counter: cuda_config::capturable).
+  void run_plan(std::size_t g, detail::bucket<Rule, ParamState>& b, Options const& options, std::int64_t step,
+                void* stream)
+  {
+    Rule rule = self().rule(options);
+    ::fusedopt::step_info info{step};
+    if (b.counter.defined()) {
+      rule.lr = ::fusedopt::scalar<double>::from_pointer(lrs_[g].template data_ptr<double>());
+      auto* const count = b.counter.template data_ptr<std::int64_t>();
+      info.step = ::fusedopt::scalar<std::int64_t>::from_pointer(count);
+      info.advance = count;
+    }
+    b.steps->run(rule, info, stream);
   }
 
   void run_bucket(std::size_t g, detail::bucket<Rule, ParamState>& b, members const& m, Options const& options,
@@ -456,27 +553,249 @@ class fused_optimizer : public torch::optim::Optimizer {
       std::swap(b.bound, x);
     }
     b.states = m.states;
-
-    Rule rule = self().rule(options);
-    ::fusedopt::step_info info{step};
-    if (b.counter.defined()) {
-      rule.lr = ::fusedopt::scalar<double>::from_pointer(lrs_[g].template data_ptr<double>());
-      auto* const count = b.counter.template data_ptr<std::int64_t>();
-      info.step = ::fusedopt::scalar<std::int64_t>::from_pointer(count);
-      info.advance = count;
-    }
-    b.steps->run(rule, info, stream);
+    run_plan(g, b, options, step, stream);
     for (auto* state : m.states) { self().advance(*state); }
     for (auto const* p : m.params) { p->unsafeGetTensorImpl()->bump_version(); }  // written through data_ptr
     for (auto const* t : m.state_tensors) { t->unsafeGetTensorImpl()->bump_version(); }
+  }
+
+  // ---- The cached path ---------------------------------------------------------------------
+  // After a collected step, each group keeps a snapshot: per parameter (in the group's order)
+  // the marks of the parameter, its gradient and its state tensors, its state object, its
+  // state key, and its bucket. The next step first checks each group against its snapshot,
+  // reading each tensor's TensorImpl (no string keys formatted, no maps built, no tensors or
+  // reference counts made, no allocation): where only gradient tensors are new (zero_grad()
+  // sets them to none), it checks those as the collected step would, rebinds their plans and
+  // steps. Anything else (a parameter added, moved or gaining or losing a gradient, a state
+  // replaced, moved or missing, a changed layout, a refused gradient, a load()) sends the step
+  // to the collected path, which checks everything again and raises its errors.
+
+  /// One parameter of a group's snapshot.
+  struct cached_param {
+    detail::tensor_mark param;
+    detail::tensor_mark grad;  // impl null: no gradient at the snapshot
+    ParamState* state = nullptr;
+    typename state_map::key_type key{};
+    detail::bucket<Rule, ParamState>* bucket = nullptr;
+    std::uint32_t position = 0;  // in the bucket's plan
+  };
+  struct group_snapshot {
+    bool valid = false;
+    std::vector<cached_param> params;
+    std::size_t states_per_param = 0;
+    std::vector<detail::tensor_mark> states;  // params[i]'s at [i * states_per_param, ...)
+    std::vector<detail::bucket<Rule, ParamState>*> buckets;
+    c10::Device device{c10::kCPU};
+    bool any = false;
+  };
+
+  void take_snapshot(std::size_t g, group_members const& buckets)
+  {
+    auto& snapshot = snapshots_[g];
+    auto const& params = param_groups_[g].params();
+    snapshot.valid = false;
+    snapshot.params.assign(params.size(), cached_param{});
+    snapshot.buckets.clear();
+    snapshot.states.clear();
+    snapshot.states_per_param = 0;
+    snapshot.any = devices_[g].any;
+    snapshot.device = devices_[g].device;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].defined() && !params[i].is_sparse()) { snapshot.params[i].param = detail::mark_of(params[i]); }
+    }
+    if (!snapshot.any) {
+      snapshot.valid = true;  // no gradient anywhere: a gradient later sends the step to the collected path
+      return;
+    }
+    for (auto const& [key, m] : buckets) {
+      snapshot.states_per_param = m.state_tensors.size() / m.params.size();
+      break;
+    }
+    snapshot.states.resize(params.size() * snapshot.states_per_param);
+    int const device = snapshot.device.is_cuda() ? snapshot.device.index() : -1;
+    std::tuple<int, std::int64_t> previous{-1, -1};
+    std::size_t rank = 0;
+    for (auto const& [key, m] : buckets) {
+      // The bucket step_group kept for these members (the same key).
+      std::tuple<int, std::int64_t> const kind{std::get<0>(key), std::get<1>(key)};
+      rank = kind == previous ? rank + 1 : 0;
+      previous = kind;
+      auto found = buckets_[g].find(bucket_key{device, std::get<0>(key), std::get<1>(key), rank});
+      if (found == buckets_[g].end()) { return; }
+      auto& b = found->second;
+      if (m.state_tensors.size() != m.params.size() * snapshot.states_per_param) { return; }
+      b.members.clear();
+      b.next_grads.assign(b.bound.grads.begin(), b.bound.grads.end());
+      for (std::size_t t = 0; t < m.params.size(); ++t) {
+        auto const index = static_cast<std::size_t>(m.params[t] - params.data());
+        auto& c = snapshot.params[index];
+        c.grad = detail::mark_of(m.params[t]->grad());
+        c.state = m.states[t];
+        c.key = detail::state_key<state_map>(*m.params[t]);
+        c.bucket = &b;
+        c.position = static_cast<std::uint32_t>(t);
+        for (std::size_t k = 0; k < snapshot.states_per_param; ++k) {
+          snapshot.states[index * snapshot.states_per_param + k] =
+            detail::mark_of(*m.state_tensors[t * snapshot.states_per_param + k]);
+        }
+        b.members.push_back(static_cast<std::uint32_t>(index));
+      }
+      snapshot.buckets.push_back(&b);
+    }
+    snapshot.valid = true;
+  }
+
+  /// Whether gradient `grad` of parameter `param` (marked `param_mark`) is one the collected
+  /// path takes without an error (its checks, from the TensorImpls).
+  static bool acceptable_grad(torch::Tensor const& param, torch::Tensor const& grad)
+  {
+    return !grad.is_sparse() && grad.device() == param.device() && grad.scalar_type() == param.scalar_type() &&
+           grad.sizes() == param.sizes() && grad.is_contiguous();
+  }
+
+  /// Checks group `g` against its snapshot, gathering new gradient addresses and step counts
+  /// into its buckets and rebinding their plans' gradients; false: collect the step again.
+  /// Writes no tensor.
+  bool check_cached(std::size_t g)
+  {
+    auto& snapshot = snapshots_[g];
+    auto const& group = param_groups_[g];
+    auto const& params = group.params();
+    if (!snapshot.valid || params.size() != snapshot.params.size()) { return false; }
+    auto const& options = static_cast<Options const&>(group.options());
+    for (auto* b : snapshot.buckets) {
+      b->grads_changed = false;
+      b->next_step = -1;
+    }
+    std::size_t const per = snapshot.states_per_param;
+    // Prefetched ahead: the TensorImpls and state objects `ahead` parameters on, then (once
+    // those are in) the autograd metadata that holds their gradients and the version counters
+    // the step bumps, `ahead / 2` on.
+    constexpr std::size_t ahead = 8;
+    auto const prefetch_tensors = [&](std::size_t i) {
+      auto const& c = snapshot.params[i];
+      detail::prefetch_object(c.param.impl);
+      detail::prefetch_object(c.grad.impl);
+      detail::prefetch_object(c.state, 128);
+      for (std::size_t k = 0; k < per; ++k) { detail::prefetch_object(snapshot.states[i * per + k].impl); }
+    };
+    auto const prefetch_indirect = [&](std::size_t i) {
+      auto const& c = snapshot.params[i];
+      if (c.grad.impl == nullptr) { return; }
+      detail::prefetch_object(c.param.impl->autograd_meta(), 128);
+      std::uint32_t versions = c.param.impl->version_counter().current_version();
+      for (std::size_t k = 0; k < per; ++k) {
+        versions += snapshot.states[i * per + k].impl->version_counter().current_version();
+      }
+      version_sink_ = versions;  // loaded for the cache: the bumps after the checks hit it
+    };
+    for (std::size_t i = 0; i < std::min(ahead, params.size()); ++i) { prefetch_tensors(i); }
+    for (std::size_t i = 0; i < std::min(ahead / 2, params.size()); ++i) { prefetch_indirect(i); }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (i + ahead < params.size()) { prefetch_tensors(i + ahead); }
+      if (i + ahead / 2 < params.size()) { prefetch_indirect(i + ahead / 2); }
+      auto const& p = params[i];
+      auto& c = snapshot.params[i];
+      if (!p.defined() || p.unsafeGetTensorImpl() != c.param.impl) { return false; }
+      auto const& grad = c.param.impl->grad();  // as p.grad(), without its check for non-leaf tensors
+      if (!grad.defined()) {
+        if (c.grad.impl != nullptr) { return false; }
+        continue;
+      }
+      if (c.grad.impl == nullptr || grad.is_sparse() || detail::mark_of(p) != c.param) { return false; }
+      auto& b = *c.bucket;
+      auto const grad_mark = detail::mark_of(grad);
+      if (grad_mark != c.grad) {
+        // A new gradient tensor (a changed one is collected again): the collected path's checks.
+        if (grad_mark.impl == c.grad.impl || !acceptable_grad(p, grad)) { return false; }
+        b.next_grads[c.position] = grad.data_ptr();
+        b.grads_changed = true;
+        c.grad = grad_mark;  // the plan's once rebound below (a failed check retakes the snapshot)
+      }
+      auto const found = state_.find(c.key);
+      if (found == state_.end() || found->second.get() != c.state) { return false; }
+      auto& state = *c.state;
+      if (self().layout(options, state) != b.layout) { return false; }
+      std::int64_t const next = self().next_step(state);
+      if (b.next_step == -1) {
+        b.next_step = next;
+      } else if (b.next_step != next) {
+        return false;
+      }
+      state_scratch_.clear();
+      self().state_tensors(p, options, state, state_scratch_);
+      if (state_scratch_.size() != per) { return false; }
+      for (std::size_t k = 0; k < per; ++k) {
+        if (detail::mark_of(*state_scratch_[k]) != snapshot.states[i * per + k]) { return false; }
+      }
+    }
+    if (snapshot.any && snapshot.device.is_cuda()) {
+      devices_[g] = detail::group_device{};
+      devices_[g].any = true;
+      devices_[g].device = snapshot.device;
+      where_on_cuda(g, devices_[g]);
+    } else {
+      devices_[g].any = snapshot.any;
+      devices_[g].device = snapshot.device;
+      devices_[g].stream = nullptr;
+      devices_[g].capturing = false;
+    }
+    // The new gradients' addresses to the plans: what they decline, the collected path rebinds.
+    for (auto* b : snapshot.buckets) {
+      if (!b->grads_changed) { continue; }
+      c10::OptionalDeviceGuard guard;
+      if (snapshot.device.is_cuda()) { guard.reset_device(snapshot.device); }
+      try {
+        b->steps->rebind_grads(b->next_grads.data(), b->next_grads.size(), devices_[g].stream);
+      } catch (::fusedopt::error const&) {
+        return false;
+      }
+      b->bound.grads.assign(b->next_grads.begin(), b->next_grads.end());
+    }
+    return true;
+  }
+
+  /// Steps every group through its snapshot's buckets, if every group passes check_cached.
+  bool step_cached()
+  {
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+      if (!check_cached(g)) { return false; }
+    }
+    for (std::size_t g = 0; g < param_groups_.size(); ++g) {
+      auto const& snapshot = snapshots_[g];
+      if (!snapshot.any) { continue; }
+      auto const& where = devices_[g];
+      auto const& options = static_cast<Options const&>(param_groups_[g].options());
+      c10::OptionalDeviceGuard guard;
+      if (where.device.is_cuda()) { guard.reset_device(where.device); }
+      refresh_device_lr(g, options, where);
+      for (auto* b : snapshot.buckets) {
+        run_plan(g, *b, options, b->next_step, where.stream);
+        std::size_t const per = snapshot.states_per_param;
+        for (auto const index : b->members) {
+          auto const& c = snapshot.params[index];
+          self().advance(*c.state);
+          const_cast<c10::TensorImpl*>(c.param.impl)->bump_version();  // written through data_ptr
+          for (std::size_t k = 0; k < per; ++k) {
+            const_cast<c10::TensorImpl*>(snapshot.states[index * per + k].impl)->bump_version();
+          }
+        }
+      }
+    }
+    ++cached_steps_;
+    return true;
   }
 
   cuda_config cuda_;
   std::vector<std::map<bucket_key, detail::bucket<Rule, ParamState>>> buckets_;
   std::vector<torch::Tensor const*> state_scratch_;  // one parameter's state tensors, in collect_group
   std::vector<torch::Tensor> lrs_;  // per group, with cuda_config::capturable on CUDA: its lr (double) on the device
+  std::vector<group_snapshot> snapshots_;  // per group: the cached path's
+  std::vector<detail::group_device> devices_;  // per group: where it steps this time
   std::int64_t builds_ = 0;
   std::int64_t rebinds_ = 0;
+  std::int64_t cached_steps_ = 0;
+  std::uint32_t version_sink_ = 0;  // check_cached's loads of version counters, kept from the optimiser
 };
 
 /// @brief What Adam and AdamW share: the states (exp_avg, exp_avg_sq, and max_exp_avg_sq with
