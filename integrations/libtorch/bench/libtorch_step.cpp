@@ -138,7 +138,9 @@ void host_bookkeeping(int repeats, std::size_t count)
   fusedopt::rules::adamw rule;
   rule.lr = 1e-3;
   std::int64_t step = 100;
-  double const own = median_seconds([&] { plan->run(rule, fusedopt::step_info{++step}, nullptr); }, repeats);
+  fusedopt::libtorch::step_extras const no_extras;
+  double const own =
+    median_seconds([&] { plan->run(rule, no_extras, fusedopt::step_info{++step}, nullptr); }, repeats);
   // What torch's in-place operations do per tensor and the step does too: one version-counter
   // bump of each parameter and state tensor (an atomic increment each).
   std::vector<c10::TensorImpl*> bumped;

@@ -5,7 +5,9 @@
 // across the two implementations (torch::save / torch::load) and continue alike; gradients
 // that are new tensors every step (zero_grad) rebound, not rebuilt; a parameter without a
 // gradient skipped and its step count kept apart; moved parameters and states rebound; refused
-// input with nothing written.
+// input with nothing written; the cached step path (changed input after cached steps checked
+// again); the library's extras (maximize, max_grad_norm, and on CPU bfloat16 parameters with
+// stochastic rounding or Kahan compensation, 8-bit states, their checkpoints).
 //
 // Compiled twice: libtorch_optimizers steps CPU tensors (the host backend), and
 // libtorch_optimizers_cuda (FUSEDOPT_LIBTORCH_TEST_CUDA, with make_cuda_steps() from
@@ -564,6 +566,276 @@ TEST_CASE("after steps on the cached path, a state replaced in the state map or 
   REQUIRE(state_of<torch::optim::AdamWParamState>(ours, a[3]).step() == 7);
   for (std::size_t k = 0; k < a.size(); ++k) { REQUIRE(distance(a[k], b[k]) <= 4e-7 * 8); }
 }
+
+// ---- The library's extras (fusedopt::libtorch::extras) ----------------------------------------
+
+TEST_CASE("extras: maximize steps as torch's optimizers on the negated gradients", "[libtorch][extras]")
+{
+  fusedopt::libtorch::extras ascend;
+  ascend.maximize = true;
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto c = clones(a);
+  auto d = clones(a);
+  auto const adamw_options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  auto const sgd_options = torch::optim::SGDOptions(1e-2).momentum(0.9).weight_decay(0.1);
+  fusedopt::libtorch::AdamW ours(a, adamw_options, config(), ascend);
+  torch::optim::AdamW theirs(b, adamw_options);
+  fusedopt::libtorch::SGD ours_sgd(c, sgd_options, config(), ascend);
+  torch::optim::SGD theirs_sgd(d, sgd_options);
+  double worst = 0, worst_sgd = 0;
+  for (int step = 1; step <= 20; ++step) {
+    set_grads(a, b, step);
+    set_grads(c, d, step);
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      b[k].mutable_grad() = -b[k].grad();
+      d[k].mutable_grad() = -d[k].grad();
+    }
+    ours.step();
+    theirs.step();
+    ours_sgd.step();
+    theirs_sgd.step();
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      worst = std::max(worst, distance(a[k], b[k]));
+      worst_sgd = std::max(worst_sgd, distance(c[k], d[k]));
+      REQUIRE(distance(a[k], b[k]) <= 4e-7 * step);
+      REQUIRE(distance(c[k], d[k]) <= 2e-7 * step);
+    }
+  }
+  std::printf("maximize: AdamW within %.2e, SGD within %.2e of torch's on negated gradients\n", worst, worst_sgd);
+  REQUIRE_THROWS_WITH(fusedopt::libtorch::LAMB(a, {}, config(), ascend), fusedopt_test::contains("takes no maximize"));
+}
+
+#if !defined(FUSEDOPT_LIBTORCH_TEST_CUDA)
+namespace {
+
+/// Mean and largest |a - reference| over `params`, in units of the references' largest magnitude.
+std::pair<double, double> errors(std::vector<torch::Tensor> const& a, std::vector<torch::Tensor> const& reference)
+{
+  double sum = 0, largest = 0, scale = 0;
+  std::int64_t count = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    auto const diff = (a[k].to(torch::kDouble) - reference[k].to(torch::kDouble)).abs();
+    sum += diff.sum().item<double>();
+    largest = std::max(largest, diff.max().item<double>());
+    scale = std::max(scale, reference[k].abs().max().item<double>());
+    count += a[k].numel();
+  }
+  return {sum / static_cast<double>(count) / scale, largest / scale};
+}
+
+/// 100 AdamW steps (lr 1e-3: each update under half a bfloat16 rounding step of parameters
+/// above 0.25 in magnitude, which round to nearest would not move) of bfloat16 parameters with `x`, and torch's AdamW on float32 copies with the
+/// same gradients (the bfloat16 ones, widened): the bfloat16 parameters, the references, and
+/// the optimizer for its states.
+struct bf16_run {
+  std::vector<torch::Tensor> params, reference;
+  std::unique_ptr<fusedopt::libtorch::AdamW> optimizer;
+
+  explicit bf16_run(fusedopt::libtorch::extras const& x)
+  {
+    params = make_params({{64, 33}, {1000}, {7}}, torch::kBFloat16);
+    for (auto const& p : params) { reference.push_back(p.detach().to(torch::kFloat).set_requires_grad(true)); }
+    auto const options = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
+    optimizer = std::make_unique<fusedopt::libtorch::AdamW>(params, options, config(), x);
+    torch::optim::AdamW theirs(reference, options);
+    for (int step = 1; step <= 100; ++step) {
+      torch::manual_seed(2000 + step);
+      for (std::size_t k = 0; k < params.size(); ++k) {
+        // A steady direction under noise: the updates add up (about lr a step).
+        params[k].mutable_grad() = (0.5 + 0.1 * torch::randn(params[k].sizes())).to(torch::kBFloat16);
+        reference[k].mutable_grad() = params[k].grad().to(torch::kFloat);
+      }
+      optimizer->step();
+      theirs.step();
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("extras: bfloat16 parameters with stochastic rounding or Kahan compensation follow a float32 AdamW",
+          "[libtorch][extras]")
+{
+  auto const plain = bf16_run({});
+  fusedopt::libtorch::extras rounding;
+  rounding.stochastic_rounding = true;
+  auto const stochastic = bf16_run(rounding);
+  fusedopt::libtorch::extras compensated;
+  compensated.kahan = true;
+  auto const kahan = bf16_run(compensated);
+
+  auto const [plain_mean, plain_max] = errors(plain.params, plain.reference);
+  auto const [sr_mean, sr_max] = errors(stochastic.params, stochastic.reference);
+  auto const [kahan_mean, kahan_max] = errors(kahan.params, kahan.reference);
+  // What the bfloat16 parameter and its compensation hold together.
+  std::vector<torch::Tensor> sums;
+  for (auto const& p : kahan.params) {
+    auto const c = kahan.optimizer->kahan_compensation(p);
+    REQUIRE(c.defined());
+    REQUIRE(c.scalar_type() == torch::kBFloat16);
+    sums.push_back(p.detach().to(torch::kFloat) + c.to(torch::kFloat));
+  }
+  auto const [sum_mean, sum_max] = errors(sums, kahan.reference);
+  std::printf("bfloat16 AdamW vs float32 torch AdamW, 100 steps, |error| / largest |p| (mean, largest): round to "
+              "nearest %.2e %.2e, stochastic rounding %.2e %.2e, Kahan %.2e %.2e (parameter + compensation %.2e %.2e)\n",
+              plain_mean, plain_max, sr_mean, sr_max, kahan_mean, kahan_max, sum_mean, sum_max);
+  // bfloat16 keeps 8 significant bits: half a rounding step of x is at most 2^-8 |x|.
+  double const bf16_step = std::ldexp(1.0, -8);
+  // Round to nearest drops the updates of the larger parameters (a bias); both extras keep them.
+  REQUIRE(sr_mean < plain_mean / 2);
+  REQUIRE(kahan_mean < plain_mean / 2);
+  // Stochastic rounding is unbiased but each rounding adds noise: at the largest magnitude m
+  // (rounding step u, at most 2^-7 m) 100 updates of about lr = 1e-3 each round up with
+  // probability lr / u, a random walk of sqrt(100 lr u) (one standard deviation).
+  double largest = 0;
+  for (auto const& r : stochastic.reference) { largest = std::max(largest, r.abs().max().item<double>()); }
+  double const walk = std::sqrt(100 * 1e-3 * std::ldexp(largest, -7)) / largest;
+  REQUIRE(sr_max <= 5 * walk);
+  REQUIRE(kahan_max <= bf16_step);  // one rounding of the compensated value
+  // The pair holds the float32 value to within a tenth of a rounding step (the compensation is
+  // itself bfloat16).
+  REQUIRE(sum_max <= 0.1 * bf16_step);
+  // No compensation for float parameters, and none without the extra.
+  REQUIRE(!plain.optimizer->kahan_compensation(plain.params[0]).defined());
+}
+
+TEST_CASE("extras: 8-bit AdamW states are the bits of fusedopt's own host step", "[libtorch][extras]")
+{
+  auto const dtype = GENERATE(torch::kFloat, torch::kBFloat16);
+  auto a = make_params(shapes, dtype);
+  auto b = clones(a);
+  fusedopt::libtorch::extras eight;
+  eight.states_8bit = true;
+  auto const options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  fusedopt::libtorch::AdamW ours(a, options, config(), eight);
+  // The library's step over the same tensors: 8-bit moments of its own.
+  std::vector<torch::Tensor> m, v;
+  for (auto const& p : b) {
+    m.push_back(torch::zeros({fusedopt::libtorch::quantized_state_bytes(p.numel())}, torch::kByte));
+    v.push_back(torch::zeros({fusedopt::libtorch::quantized_state_bytes(p.numel())}, torch::kByte));
+  }
+  auto const library_step = [&](auto element, int step) {
+    using T = decltype(element);
+    fusedopt::tensor_list<T> params;
+    fusedopt::tensor_list<T const> grads;
+    fusedopt::tensor_list<fusedopt::signed_q8> moments;
+    fusedopt::tensor_list<fusedopt::unsigned_q8> squares;
+    for (std::size_t k = 0; k < b.size(); ++k) {
+      params.push_back(static_cast<T*>(b[k].data_ptr()), b[k].numel());
+      grads.push_back(static_cast<T const*>(b[k].grad().data_ptr()), b[k].numel());
+      moments.push_back(static_cast<fusedopt::signed_q8*>(m[k].data_ptr()), b[k].numel());
+      squares.push_back(static_cast<fusedopt::unsigned_q8*>(v[k].data_ptr()), b[k].numel());
+    }
+    auto plan = fusedopt::host::make_plan(fusedopt::bind(fusedopt::slot::param = params, fusedopt::slot::grad = grads,
+                                                         fusedopt::slot::exp_avg = moments,
+                                                         fusedopt::slot::exp_avg_sq = squares));
+    fusedopt::rules::adamw rule;
+    rule.lr = 1e-2;
+    rule.weight_decay = 0.1;
+    plan.run(rule, fusedopt::step_info{step});
+  };
+  for (int step = 1; step <= 20; ++step) {
+    set_grads(a, b, step);
+    ours.step();
+    if (dtype == torch::kFloat) {
+      library_step(float{}, step);
+    } else {
+      library_step(fusedopt::bfloat16{}, step);
+    }
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    auto const& s = state_of<torch::optim::AdamWParamState>(ours, a[k]);
+    REQUIRE(s.exp_avg().scalar_type() == torch::kByte);
+    REQUIRE(s.step() == 20);
+    REQUIRE(torch::equal(a[k], b[k]));
+    REQUIRE(torch::equal(s.exp_avg(), m[k]));
+    REQUIRE(torch::equal(s.exp_avg_sq(), v[k]));
+  }
+  REQUIRE(ours.plan_builds() == 1);
+  REQUIRE_THROWS_WITH(fusedopt::libtorch::Lion(a, {}, config(), eight), fusedopt_test::contains("takes no states_8bit"));
+}
+
+TEST_CASE("extras: max_grad_norm steps as torch::nn::utils::clip_grad_norm_ then torch's AdamW or SGD",
+          "[libtorch][extras]")
+{
+  fusedopt::libtorch::extras clip;
+  clip.max_grad_norm = 1.0;  // the gradients' norm is about 57: clipped at every step
+  auto a = make_params(shapes, torch::kFloat);
+  auto b = clones(a);
+  auto c = clones(a);
+  auto d = clones(a);
+  auto const adamw_options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  auto const sgd_options = torch::optim::SGDOptions(1e-1).momentum(0.9);
+  fusedopt::libtorch::AdamW ours(a, adamw_options, config(), clip);
+  torch::optim::AdamW theirs(b, adamw_options);
+  fusedopt::libtorch::SGD ours_sgd(c, sgd_options, config(), clip);
+  torch::optim::SGD theirs_sgd(d, sgd_options);
+  double worst = 0, worst_sgd = 0;
+  for (int step = 1; step <= 20; ++step) {
+    set_grads(a, b, step);
+    set_grads(c, d, step);
+    torch::nn::utils::clip_grad_norm_(b, 1.0);
+    torch::nn::utils::clip_grad_norm_(d, 1.0);
+    ours.step();
+    theirs.step();
+    ours_sgd.step();
+    theirs_sgd.step();
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      worst = std::max(worst, distance(a[k], b[k]));
+      worst_sgd = std::max(worst_sgd, distance(c[k], d[k]));
+      REQUIRE(distance(a[k], b[k]) <= 4e-7 * step);
+      REQUIRE(distance(c[k], d[k]) <= 4e-7 * step);
+    }
+  }
+  std::printf("max_grad_norm: AdamW within %.2e, SGD within %.2e of clip_grad_norm_ and torch's step\n", worst,
+              worst_sgd);
+  // One fused pass clips: two param groups are refused, with nothing written.
+  auto e = clones(a);
+  auto const before = clones(e);
+  fusedopt::libtorch::AdamW two_groups({torch::optim::OptimizerParamGroup({e[0], e[1]}),
+                                        torch::optim::OptimizerParamGroup({e[2], e[3], e[4]})},
+                                       adamw_options, config(), clip);
+  set_grads(e, b, 21);
+  REQUIRE_THROWS_WITH(two_groups.step(), fusedopt_test::contains("max_grad_norm clips the global norm of one"));
+  for (std::size_t k = 0; k < e.size(); ++k) { REQUIRE(torch::equal(e[k], before[k])); }
+}
+
+TEST_CASE("extras: Kahan compensations and 8-bit states are saved and loaded with the optimizer", "[libtorch][extras]")
+{
+  bool const kahan = GENERATE(false, true);
+  fusedopt::libtorch::extras x;
+  x.kahan = kahan;
+  x.states_8bit = !kahan;
+  auto a = make_params(shapes, torch::kBFloat16);
+  auto b = clones(a);
+  auto const options = torch::optim::AdamWOptions(1e-3).weight_decay(0.01);
+  fusedopt::libtorch::AdamW uninterrupted(a, options, config(), x);
+  auto interrupted = std::make_unique<fusedopt::libtorch::AdamW>(b, options, config(), x);
+  std::string const path = "fusedopt_libtorch_extras.pt";
+  for (int step = 1; step <= 8; ++step) {
+    set_grads(a, b, step);
+    if (step == 5) {
+      torch::save(*interrupted, path);
+      interrupted = std::make_unique<fusedopt::libtorch::AdamW>(b, options, config(), x);
+      torch::load(*interrupted, path);
+      std::remove(path.c_str());
+    }
+    uninterrupted.step();
+    interrupted->step();
+  }
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(torch::equal(a[k], b[k]));
+    auto const& s = state_of<torch::optim::AdamWParamState>(*interrupted, b[k]);
+    REQUIRE(s.step() == 8);
+    REQUIRE((s.exp_avg().scalar_type() == torch::kByte) == !kahan);
+    if (kahan) { REQUIRE(torch::equal(uninterrupted.kahan_compensation(a[k]), interrupted->kahan_compensation(b[k]))); }
+  }
+  fusedopt::libtorch::extras both;
+  both.kahan = both.stochastic_rounding = true;
+  REQUIRE_THROWS_WITH(fusedopt::libtorch::AdamW(a, options, config(), both), fusedopt_test::contains("choose one"));
+}
+#endif
 
 #if defined(FUSEDOPT_LIBTORCH_TEST_CUDA)
 

@@ -130,7 +130,8 @@ class cuda_backend {
 template <class Rule>
 std::unique_ptr<plan<Rule>> make_cuda_plan(plan_request const& request)
 {
-  return ::fusedopt::libtorch::make_plan<Rule>([&] { return cuda_backend(request.device); }, request);
+  // The extras (layout_extras) are host plans only: their kernels are not compiled here.
+  return ::fusedopt::libtorch::make_plan<Rule, false>([&] { return cuda_backend(request.device); }, request);
 }
 
 }  // namespace detail

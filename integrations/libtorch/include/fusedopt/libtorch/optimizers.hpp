@@ -14,7 +14,11 @@
 /// fusedopt/libtorch/cuda_steps.cuh) and hands to the optimizer (`cuda_config`). Plans are
 /// built at the first step of a bucket and kept; new gradient tensors (`zero_grad()` sets them
 /// to none) are rebound, moved parameters or states rebind the plan (a new plan where their
-/// geometry changed).
+/// geometry changed). A step whose groups are as at the step before but for new gradient
+/// tensors takes a cached path that reads each tensor's TensorImpl and allocates nothing.
+/// The library's extras beyond torch's options (maximize, fused clipping, bfloat16 parameters
+/// with stochastic rounding or Kahan compensation, 8-bit states) come in a side structure,
+/// `extras`, the constructors' last argument.
 ///
 /// This header compiles with the C++ compiler alone (no nvcc, no CUDA toolkit): the one
 /// torch-CUDA call it makes, c10::cuda::getCurrentCUDAStream, is compiled where
@@ -52,6 +56,13 @@
 #  include <c10/cuda/CUDAStream.h>
 #endif
 
+#if !defined(FUSEDOPT_LIBTORCH_HOST_EXTRAS)
+// The host plans of the library's extras (extras: clipping, 8-bit states, Kahan, stochastic
+// rounding) are compiled where an optimizer is used: minutes of compile time for Adam and AdamW
+// each. 0: not compiled, and refused by the constructors (maximize stays).
+#  define FUSEDOPT_LIBTORCH_HOST_EXTRAS 1
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +73,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -86,6 +98,36 @@ struct cuda_config {
   bool capturable = false;
 };
 
+/// @brief The library's extras beyond torch's options (the constructors' last argument): a
+/// side structure, so that the options and state classes stay torch's own (checkpoints and
+/// schedulers interchangeable with torch::optim's). Fixed for the optimizer's life; the
+/// states they make (8-bit moments, Kahan compensations) are saved and loaded with it.
+struct extras {
+  /// Ascend: the gradient is negated first (torch's Python `maximize`). Every optimizer but
+  /// LAMB, CPU and CUDA.
+  bool maximize = false;
+  /// Above 0: the gradients of a step scaled to at most this global L2 norm before the update
+  /// (torch::nn::utils::clip_grad_norm_ fused into the step, coefficient max / (norm + 1e-6)).
+  /// The norm is that of one plan's gradients: the optimizer refuses a step with more than one
+  /// bucket (one group, one dtype, every parameter at the same step count). Adam, AdamW, SGD,
+  /// Lion; CPU tensors.
+  double max_grad_norm = 0;
+  /// bfloat16 parameters stored with stochastic rounding (rules::stochastic_round_param, the
+  /// random bits from `seed`, the step, the tensor and the element). Adam, AdamW; CPU tensors;
+  /// other dtypes are rounded as usual.
+  bool stochastic_rounding = false;
+  std::uint64_t seed = 0x5eed;
+  /// bfloat16 and float16 parameters with a Kahan compensation state of their dtype
+  /// (rules::with_kahan: what rounding the parameter dropped, added back at the next step).
+  /// Adam, AdamW; CPU tensors; other dtypes step as usual. Not with stochastic_rounding.
+  bool kahan = false;
+  /// New states' exp_avg (signed) and exp_avg_sq (unsigned) as fusedopt's 8-bit blockwise
+  /// states: 1-D uint8 tensors of quantized_state_bytes(numel) bytes in torch's state class
+  /// (states loaded in float keep stepping in float, and 8-bit ones without this flag in 8
+  /// bits). Adam, AdamW without amsgrad; float, half and bfloat16 parameters; CPU tensors.
+  bool states_8bit = false;
+};
+
 namespace detail {
 
 /// The key torch's Optimizer::state() uses for a parameter: its TensorImpl's address, as a
@@ -102,6 +144,12 @@ typename Map::key_type state_key(torch::Tensor const& p)
     return static_cast<key>(p.unsafeGetTensorImpl());
   }
 }
+
+/// Whether rule R has torch's `maximize`.
+template <class R, class = void>
+struct has_maximize : std::false_type {};
+template <class R>
+struct has_maximize<R, std::void_t<decltype(std::declval<R&>().maximize)>> : std::true_type {};
 
 /// The plans' element type of `type`; refuses the others.
 inline element_type element_type_of(c10::ScalarType type, char const* name)
@@ -221,10 +269,28 @@ template <class Derived, class Options, class ParamState, class Rule>
 class fused_optimizer : public torch::optim::Optimizer {
  public:
   fused_optimizer(std::vector<torch::optim::OptimizerParamGroup> const& groups, std::unique_ptr<Options> defaults,
-                  cuda_config cuda)
-      : torch::optim::Optimizer(groups, std::move(defaults)), cuda_(std::move(cuda))
+                  cuda_config cuda, extras x)
+      : torch::optim::Optimizer(groups, std::move(defaults)), cuda_(std::move(cuda)), extras_(x)
   {
+    constexpr std::int64_t taken = family<Rule>::extras;
+    TORCH_CHECK(!x.maximize || detail::has_maximize<Rule>::value, Derived::name, " takes no maximize");
+    TORCH_CHECK(x.max_grad_norm >= 0, "Invalid max_grad_norm value: ", x.max_grad_norm);
+    TORCH_CHECK(x.max_grad_norm == 0 || (taken & layout_extras::clip) != 0, Derived::name,
+                " takes no max_grad_norm (fused clipping: Adam, AdamW, SGD, Lion)");
+    TORCH_CHECK(!x.stochastic_rounding || (taken & layout_extras::stochastic_rounding) != 0, Derived::name,
+                " takes no stochastic_rounding (Adam, AdamW)");
+    TORCH_CHECK(!x.kahan || (taken & layout_extras::kahan) != 0, Derived::name, " takes no kahan (Adam, AdamW)");
+    TORCH_CHECK(!x.states_8bit || (taken & layout_extras::quantized) != 0, Derived::name,
+                " takes no states_8bit (Adam, AdamW)");
+    TORCH_CHECK(host_extras || (x.max_grad_norm == 0 && !x.kahan && !x.stochastic_rounding && !x.states_8bit),
+                Derived::name, ": compiled with FUSEDOPT_LIBTORCH_HOST_EXTRAS=0: no max_grad_norm, kahan, "
+                "stochastic_rounding or states_8bit");
+    TORCH_CHECK(!(x.kahan && x.stochastic_rounding), Derived::name,
+                ": kahan and stochastic_rounding are two ways of rounding the parameters: choose one");
   }
+
+  /// The library's extras this optimizer was made with.
+  [[nodiscard]] extras const& extra_options() const noexcept { return extras_; }
 
   /// One fused step of every parameter with a gradient; returns the closure's loss (or an
   /// undefined tensor). Nothing is written when a parameter is refused (every group is checked
@@ -253,12 +319,14 @@ class fused_optimizer : public torch::optim::Optimizer {
     // copies lag by the replays.
     if (cuda_.capturable) { const_cast<fused_optimizer&>(*this).sync_steps(); }
     torch::optim::serialize<ParamState, Options>(archive, *this);
+    static_cast<Derived const&>(*this).save_extra_states(archive);
   }
 
   /// Loads a checkpoint of this optimizer or of torch's own (same keys); the plans are rebuilt.
   void load(torch::serialize::InputArchive& archive) override
   {
     torch::optim::serialize<ParamState, Options>(archive, *this);
+    self().load_extra_states(archive);
     buckets_.clear();
     snapshots_.clear();
   }
@@ -268,6 +336,27 @@ class fused_optimizer : public torch::optim::Optimizer {
   static std::int64_t next_step(ParamState const& s) { return s.step() + 1; }
   static void advance(ParamState& s) { s.step(s.step() + 1); }
   static void set_step(ParamState& s, std::int64_t count) { s.step(count); }
+  // The states of the extras kept beside torch's (none but Adam's and AdamW's Kahan
+  // compensations), saved under keys of their own.
+  void save_extra_states(torch::serialize::OutputArchive&) const {}
+  void load_extra_states(torch::serialize::InputArchive&) {}
+  // Whether a state holds 8-bit moments (layout_extras::quantized).
+  static bool holds_8bit_states(ParamState const&) { return false; }
+
+  /// The plan layout of parameter `p`: its family's optional slots and the extras it steps with.
+  std::int64_t layout_of(torch::Tensor const& p, Options const& options, ParamState const& state)
+  {
+    std::int64_t layout = self().layout(options, state);
+    if (extras_.max_grad_norm > 0) { layout |= layout_extras::clip; }
+    auto const type = p.scalar_type();
+    bool const sixteen_bit = type == c10::ScalarType::BFloat16 || type == c10::ScalarType::Half;
+    if (extras_.kahan && sixteen_bit) { layout |= layout_extras::kahan; }
+    if (extras_.stochastic_rounding && type == c10::ScalarType::BFloat16) { layout |= layout_extras::stochastic_rounding; }
+    if (self().holds_8bit_states(state)) { layout |= layout_extras::quantized; }
+    TORCH_CHECK((layout & layout_extras::all) == 0 || (layout & ~layout_extras::all & ~family<Rule>::layouts_with_extras) == 0,
+                Derived::name, ": amsgrad takes none of the extras but maximize");
+    return layout;
+  }
 
   /// How many plans were built (one per bucket, again when its tensors changed geometry).
   [[nodiscard]] std::int64_t plan_builds() const noexcept { return builds_; }
@@ -326,6 +415,7 @@ class fused_optimizer : public torch::optim::Optimizer {
   using state_map = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
 
   Derived& self() { return static_cast<Derived&>(*this); }
+  static constexpr bool host_extras = FUSEDOPT_LIBTORCH_HOST_EXTRAS != 0;
 
   detail::group_device check_group(std::size_t g)
   {
@@ -351,7 +441,12 @@ class fused_optimizer : public torch::optim::Optimizer {
                   ": parameters and gradients must be contiguous");
       static_cast<void>(detail::element_type_of(p.scalar_type(), Derived::name));
     }
-    if (out.any && out.device.is_cuda()) { where_on_cuda(g, out); }
+    if (out.any && out.device.is_cuda()) {
+      TORCH_CHECK(extras_.max_grad_norm == 0 && !extras_.kahan && !extras_.stochastic_rounding && !extras_.states_8bit,
+                  Derived::name, ": the extras max_grad_norm, kahan, stochastic_rounding and states_8bit step CPU "
+                  "tensors only (their CUDA plans are not compiled yet); group ", g, " is on ", out.device);
+      where_on_cuda(g, out);
+    }
     return out;
   }
 
@@ -403,12 +498,19 @@ class fused_optimizer : public torch::optim::Optimizer {
       state_scratch_.clear();
       self().state_tensors(p, options, state, state_scratch_);  // created as torch creates them
       for (auto const* t : state_scratch_) {
+        if (t->scalar_type() == c10::ScalarType::Byte) {
+          TORCH_CHECK(t->is_contiguous() && t->dim() == 1 && t->numel() == quantized_state_bytes(p.numel()) &&
+                        t->device() == p.device(),
+                      Derived::name, ": an 8-bit state tensor must be a contiguous 1-D uint8 tensor of "
+                      "quantized_state_bytes(numel) bytes on its parameter's device");
+          continue;
+        }
         TORCH_CHECK(t->is_contiguous() && t->scalar_type() == p.scalar_type() && t->sizes() == p.sizes() &&
                       t->device() == p.device(),
                     Derived::name, ": a state tensor must be contiguous, of its parameter's dtype, shape and device");
       }
       // The key after the states exist: SGD's step depends on whether its buffer is new.
-      auto& m = out[{static_cast<int>(p.scalar_type()), self().layout(options, state), self().next_step(state)}];
+      auto& m = out[{static_cast<int>(p.scalar_type()), layout_of(p, options, state), self().next_step(state)}];
       m.state_tensors.insert(m.state_tensors.end(), state_scratch_.begin(), state_scratch_.end());
       m.params.push_back(&p);
       m.states.push_back(&state);
@@ -427,6 +529,13 @@ class fused_optimizer : public torch::optim::Optimizer {
     for (std::size_t g = 0; g < param_groups_.size(); ++g) { devices_[g] = check_group(g); }
     std::vector<group_members> members;
     for (auto& group : param_groups_) { members.push_back(collect_group(group)); }
+    if (extras_.max_grad_norm > 0) {
+      std::size_t buckets = 0;
+      for (auto const& group : members) { buckets += group.size(); }
+      TORCH_CHECK(buckets <= 1, Derived::name, ": max_grad_norm clips the global norm of one fused pass, but this step "
+                  "has ", buckets, " (param groups, dtypes, or parameters at different step counts): clip with "
+                  "torch::nn::utils::clip_grad_norm_ instead");
+    }
     for (std::size_t g = 0; g < param_groups_.size(); ++g) {
       if (devices_[g].any) { step_group(g, members[g], devices_[g]); }
       take_snapshot(g, members[g]);
@@ -478,6 +587,8 @@ class fused_optimizer : public torch::optim::Optimizer {
                 void* stream)
   {
     Rule rule = self().rule(options);
+    if constexpr (detail::has_maximize<Rule>::value) { rule.maximize = extras_.maximize; }
+    step_extras const x{extras_.max_grad_norm, extras_.seed};
     ::fusedopt::step_info info{step};
     if (b.counter.defined()) {
       rule.lr = ::fusedopt::scalar<double>::from_pointer(lrs_[g].template data_ptr<double>());
@@ -485,7 +596,7 @@ class fused_optimizer : public torch::optim::Optimizer {
       info.step = ::fusedopt::scalar<std::int64_t>::from_pointer(count);
       info.advance = count;
     }
-    b.steps->run(rule, info, stream);
+    b.steps->run(rule, x, info, stream);
   }
 
   void run_bucket(std::size_t g, detail::bucket<Rule, ParamState>& b, members const& m, Options const& options,
@@ -541,7 +652,7 @@ class fused_optimizer : public torch::optim::Optimizer {
           request.stream = stream;
           b.steps = cuda_.steps->make_plan(Rule{}, request);
         } else {
-          b.steps = make_plan<Rule>([] { return host_backend{at::get_num_threads()}; }, request);
+          b.steps = make_plan<Rule, host_extras>([] { return host_backend{at::get_num_threads()}; }, request);
         }
         ++builds_;
         if (on_cuda && cuda_.capturable && !b.counter.defined()) {
@@ -715,7 +826,7 @@ class fused_optimizer : public torch::optim::Optimizer {
       auto const found = state_.find(c.key);
       if (found == state_.end() || found->second.get() != c.state) { return false; }
       auto& state = *c.state;
-      if (self().layout(options, state) != b.layout) { return false; }
+      if (layout_of(p, options, state) != b.layout) { return false; }
       std::int64_t const next = self().next_step(state);
       if (b.next_step == -1) {
         b.next_step = next;
@@ -787,6 +898,7 @@ class fused_optimizer : public torch::optim::Optimizer {
   }
 
   cuda_config cuda_;
+  extras extras_;
   std::vector<std::map<bucket_key, detail::bucket<Rule, ParamState>>> buckets_;
   std::vector<torch::Tensor const*> state_scratch_;  // one parameter's state tensors, in collect_group
   std::vector<torch::Tensor> lrs_;  // per group, with cuda_config::capturable on CUDA: its lr (double) on the device
@@ -804,9 +916,12 @@ template <class Derived, class Options, class ParamState, class Rule>
 class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
  public:
   /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  /// @param x the library's extras (extras): maximize, clipping, and for Adam/AdamW bfloat16
+  /// parameters' rounding and 8-bit states.
   explicit adam_family(std::vector<torch::optim::OptimizerParamGroup> const& groups, Options const& defaults = {},
-                       cuda_config cuda = {})
-      : fused_optimizer<Derived, Options, ParamState, Rule>(groups, std::make_unique<Options>(defaults), std::move(cuda))
+                       cuda_config cuda = {}, extras x = {})
+      : fused_optimizer<Derived, Options, ParamState, Rule>(groups, std::make_unique<Options>(defaults), std::move(cuda),
+                                                            x)
   {
     // torch::optim::Adam's and AdamW's constructors' checks.
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
@@ -816,27 +931,92 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
     TORCH_CHECK(0 <= b2 && b2 < 1, "Invalid beta parameter at index 1: ", b2);
     TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
   }
-  explicit adam_family(std::vector<torch::Tensor> params, Options const& defaults = {}, cuda_config cuda = {})
-      : adam_family({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  explicit adam_family(std::vector<torch::Tensor> params, Options const& defaults = {}, cuda_config cuda = {}, extras x = {})
+      : adam_family({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda), x)
   {
   }
 
-  // The hooks fused_optimizer calls.
-  static void state_tensors(torch::Tensor const& p, Options const& o, ParamState& s,
-                            std::vector<torch::Tensor const*>& out)
+  // The hooks fused_optimizer calls. The states as torch creates them, exp_avg and exp_avg_sq
+  // in 8 bits with extras::states_8bit, and with extras::kahan a compensation for 16-bit
+  // parameters (kept beside torch's state: its class has no such field).
+  void state_tensors(torch::Tensor const& p, Options const& o, ParamState& s, std::vector<torch::Tensor const*>& out)
   {
+    auto const& x = this->extra_options();
     if (!s.exp_avg().defined()) {
       s.step(0);
-      s.exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-      s.exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      if (x.states_8bit) {
+        TORCH_CHECK(p.scalar_type() != c10::ScalarType::Double, Derived::name,
+                    ": 8-bit states are for float, half and bfloat16 parameters (fusedopt computes them in float)");
+        auto const bytes = torch::TensorOptions().dtype(torch::kByte).device(p.device());
+        s.exp_avg(torch::zeros({quantized_state_bytes(p.numel())}, bytes));  // all zero: every value 0
+        s.exp_avg_sq(torch::zeros({quantized_state_bytes(p.numel())}, bytes));
+      } else {
+        s.exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        s.exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      }
     }
+    bool const quantized = holds_8bit_states(s);
+    TORCH_CHECK(quantized == (s.exp_avg_sq().scalar_type() == c10::ScalarType::Byte), Derived::name,
+                ": exp_avg and exp_avg_sq are both 8-bit states or neither");
+    TORCH_CHECK(!quantized || !o.amsgrad(), Derived::name, ": 8-bit states have no amsgrad variant");
     if (o.amsgrad() && !s.max_exp_avg_sq().defined()) {
       s.max_exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
     }
     out.push_back(&s.exp_avg());
     out.push_back(&s.exp_avg_sq());
     if (o.amsgrad()) { out.push_back(&s.max_exp_avg_sq()); }
+    auto const type = p.scalar_type();
+    if (x.kahan && (type == c10::ScalarType::BFloat16 || type == c10::ScalarType::Half)) {
+      auto& compensation = compensations_[p.unsafeGetTensorImpl()];
+      if (!compensation.defined()) { compensation = torch::zeros_like(p, torch::MemoryFormat::Contiguous); }
+      out.push_back(&compensation);
+    }
   }
+  static bool holds_8bit_states(ParamState const& s)
+  {
+    return s.exp_avg().defined() && s.exp_avg().scalar_type() == c10::ScalarType::Byte;
+  }
+
+  /// The Kahan compensation of parameter `p` (extras::kahan, 16-bit parameters after their
+  /// first step), or an undefined tensor.
+  [[nodiscard]] torch::Tensor kahan_compensation(torch::Tensor const& p) const
+  {
+    auto const found = compensations_.find(p.unsafeGetTensorImpl());
+    return found == compensations_.end() ? torch::Tensor() : found->second;
+  }
+
+  /// The compensations under "fusedopt_kahan_compensation_<k>", k the parameter's position in
+  /// the param groups (as torch's state keys count them).
+  void save_extra_states(torch::serialize::OutputArchive& archive) const
+  {
+    std::size_t k = 0;
+    for (auto const& group : this->param_groups()) {
+      for (auto const& p : group.params()) {
+        auto const found = compensations_.find(p.unsafeGetTensorImpl());
+        if (found != compensations_.end()) {
+          archive.write(compensation_key(k), found->second, /*is_buffer=*/true);
+        }
+        ++k;
+      }
+    }
+  }
+  void load_extra_states(torch::serialize::InputArchive& archive)
+  {
+    compensations_.clear();
+    std::size_t k = 0;
+    for (auto const& group : this->param_groups()) {
+      for (auto const& p : group.params()) {
+        torch::Tensor compensation;
+        if (archive.try_read(compensation_key(k), compensation, /*is_buffer=*/true)) {
+          TORCH_CHECK(compensation.sizes() == p.sizes() && compensation.scalar_type() == p.scalar_type(), Derived::name,
+                      ": the checkpoint's Kahan compensation ", k, " does not match its parameter");
+          compensations_[p.unsafeGetTensorImpl()] = compensation.to(p.device()).contiguous();
+        }
+        ++k;
+      }
+    }
+  }
+
   static std::int64_t layout(Options const& o, ParamState const&) { return o.amsgrad() ? 1 : 0; }
   static Rule rule(Options const& o)
   {
@@ -849,6 +1029,11 @@ class adam_family : public fused_optimizer<Derived, Options, ParamState, Rule> {
     r.amsgrad = o.amsgrad();
     return r;
   }
+
+ private:
+  static std::string compensation_key(std::size_t k) { return "fusedopt_kahan_compensation_" + std::to_string(k); }
+
+  std::unordered_map<c10::TensorImpl const*, torch::Tensor> compensations_;  // extras::kahan, by parameter
 };
 
 /// @brief torch::optim::AdamW, fused (torch::optim::AdamWOptions, AdamWParamState): decoupled
@@ -877,9 +1062,11 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
   static constexpr char const* name = "SGD";
 
   /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  /// @param x the library's extras (extras): maximize, clipping, and for Adam/AdamW bfloat16
+  /// parameters' rounding and 8-bit states.
   explicit SGD(std::vector<torch::optim::OptimizerParamGroup> const& groups, torch::optim::SGDOptions defaults,
-               cuda_config cuda = {})
-      : fused_optimizer(groups, std::make_unique<torch::optim::SGDOptions>(defaults), std::move(cuda))
+               cuda_config cuda = {}, extras x = {})
+      : fused_optimizer(groups, std::make_unique<torch::optim::SGDOptions>(defaults), std::move(cuda), x)
   {
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
     TORCH_CHECK(defaults.momentum() >= 0, "Invalid momentum value: ", defaults.momentum());
@@ -887,8 +1074,8 @@ class SGD : public fused_optimizer<SGD, torch::optim::SGDOptions, torch::optim::
     TORCH_CHECK(!defaults.nesterov() || (defaults.momentum() > 0 && defaults.dampening() == 0),
                 "Nesterov momentum requires a momentum and zero dampening");
   }
-  explicit SGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults, cuda_config cuda = {})
-      : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults), std::move(cuda))
+  explicit SGD(std::vector<torch::Tensor> params, torch::optim::SGDOptions defaults, cuda_config cuda = {}, extras x = {})
+      : SGD({torch::optim::OptimizerParamGroup(std::move(params))}, std::move(defaults), std::move(cuda), x)
   {
   }
 
@@ -956,9 +1143,11 @@ class Adagrad : public fused_optimizer<Adagrad, torch::optim::AdagradOptions, to
   static constexpr char const* name = "Adagrad";
 
   /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  /// @param x the library's extras (extras): maximize, clipping, and for Adam/AdamW bfloat16
+  /// parameters' rounding and 8-bit states.
   explicit Adagrad(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                   torch::optim::AdagradOptions const& defaults = {}, cuda_config cuda = {})
-      : fused_optimizer(groups, std::make_unique<torch::optim::AdagradOptions>(defaults), std::move(cuda))
+                   torch::optim::AdagradOptions const& defaults = {}, cuda_config cuda = {}, extras x = {})
+      : fused_optimizer(groups, std::make_unique<torch::optim::AdagradOptions>(defaults), std::move(cuda), x)
   {
     // torch::optim::Adagrad's constructor's checks, and its states.
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
@@ -978,8 +1167,8 @@ class Adagrad : public fused_optimizer<Adagrad, torch::optim::AdagradOptions, to
     }
   }
   explicit Adagrad(std::vector<torch::Tensor> params, torch::optim::AdagradOptions const& defaults = {},
-                   cuda_config cuda = {})
-      : Adagrad({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+                   cuda_config cuda = {}, extras x = {})
+      : Adagrad({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda), x)
   {
   }
 
@@ -1013,9 +1202,11 @@ class RMSprop : public fused_optimizer<RMSprop, torch::optim::RMSpropOptions, to
   static constexpr char const* name = "RMSprop";
 
   /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  /// @param x the library's extras (extras): maximize, clipping, and for Adam/AdamW bfloat16
+  /// parameters' rounding and 8-bit states.
   explicit RMSprop(std::vector<torch::optim::OptimizerParamGroup> const& groups,
-                   torch::optim::RMSpropOptions const& defaults = {}, cuda_config cuda = {})
-      : fused_optimizer(groups, std::make_unique<torch::optim::RMSpropOptions>(defaults), std::move(cuda))
+                   torch::optim::RMSpropOptions const& defaults = {}, cuda_config cuda = {}, extras x = {})
+      : fused_optimizer(groups, std::make_unique<torch::optim::RMSpropOptions>(defaults), std::move(cuda), x)
   {
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
     TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
@@ -1024,8 +1215,8 @@ class RMSprop : public fused_optimizer<RMSprop, torch::optim::RMSpropOptions, to
     TORCH_CHECK(defaults.alpha() >= 0, "Invalid alpha value: ", defaults.alpha());
   }
   explicit RMSprop(std::vector<torch::Tensor> params, torch::optim::RMSpropOptions const& defaults = {},
-                   cuda_config cuda = {})
-      : RMSprop({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+                   cuda_config cuda = {}, extras x = {})
+      : RMSprop({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda), x)
   {
   }
 
@@ -1131,9 +1322,11 @@ class Lion : public fused_optimizer<Lion, LionOptions, LionParamState, ::fusedop
   static constexpr char const* name = "Lion";
 
   /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  /// @param x the library's extras (extras): maximize, clipping, and for Adam/AdamW bfloat16
+  /// parameters' rounding and 8-bit states.
   explicit Lion(std::vector<torch::optim::OptimizerParamGroup> const& groups, LionOptions const& defaults = {},
-                cuda_config cuda = {})
-      : fused_optimizer({}, std::make_unique<LionOptions>(defaults), std::move(cuda))
+                cuda_config cuda = {}, extras x = {})
+      : fused_optimizer({}, std::make_unique<LionOptions>(defaults), std::move(cuda), x)
   {
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
     auto const [b1, b2] = defaults.betas();
@@ -1142,8 +1335,8 @@ class Lion : public fused_optimizer<Lion, LionOptions, LionParamState, ::fusedop
     TORCH_CHECK(defaults.weight_decay() >= 0, "Invalid weight_decay value: ", defaults.weight_decay());
     for (auto const& group : groups) { add_group(group); }
   }
-  explicit Lion(std::vector<torch::Tensor> params, LionOptions const& defaults = {}, cuda_config cuda = {})
-      : Lion({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  explicit Lion(std::vector<torch::Tensor> params, LionOptions const& defaults = {}, cuda_config cuda = {}, extras x = {})
+      : Lion({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda), x)
   {
   }
 
@@ -1246,9 +1439,11 @@ class LAMB : public fused_optimizer<LAMB, LAMBOptions, LAMBParamState, ::fusedop
   static constexpr char const* name = "LAMB";
 
   /// @param cuda fusedopt's CUDA plans for CUDA parameters (cuda_config); none: CPU only.
+  /// @param x the library's extras (extras): maximize, clipping, and for Adam/AdamW bfloat16
+  /// parameters' rounding and 8-bit states.
   explicit LAMB(std::vector<torch::optim::OptimizerParamGroup> const& groups, LAMBOptions const& defaults = {},
-                cuda_config cuda = {})
-      : fused_optimizer({}, std::make_unique<LAMBOptions>(defaults), std::move(cuda))
+                cuda_config cuda = {}, extras x = {})
+      : fused_optimizer({}, std::make_unique<LAMBOptions>(defaults), std::move(cuda), x)
   {
     TORCH_CHECK(defaults.lr() >= 0, "Invalid learning rate: ", defaults.lr());
     TORCH_CHECK(defaults.eps() >= 0, "Invalid epsilon value: ", defaults.eps());
@@ -1259,8 +1454,8 @@ class LAMB : public fused_optimizer<LAMB, LAMBOptions, LAMBParamState, ::fusedop
     TORCH_CHECK(defaults.max_trust_ratio() > 0, "Invalid max_trust_ratio value: ", defaults.max_trust_ratio());
     for (auto const& group : groups) { add_group(group); }
   }
-  explicit LAMB(std::vector<torch::Tensor> params, LAMBOptions const& defaults = {}, cuda_config cuda = {})
-      : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda))
+  explicit LAMB(std::vector<torch::Tensor> params, LAMBOptions const& defaults = {}, cuda_config cuda = {}, extras x = {})
+      : LAMB({torch::optim::OptimizerParamGroup(std::move(params))}, defaults, std::move(cuda), x)
   {
   }
 
