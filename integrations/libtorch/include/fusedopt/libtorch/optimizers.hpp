@@ -695,6 +695,9 @@ class fused_optimizer : public torch::optim::Optimizer {
     std::vector<cached_param> params;
     std::size_t states_per_param = 0;
     std::vector<detail::tensor_mark> states;  // params[i]'s at [i * states_per_param, ...)
+    // The state tensors marked, held: their TensorImpls stay valid for the prefetches ahead of
+    // the checks even where a state was replaced since (the checks then fail).
+    std::vector<torch::Tensor> held_states;
     std::vector<detail::bucket<Rule, ParamState>*> buckets;
     c10::Device device{c10::kCPU};
     bool any = false;
@@ -708,6 +711,7 @@ class fused_optimizer : public torch::optim::Optimizer {
     snapshot.params.assign(params.size(), cached_param{});
     snapshot.buckets.clear();
     snapshot.states.clear();
+    snapshot.held_states.clear();
     snapshot.states_per_param = 0;
     snapshot.any = devices_[g].any;
     snapshot.device = devices_[g].device;
@@ -746,8 +750,9 @@ class fused_optimizer : public torch::optim::Optimizer {
         c.bucket = &b;
         c.position = static_cast<std::uint32_t>(t);
         for (std::size_t k = 0; k < snapshot.states_per_param; ++k) {
-          snapshot.states[index * snapshot.states_per_param + k] =
-            detail::mark_of(*m.state_tensors[t * snapshot.states_per_param + k]);
+          auto const& state_tensor = *m.state_tensors[t * snapshot.states_per_param + k];
+          snapshot.states[index * snapshot.states_per_param + k] = detail::mark_of(state_tensor);
+          snapshot.held_states.push_back(state_tensor);
         }
         b.members.push_back(static_cast<std::uint32_t>(index));
       }
@@ -781,7 +786,8 @@ class fused_optimizer : public torch::optim::Optimizer {
     std::size_t const per = snapshot.states_per_param;
     // Prefetched ahead: the TensorImpls and state objects `ahead` parameters on, then (once
     // those are in) the autograd metadata that holds their gradients and the version counters
-    // the step bumps, `ahead / 2` on.
+    // the step bumps, `ahead / 2` on. Dereferenced there: only TensorImpls the snapshot holds
+    // (parameters with a gradient, through their bucket, and the held states).
     constexpr std::size_t ahead = 8;
     auto const prefetch_tensors = [&](std::size_t i) {
       auto const& c = snapshot.params[i];
