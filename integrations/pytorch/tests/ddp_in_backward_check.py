@@ -46,17 +46,11 @@ def batch(rank, k, device):
     return torch.randn(16, 32, generator=gen).to(device), torch.randn(16, 8, generator=gen).to(device)
 
 
-def groups(model, **second):
-    params = list(model.parameters())
-    return [{"params": params[:3]}, {"params": params[3:], **second}]
+# test_in_backward.py's groups and optimizers (the same cases as the step in backward alone).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_in_backward import OPTIMIZERS as _IN_BACKWARD, groups  # noqa: E402
 
-
-OPTIMIZERS = {
-    "AdamW": lambda ps: ft.AdamW(ps, lr=1e-2, weight_decay=0.1),
-    "Adam_amsgrad": lambda ps: ft.Adam(ps, lr=1e-2, amsgrad=True),
-    "SGD_nesterov": lambda ps: ft.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),
-    "Lion": lambda ps: ft.Lion(ps, lr=1e-3, weight_decay=0.1),
-}
+OPTIMIZERS = {name: _IN_BACKWARD[name] for name in ("AdamW", "Adam_amsgrad", "SGD_nesterov", "Lion")}
 
 
 def differences(model_a, opt_a, model_b, opt_b):
