@@ -21,10 +21,12 @@ gradients of the other parameters hidden meanwhile: in_backward._step_members, t
 step_in_backward), then sets their gradients to None. The hook returns a completed future of the
 bucket's buffer (DDP's contract), and ``reducer._set_optimizer_in_backward()`` (what torch's own
 optimizer-in-backward registers) tells DDP not to write the gradients back at the end of backward.
-On CUDA the wait and the step are queued on a side stream: NCCL's future makes that stream wait for
-the all-reduce (the host does not block) while backward's kernels go on on their own stream, and a
-callback at the end of backward makes the caller's stream wait for the side stream before the next
-forward reads the parameters. On the CPU (gloo) the hook waits for the all-reduce on the host.
+On CUDA the wait and the step are queued on a side stream: the all-reduce's Work.wait() there makes
+that stream wait for it (NCCL: the host does not block; gloo: the host waits, then the stream waits
+for gloo's copy back to the device, which gloo's future, a CPU one, would not order) while
+backward's kernels go on on their own stream, and a callback at the end of backward makes the
+caller's stream wait for the side stream before the next forward reads the parameters. On the CPU
+(gloo) the hook waits for the all-reduce on the host.
 Every element's update is the ordinary step's: the parameters are bit-identical to the ordinary
 DDP loop ``backward(); opt.step(); opt.zero_grad()`` where the world size is a power of two (1/world
 is exact; elsewhere the same holds when DDP divides the same way, docs/memory.md).
@@ -34,7 +36,9 @@ DDP, which a hook cannot know before the bucket's reduction is over), DDP's mixe
 module on several devices, an optimizer whose parameters are not exactly the ones DDP reduces, and
 what step_in_backward refuses (LAMB's max_grad_norm, rules reading a reduction's total,
 Schedule-Free). Not detectable from the hook, so do not combine them: GradScaler, clip_grad_norm_,
-DDP's join() for uneven inputs (its divisor is not the world size), a second comm hook (DDP raises).
+DDP's join() for uneven inputs (its divisor is not the world size), a second comm hook (DDP raises),
+static_graph=True with a parameter that no rank uses (DDP zeroes its part of the bucket: it is
+stepped with a zero gradient, where the ordinary loop leaves its gradient None and skips it).
 The hook stays for the DDP model's life (DDP cannot unregister one): wrap the module in a new DDP
 to step it the ordinary way again. docs/memory.md.
 """
@@ -84,6 +88,10 @@ class DDPStepInBackward:
         if ddp_model.find_unused_parameters:
             raise NotImplementedError(f"{who}: find_unused_parameters=True is not supported (DDP leaves the gradient of "
                                       "a parameter unused on every rank None, which a bucket's hook cannot know)")
+        if any(isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse for m in ddp_model.module.modules()):
+            # DDP gives a sparse gradient a bucket of its own, whose GradBucket.gradients() is empty:
+            # its parameter would never be stepped.
+            raise NotImplementedError(f"{who}: sparse gradients (Embedding/EmbeddingBag sparse=True) are not supported")
         if getattr(ddp_model, "mixed_precision", None) is not None:
             raise NotImplementedError(f"{who}: DDP's mixed_precision is not supported (use bfloat16 autocast)")
         reducer = ddp_model.reducer
@@ -133,10 +141,15 @@ class DDPStepInBackward:
                 # DDP's own reduction multiplies each gradient by 1/world as it copies it into the
                 # bucket, then sums; with a comm hook it copies without scaling: the same here.
                 buffer.mul_(1.0 / self._world)
-            fut = dist.all_reduce(buffer, group=self._group, async_op=True).get_future()
+            work = dist.all_reduce(buffer, group=self._group, async_op=True)
             stream = self._side_stream(buffer.device) if buffer.is_cuda else None
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                fut.wait()  # NCCL: this stream waits for the all-reduce; gloo: the host waits
+                # Work.wait(), not its future's: gloo's future is a CPU one, marked complete with
+                # gloo's copy back into `buffer` still queued on gloo's own stream (ordered only
+                # before the worker thread's current stream); Work.wait() runs the work's
+                # synchronize() here, on this stream (NCCL: this stream waits for the all-reduce,
+                # the host does not; gloo: the host waits, then this stream waits for the copy).
+                work.wait()
                 self._step(bucket.parameters(), bucket.gradients(), stream)
             self.buckets += 1
         except BaseException:
@@ -147,6 +160,8 @@ class DDPStepInBackward:
         return done
 
     def _step(self, params, grads, stream):
+        if len(params) != len(grads):
+            raise RuntimeError("ddp_step_in_backward: a DDP bucket without a gradient per parameter (a sparse one?)")
         members, copied = [], []
         for p, g in zip(params, grads):
             if id(p) not in self._ids:
