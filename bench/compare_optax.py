@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workloads import WORKLOADS  # noqa: E402  (bench/workloads.py: W1-W4 as bench/workloads.hpp)
 
@@ -45,19 +47,25 @@ def run_one(workload, case, variant, min_seconds):
 
     sizes = WORKLOADS[workload][1]()
     pdtype = jnp.float32 if case == "adamw_fp32" else jnp.bfloat16
-    key = jax.random.PRNGKey(0)
-    params = {f"p{i:04d}": jax.random.normal(jax.random.fold_in(key, i), (n,), jnp.float32).astype(pdtype)
-              for i, n in enumerate(sizes)}
-    grads = {k: (v * 0.01).astype(pdtype) for k, v in params.items()}
+    # The leaves are made on the host and placed once: eager jax compiles each primitive once per
+    # shape, and W3's 2000 distinct shapes made thousands of small compiles (minutes) before a step.
+    rng = np.random.default_rng(0)
+    host = {f"p{i:04d}": rng.standard_normal(n, dtype=np.float32) for i, n in enumerate(sizes)}
+    params = {k: jnp.asarray(v.astype(pdtype)) for k, v in host.items()}
+    grads = {k: jnp.asarray((v * 0.01).astype(pdtype)) for k, v in host.items()}
+    del host
     kwargs = dict(learning_rate=1e-3, weight_decay=1e-2)
     if variant.startswith("fj"):
         fj.register()
         tx = fj.adamw(**kwargs, state_dtype=None if pdtype == jnp.float32 else jnp.float32)
     else:
         tx = optax.adamw(**kwargs, mu_dtype=None if pdtype == jnp.float32 else jnp.float32)
-    state = tx.init(params)
-    if pdtype != jnp.float32 and not variant.startswith("fj"):
-        state = (state[0]._replace(nu=jax.tree.map(lambda x: x.astype(jnp.float32), state[0].nu)),) + state[1:]
+    def init(p):  # under jit: one compile instead of one per leaf shape
+        s = tx.init(p)
+        if pdtype != jnp.float32 and not variant.startswith("fj"):
+            s = (s[0]._replace(nu=jax.tree.map(lambda x: x.astype(jnp.float32), s[0].nu)),) + s[1:]
+        return s
+    state = jax.jit(init)(params)
 
     if variant == "fj_fused":
         def step(p, g, s):
@@ -89,6 +97,9 @@ def run_one(workload, case, variant, min_seconds):
         steps += batch
         batch = min(batch * 2, 200)
     dispatch_us = elapsed / steps * 1e6
+    # Printed now: on W3 (2000 leaves) the looped program's compile below takes minutes for Optax.
+    print(f"  {workload} {case} {variant}: compile {compile_s:.2f} s, {dispatch_us:.1f} us per call; "
+          f"compiling the loop ...", flush=True)
     # The same steps LOOP at a time inside one jitted program (a lax.fori_loop over the donated
     # (params, state) carry): what a training step that runs the update inside its own jit pays,
     # without jax's per-call dispatch of every leaf (about 1-2 us an array, which the per-call
@@ -96,7 +107,9 @@ def run_one(workload, case, variant, min_seconds):
     loop = 10
     looped = jax.jit(lambda p, g, s: jax.lax.fori_loop(0, loop, lambda i, c: step(c[0], g, c[1]), (p, s)),
                      donate_argnums=donate)
+    t0 = time.perf_counter()
     looped_compiled = looped.lower(params, grads, state).compile()
+    loop_compile_s = time.perf_counter() - t0
     loop_copies = sum(1 for line in looped_compiled.as_text().splitlines() if " copy(" in line or "copy-start" in line)
     params, state = looped_compiled(params, grads, state)
     jax.block_until_ready((params, state))
@@ -116,7 +129,7 @@ def run_one(workload, case, variant, min_seconds):
     elements = sum(sizes)
     return dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
                 step_us=loop_elapsed / loop_steps * 1e6, dispatch_step_us=dispatch_us, loop_copies=loop_copies,
-                steps=steps, compile_s=compile_s, hlo_copies=copies,
+                steps=steps, compile_s=compile_s, loop_compile_s=loop_compile_s, hlo_copies=copies,
                 hlo_fusions=fusions, hlo_custom_calls=custom_calls, bytes_in_use=stats.get("bytes_in_use"),
                 peak_bytes_in_use=stats.get("peak_bytes_in_use"), backend=jax.default_backend(),
                 device=str(jax.devices()[0].device_kind))
@@ -175,7 +188,8 @@ def main():
                         rows.append(run_one(w, c, v, args.min_seconds))
                     r = rows[-1]
                     print(f"{w} {c} {v}: {r['step_us']:.1f} us/step in a loop, {r['dispatch_step_us']:.1f} per call, "
-                          f"compile {r['compile_s']:.2f} s, {r['hlo_copies']} / {r['loop_copies']} copies", flush=True)
+                          f"compile {r['compile_s']:.2f} s (loop {r['loop_compile_s']:.2f} s), {r['hlo_copies']} / {r['loop_copies']} copies",
+                          flush=True)
                 except Exception as e:  # keep the other cases
                     print(f"{w} {c} {v}: FAILED {type(e).__name__}: {str(e)[:500]}", flush=True)
                     rows.append(dict(workload=w, case=c, variant=v, error=f"{type(e).__name__}: {e}"[:2000],
