@@ -486,6 +486,22 @@ class fused_optimizer : public torch::optim::Optimizer {
   /// A group's buckets by (dtype, layout, step).
   using group_members = std::map<std::tuple<int, std::int64_t, std::int64_t>, members>;
 
+  /// Calls `f(id, key, members)` for each of a group's buckets in order, `id` the key its plan
+  /// is kept under (the rank counts the buckets of one dtype and layout: their step counts
+  /// differ); stops where `f` returns false.
+  template <class F>
+  static void for_each_bucket(group_members const& buckets, int device, F&& f)
+  {
+    std::tuple<int, std::int64_t> previous{-1, -1};
+    std::size_t rank = 0;
+    for (auto const& [key, m] : buckets) {
+      std::tuple<int, std::int64_t> const kind{std::get<0>(key), std::get<1>(key)};
+      rank = kind == previous ? rank + 1 : 0;
+      previous = kind;
+      if (!f(bucket_key{device, std::get<0>(key), std::get<1>(key), rank}, key, m)) { return; }
+    }
+  }
+
   group_members collect_group(torch::optim::OptimizerParamGroup& group)
   {
     auto const& options = static_cast<Options const&>(group.options());
@@ -564,20 +580,15 @@ class fused_optimizer : public torch::optim::Optimizer {
     int const device = on_cuda ? where.device.index() : -1;
     auto& kept = buckets_[g];
     std::map<bucket_key, detail::bucket<Rule, ParamState>> next;
-    std::tuple<int, std::int64_t> previous{-1, -1};
-    std::size_t rank = 0;
-    for (auto const& [key, m] : buckets) {
-      std::tuple<int, std::int64_t> const kind{std::get<0>(key), std::get<1>(key)};
-      rank = kind == previous ? rank + 1 : 0;
-      previous = kind;
-      bucket_key const id{device, std::get<0>(key), std::get<1>(key), rank};
+    for_each_bucket(buckets, device, [&](bucket_key const& id, auto const& key, members const& m) {
       auto found = kept.find(id);
       detail::bucket<Rule, ParamState> b =
         found != kept.end() ? std::move(found->second) : detail::bucket<Rule, ParamState>{};
       run_bucket(g, b, m, options, std::get<1>(key), std::get<2>(key), where);
       b.layout = std::get<1>(key);
       next.emplace(id, std::move(b));
-    }
+      return true;
+    });
     kept = std::move(next);
   }
 
@@ -728,17 +739,14 @@ class fused_optimizer : public torch::optim::Optimizer {
     }
     snapshot.states.resize(params.size() * snapshot.states_per_param);
     int const device = snapshot.device.is_cuda() ? snapshot.device.index() : -1;
-    std::tuple<int, std::int64_t> previous{-1, -1};
-    std::size_t rank = 0;
-    for (auto const& [key, m] : buckets) {
-      // The bucket step_group kept for these members (the same key).
-      std::tuple<int, std::int64_t> const kind{std::get<0>(key), std::get<1>(key)};
-      rank = kind == previous ? rank + 1 : 0;
-      previous = kind;
-      auto found = buckets_[g].find(bucket_key{device, std::get<0>(key), std::get<1>(key), rank});
-      if (found == buckets_[g].end()) { return; }
+    bool complete = true;
+    for_each_bucket(buckets, device, [&](bucket_key const& id, auto const&, members const& m) {
+      auto found = buckets_[g].find(id);  // the bucket step_group kept for these members
+      if (found == buckets_[g].end() || m.state_tensors.size() != m.params.size() * snapshot.states_per_param) {
+        complete = false;
+        return false;
+      }
       auto& b = found->second;
-      if (m.state_tensors.size() != m.params.size() * snapshot.states_per_param) { return; }
       b.members.clear();
       b.next_grads.assign(b.bound.grads.begin(), b.bound.grads.end());
       for (std::size_t t = 0; t < m.params.size(); ++t) {
@@ -757,8 +765,9 @@ class fused_optimizer : public torch::optim::Optimizer {
         b.members.push_back(static_cast<std::uint32_t>(index));
       }
       snapshot.buckets.push_back(&b);
-    }
-    snapshot.valid = true;
+      return true;
+    });
+    snapshot.valid = complete;
   }
 
   /// Whether gradient `grad` of parameter `param` (marked `param_mark`) is one the collected
