@@ -117,8 +117,7 @@ def main():
         print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.0f}% of the gradients' bytes, iteration "
               f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=args.model, batch=args.batch,
-                  tokens=args.tokens,
-                  rows=rows)
+                  tokens=args.tokens, rows=rows)
     out = args.out or (os.path.join(os.environ["OUT"], "in_backward.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:
