@@ -15,8 +15,10 @@ jax.block_until_ready after the last step of each timed batch. Compile: lower + 
 jitted step. Memory: the device's bytes in use after the
 loop and, with --isolate (each case in a process of its own), its peak.
 
-Usage: python3 bench/compare_optax.py [--workloads W1,W3] [--cases adamw_fp32] [--isolate]
-       [--json out.json] [--min-seconds 0.3]
+Usage: python3 bench/compare_optax.py [--workloads W1,W3] [--cases adamw_fp32] [--variants optax_donated,fj_fused]
+       [--isolate] [--leaves N] [--no-loop] [--json out.json] [--min-seconds 0.3]
+--leaves N takes each workload's first N tensors (how the per-call time grows with the leaf
+count); --no-loop measures per call alone (W3's looped programs take minutes to compile).
 Needs jax with a GPU (runs on whatever jax's default backend is), optax and fusedopt_jax
 (integrations/jax on PYTHONPATH).
 """
@@ -38,7 +40,7 @@ VARIANTS = ("optax", "optax_donated", "fj_optax_form", "fj_fused")
 TARGETS = {("W3", "adamw_fp32"): 3.0, ("W2", "adamw_bf16"): 1.3, ("W2", "adamw_fp32"): 1.1, ("W4", "adamw_fp32"): 1.0}
 
 
-def run_one(workload, case, variant, min_seconds):
+def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     import jax
     import jax.numpy as jnp
     import optax
@@ -46,6 +48,8 @@ def run_one(workload, case, variant, min_seconds):
     import fusedopt_jax as fj
 
     sizes = WORKLOADS[workload][1]()
+    if leaves:  # the first `leaves` tensors alone: how the time grows with the leaf count
+        sizes = sizes[:leaves]
     pdtype = jnp.float32 if case == "adamw_fp32" else jnp.bfloat16
     # The leaves are made on the host and placed once: eager jax compiles each primitive once per
     # shape, and W3's 2000 distinct shapes made thousands of small compiles (minutes) before a step.
@@ -98,8 +102,24 @@ def run_one(workload, case, variant, min_seconds):
         batch = min(batch * 2, 200)
     dispatch_us = elapsed / steps * 1e6
     # Printed now: on W3 (2000 leaves) the looped program's compile below takes minutes for Optax.
-    print(f"  {workload} {case} {variant}: compile {compile_s:.2f} s, {dispatch_us:.1f} us per call; "
-          f"compiling the loop ...", flush=True)
+    print(f"  {workload} {case} {variant}: {len(sizes)} leaves, compile {compile_s:.2f} s, {dispatch_us:.1f} us "
+          f"per call" + ("; compiling the loop ..." if looped_too else ""), flush=True)
+    elements = sum(sizes)
+    row = dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
+               step_us=float("nan"), dispatch_step_us=dispatch_us, loop_copies=-1, steps=steps, compile_s=compile_s,
+               loop_compile_s=float("nan"), hlo_copies=copies, hlo_fusions=fusions, hlo_custom_calls=custom_calls,
+               backend=jax.default_backend(), device=str(jax.devices()[0].device_kind))
+
+    def memory():  # the device's bytes in use now and its peak (--isolate: this case's alone)
+        try:
+            stats = jax.devices()[0].memory_stats() or {}
+        except Exception:
+            stats = {}
+        return dict(bytes_in_use=stats.get("bytes_in_use"), peak_bytes_in_use=stats.get("peak_bytes_in_use"))
+
+    if not looped_too:
+        row.update(memory())
+        return row
     # The same steps LOOP at a time inside one jitted program (a lax.fori_loop over the donated
     # (params, state) carry): what a training step that runs the update inside its own jit pays,
     # without jax's per-call dispatch of every leaf (about 1-2 us an array, which the per-call
@@ -121,18 +141,9 @@ def run_one(workload, case, variant, min_seconds):
         jax.block_until_ready((params, state))
         loop_elapsed += time.perf_counter() - t0
         loop_steps += 5 * loop
-    stats = {}
-    try:
-        stats = jax.devices()[0].memory_stats() or {}
-    except Exception:
-        pass
-    elements = sum(sizes)
-    return dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
-                step_us=loop_elapsed / loop_steps * 1e6, dispatch_step_us=dispatch_us, loop_copies=loop_copies,
-                steps=steps, compile_s=compile_s, loop_compile_s=loop_compile_s, hlo_copies=copies,
-                hlo_fusions=fusions, hlo_custom_calls=custom_calls, bytes_in_use=stats.get("bytes_in_use"),
-                peak_bytes_in_use=stats.get("peak_bytes_in_use"), backend=jax.default_backend(),
-                device=str(jax.devices()[0].device_kind))
+    row.update(step_us=loop_elapsed / loop_steps * 1e6, loop_copies=loop_copies, loop_compile_s=loop_compile_s,
+               **memory())
+    return row
 
 
 def table(rows):
@@ -165,11 +176,14 @@ def main():
     ap.add_argument("--min-seconds", type=float, default=0.3)
     ap.add_argument("--isolate", action="store_true", help="each case in a process of its own (peak memory)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--leaves", type=int, default=0, help="the first N tensors of each workload alone (0: all)")
+    ap.add_argument("--no-loop", action="store_true", help="per call only: skip the looped program (minutes to "
+                    "compile on W3)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         w, c, v = args.one.split(":")
-        print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds)), flush=True)
+        print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop)), flush=True)
         return
     rows = []
     for w in args.workloads.split(","):
@@ -178,14 +192,15 @@ def main():
                 try:
                     if args.isolate:
                         done = subprocess.run([sys.executable, __file__, "--one", f"{w}:{c}:{v}", "--min-seconds",
-                                               str(args.min_seconds)], capture_output=True, text=True,
+                                               str(args.min_seconds), "--leaves", str(args.leaves)]
+                                              + (["--no-loop"] if args.no_loop else []), capture_output=True, text=True,
                                               env=dict(os.environ))
                         row = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ROW ")]
                         if not row:
                             raise RuntimeError(done.stderr[-2000:])
                         rows.append(row[0])
                     else:
-                        rows.append(run_one(w, c, v, args.min_seconds))
+                        rows.append(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop))
                     r = rows[-1]
                     print(f"{w} {c} {v}: {r['step_us']:.1f} us/step in a loop, {r['dispatch_step_us']:.1f} per call, "
                           f"compile {r['compile_s']:.2f} s (loop {r['loop_compile_s']:.2f} s), {r['hlo_copies']} / {r['loop_copies']} copies",
