@@ -4,7 +4,8 @@
 #   MODE=add_subdirectory  build and test tests/cmake/consumer with fusedopt as a subdirectory
 #   MODE=version           check PREFIX's version file: 0.1 and 0.1.0 accepted, 0.2 and 1.0 not
 # Other variables: WORK_DIR (scratch, wiped), CONFIG, GENERATOR, MAKE_PROGRAM, CXX_COMPILER,
-# CUDA_COMPILER (empty: no CUDA), CUDA_HOST_COMPILER, CUDA_ARCHITECTURES ('|'-separated).
+# CUDA_COMPILER (empty: no CUDA), CUDA_HOST_COMPILER, CUDA_ARCHITECTURES ('|'-separated),
+# CUDA_COMPILE_ONLY and CUDA_COMPILE_ONLY_FLAGS (the tree's FUSEDOPT_CUDA_COMPILE_ONLY and its flags).
 cmake_minimum_required(VERSION 3.23)
 
 function(run_step what)
@@ -73,8 +74,12 @@ if(CUDA_COMPILER)
   endif()
   if(CUDA_COMPILE_ONLY)
     # As the tree that runs this test (FUSEDOPT_CUDA_COMPILE_ONLY): the consumer's kernels are
-    # skipped there anyway, so its CUDA sources are compiled without optimisation.
-    list(APPEND configure_args "-DCMAKE_CUDA_FLAGS=-Xcicc -O0" "-DCMAKE_CUDA_FLAGS_RELEASE=-DNDEBUG")
+    # skipped there anyway, so its CUDA sources are compiled without optimisation, with the
+    # tree's flags (FUSEDOPT_CUDA_COMPILE_ONLY_FLAGS).
+    if(NOT DEFINED CUDA_COMPILE_ONLY_FLAGS)
+      set(CUDA_COMPILE_ONLY_FLAGS "-Xcicc -O0")
+    endif()
+    list(APPEND configure_args "-DCMAKE_CUDA_FLAGS=${CUDA_COMPILE_ONLY_FLAGS}" "-DCMAKE_CUDA_FLAGS_RELEASE=-DNDEBUG")
   endif()
 endif()
 

@@ -28,9 +28,22 @@
 /// the CUDA rule tests are compiled and never run (CI: FUSEDOPT_CUDA_COMPILE_ONLY defines
 /// FUSEDOPT_TEST_FLOAT_ONLY for them), over float alone: nvcc's time goes to the instantiations,
 /// the host tests compile and run all four types of the same cases, and the GPU machine's
-/// build all four on the device (docs/decisions.md, "CI: the CUDA units in float32").
+/// build all four on the device (docs/decisions.md, "CI: the CUDA units in float32"). There
+/// too, five rules' tests make one translation unit (tests/CMakeLists.txt): what a rule header
+/// declares at namespace scope is named after its rule, or in a namespace of its own.
+/// Under AddressSanitizer (the `asan` preset, with UBSan), which looks for memory errors and
+/// undefined behaviour rather than wrong bits, over float and bfloat16: every rule's slots at
+/// four bytes and at two (with the float statistics some rules keep for 16-bit parameters);
+/// double and half change the rules' arithmetic (checked bit for bit by the Release run) and
+/// the engine's loads, stores and conversions, which host_backend (every element type, edge
+/// sizes), mixed_precision, stochastic_rounding and kahan run under the sanitizers
+/// (docs/decisions.md, "CI: nvcc's fast compile, CUDA tests several to a translation unit,
+/// OpenMP threads that sleep").
 #if defined(FUSEDOPT_TEST_FLOAT_ONLY)
 #  define FUSEDOPT_RULE_TEST(name, tags) TEMPLATE_TEST_CASE(name, tags FUSEDOPT_TEST_BACKEND_TAG, float)
+#elif defined(__SANITIZE_ADDRESS__)
+#  define FUSEDOPT_RULE_TEST(name, tags) \
+    TEMPLATE_TEST_CASE(name, tags FUSEDOPT_TEST_BACKEND_TAG, float, fusedopt::bfloat16)
 #else
 #  define FUSEDOPT_RULE_TEST(name, tags) \
     TEMPLATE_TEST_CASE(name, tags FUSEDOPT_TEST_BACKEND_TAG, float, double, fusedopt::half, fusedopt::bfloat16)
