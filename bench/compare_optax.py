@@ -7,10 +7,13 @@ state_dtype=float32). Variants:
   optax_donated    the same with params and state donated
   fj_optax_form    fusedopt_jax's update (one custom call) + optax.apply_updates, donated
   fj_fused         fusedopt_jax's fused step (params and state in place), donated
+  floor            (only when asked for) a donated step that returns its inputs: the host cost of
+                   calling a program over the same arrays, under which neither can go
 
 Time: wall time per step, two ways, after warm-up: "in a loop" runs 10 steps inside one jitted
 lax.fori_loop (as a training step's own jit would: no per-call dispatch; the headline figure), "per
-call" calls the jitted step once a step (jax dispatches every leaf: about 1-2 us an array);
+call" calls the step once a step (jax dispatches every leaf: about 1-2 us an array), both through
+the AOT Compiled object and through the jitted function (jax's C++ dispatch, what a loop calls);
 jax.block_until_ready after the last step of each timed batch. Compile: lower + compile of the
 jitted step. Memory: the device's bytes in use after the
 loop and, with --isolate (each case in a process of its own), its peak.
@@ -37,6 +40,9 @@ from workloads import WORKLOADS  # noqa: E402  (bench/workloads.py: W1-W4 as ben
 
 CASES = ("adamw_fp32", "adamw_bf16")
 VARIANTS = ("optax", "optax_donated", "fj_optax_form", "fj_fused")
+# Not in the default set: "floor", a donated step that returns its inputs (no device work), the
+# host cost of calling a program over the same arrays: what neither Optax nor fusedopt can go under.
+EXTRA_VARIANTS = ("floor",)
 TARGETS = {("W3", "adamw_fp32"): 3.0, ("W2", "adamw_bf16"): 1.3, ("W2", "adamw_fp32"): 1.1, ("W4", "adamw_fp32"): 1.0}
 
 
@@ -74,6 +80,10 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     if variant == "fj_fused":
         def step(p, g, s):
             return tx.step(p, g, s)
+    elif variant == "floor":
+        def step(p, g, s):
+            del g
+            return p, s
     else:
         def step(p, g, s):
             u, s = tx.update(g, s, p)
@@ -87,26 +97,40 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     copies = sum(1 for line in hlo.splitlines() if " copy(" in line or "copy-start" in line)
     custom_calls = hlo.count("custom-call(") + hlo.count("custom_call_target")
     fusions = sum(1 for line in hlo.splitlines() if " fusion(" in line)
-    for _ in range(3):
-        params, state = compiled(params, grads, state)
-    jax.block_until_ready((params, state))
-    steps, elapsed = 0, 0.0
-    batch = 5
-    while elapsed < min_seconds and steps < 2000:
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            params, state = compiled(params, grads, state)
+    def per_call(fn):  # wall time a step, fn called once a step
+        nonlocal params, state
+        for _ in range(3):
+            params, state = fn(params, grads, state)
         jax.block_until_ready((params, state))
-        elapsed += time.perf_counter() - t0
-        steps += batch
-        batch = min(batch * 2, 200)
-    dispatch_us = elapsed / steps * 1e6
+        steps, elapsed = 0, 0.0
+        batch = 5
+        while elapsed < min_seconds and steps < 2000:
+            t0 = time.perf_counter()
+            for _ in range(batch):
+                params, state = fn(params, grads, state)
+            jax.block_until_ready((params, state))
+            elapsed += time.perf_counter() - t0
+            steps += batch
+            batch = min(batch * 2, 200)
+        return elapsed / steps * 1e6, steps
+
+    # Two ways to call the same program: the AOT `Compiled` object, and the jitted function
+    # itself (what a training loop calls: jax's C++ dispatch path; its first call compiles
+    # again unless the persistent compilation cache, JAX_COMPILATION_CACHE_DIR, holds it).
+    dispatch_us, steps = per_call(compiled)
+    t0 = time.perf_counter()
+    params, state = jitted(params, grads, state)
+    jax.block_until_ready((params, state))
+    jit_first_s = time.perf_counter() - t0
+    jit_dispatch_us, _ = per_call(jitted)
     # Printed now: on W3 (2000 leaves) the looped program's compile below takes minutes for Optax.
-    print(f"  {workload} {case} {variant}: {len(sizes)} leaves, compile {compile_s:.2f} s, {dispatch_us:.1f} us "
-          f"per call" + ("; compiling the loop ..." if looped_too else ""), flush=True)
+    print(f"  {workload} {case} {variant}: {len(sizes)} leaves, compile {compile_s:.2f} s, per call "
+          f"{dispatch_us:.1f} us (Compiled) / {jit_dispatch_us:.1f} us (jit; its first call {jit_first_s:.2f} s)"
+          + ("; compiling the loop ..." if looped_too else ""), flush=True)
     elements = sum(sizes)
     row = dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
-               step_us=float("nan"), dispatch_step_us=dispatch_us, loop_copies=-1, steps=steps, compile_s=compile_s,
+               step_us=float("nan"), dispatch_step_us=dispatch_us, jit_dispatch_step_us=jit_dispatch_us,
+               jit_first_call_s=jit_first_s, loop_copies=-1, steps=steps, compile_s=compile_s,
                loop_compile_s=float("nan"), hlo_copies=copies, hlo_fusions=fusions, hlo_custom_calls=custom_calls,
                backend=jax.default_backend(), device=str(jax.devices()[0].device_kind))
 
@@ -147,8 +171,8 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
 
 
 def table(rows):
-    out = ["| workload | case | variant | step in a loop (us) | vs optax_donated | step per call (us) | compile (s) | "
-           "HLO copies (call / loop) | fusions | peak MiB |",
+    out = ["| workload | case | variant | step in a loop (us) | vs optax_donated | step per call (us): Compiled / jit | "
+           "compile (s) | HLO copies (call / loop) | fusions | peak MiB |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     base = {(r["workload"], r["case"]): r["step_us"] for r in rows if r["variant"] == "optax_donated"}
     for r in rows:
@@ -156,7 +180,7 @@ def table(rows):
         speed = f"{b / r['step_us']:.2f}x" if b else "-"
         peak = r.get("peak_bytes_in_use")
         out.append(f"| {r['workload']} | {r['case']} | {r['variant']} | {r['step_us']:.1f} | {speed} | "
-                   f"{r['dispatch_step_us']:.1f} | {r['compile_s']:.2f} | {r['hlo_copies']} / {r['loop_copies']} | "
+                   f"{r['dispatch_step_us']:.1f} / {r.get('jit_dispatch_step_us', float('nan')):.1f} | {r['compile_s']:.2f} | {r['hlo_copies']} / {r['loop_copies']} | "
                    f"{r['hlo_fusions']} | "
                    f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |")
     lines = ["", "Targets (issue 45, fj_fused against optax_donated):"]
@@ -185,6 +209,9 @@ def main():
         w, c, v = args.one.split(":")
         print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop)), flush=True)
         return
+    unknown = set(args.variants.split(",")) - set(VARIANTS + EXTRA_VARIANTS)
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}: {', '.join(VARIANTS + EXTRA_VARIANTS)}")
     rows = []
     for w in args.workloads.split(","):
         for c in args.cases.split(","):

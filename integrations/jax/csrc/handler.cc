@@ -14,7 +14,13 @@
 /// Leaves are grouped by element types, and each group runs one cached plan (runner.hpp); plans
 /// are kept per device and geometry for the life of the process (the only state of the
 /// library, guarded by a mutex).
+///
+/// FUSEDOPT_JAX_PROFILE=N (diagnosis): every N calls, the handler's mean host time per call and
+/// how many of those calls had to bind their leaves anew go to stderr.
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
@@ -89,6 +95,38 @@ std::string cache_key(int device, group_key const& k, std::vector<leaf> const& l
 
 ffi::Error fail(std::string message) { return ffi::Error::InvalidArgument("fusedopt_jax: " + std::move(message)); }
 
+/// FUSEDOPT_JAX_PROFILE's counters (under the cache's mutex: calls are serialised there anyway).
+struct profile {
+  long every = 0;
+  long calls = 0, bound = 0;
+  double seconds = 0;
+};
+
+profile& profiler()
+{
+  static profile* p = [] {
+    auto* q = new profile;  // never destroyed, as the cache
+    char const* v = std::getenv("FUSEDOPT_JAX_PROFILE");
+    q->every = v != nullptr ? std::atol(v) : 0;
+    return q;
+  }();
+  return *p;
+}
+
+void record(double seconds, bool bound)
+{
+  profile& p = profiler();
+  ++p.calls;
+  p.bound += bound ? 1 : 0;
+  p.seconds += seconds;
+  if (p.calls == p.every) {
+    std::fprintf(stderr, "fusedopt_jax: handler %.1f us a call over %ld calls, %ld of them bound their leaves anew\n",
+                 p.seconds / static_cast<double>(p.calls) * 1e6, p.calls, p.bound);
+    p.calls = p.bound = 0;
+    p.seconds = 0;
+  }
+}
+
 struct device_guard {
   int previous;
   explicit device_guard(int device) : previous(set_device(device)) {}
@@ -100,6 +138,7 @@ struct device_guard {
 ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
                 ffi::RemainingRets rets)
 {
+  auto const started = std::chrono::steady_clock::now();
   if (kind_value < 0 || kind_value >= num_kinds) { return fail("unknown optimizer kind " + std::to_string(kind_value)); }
   auto const k = static_cast<kind>(kind_value);
   int const states = states_of(k);
@@ -184,11 +223,15 @@ ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_
     device_guard guard(device);
     plan_cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mutex);
+    bool bound = false;
     for (auto& [key, leaves] : groups) {
       std::unique_ptr<runner>& r = c.runners[cache_key(device, key, leaves)];
       if (!r) { r = make_runner(key); }
       if (!r) { return fail("this combination of element types is not compiled (parameters float32 or bfloat16, states float32 or the parameter's type)"); }
-      r->run(leaves, hyper_data, stream);
+      bound = r->run(leaves, hyper_data, stream) || bound;
+    }
+    if (profiler().every > 0) {
+      record(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), bound);
     }
   } catch (std::exception const& e) {
     return fail(e.what());

@@ -61,7 +61,9 @@ struct leaf {
 class runner {
  public:
   virtual ~runner() = default;
-  virtual void run(std::vector<leaf> const& leaves, float const* hyper, void* stream) = 0;
+  /// Returns whether the leaves had to be bound (a new plan or a rebind: their addresses or
+  /// geometry differ from the last call's), for FUSEDOPT_JAX_PROFILE.
+  virtual bool run(std::vector<leaf> const& leaves, float const* hyper, void* stream) = 0;
 };
 
 namespace FUSEDOPT_JAX_BACKEND {

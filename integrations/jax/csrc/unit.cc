@@ -156,7 +156,7 @@ class runner_impl final : public runner {
   using plan_type = decltype(new_plan(std::declval<lists_type const&>(), nullptr));
 
  public:
-  void run(std::vector<leaf> const& leaves, float const* hyper, void* stream) override
+  bool run(std::vector<leaf> const& leaves, float const* hyper, void* stream) override
   {
     // A compiled program gives its buffers the same addresses at every execution (and a
     // donated step keeps its parameters and states where they are): the leaves the plan is
@@ -164,7 +164,7 @@ class runner_impl final : public runner {
     // O(n log n) with allocations: a large part of a 2000-leaf call's host time).
     if (plan_ && same_leaves(leaves, bound_)) {
       run_plan(*plan_, make_rule<InPlace>(hyper), stream);
-      return;
+      return false;
     }
     auto const lists = make_lists<InPlace, P, S1, S2, U>(leaves);
     // Geometry (sizes, types, alignment) decides the plan; addresses only rebind it.
@@ -177,6 +177,7 @@ class runner_impl final : public runner {
     }
     bound_ = leaves;
     run_plan(*plan_, make_rule<InPlace>(hyper), stream);
+    return true;
   }
 
  private:
