@@ -22,6 +22,7 @@ from .library_rules import (ADOPT, ASGD, AdEMAMix, Adan, CAdamW, Rprop, Schedule
                             ScheduleFreeSGD, StableAdamW)
 from .muon import Muon, MuonWithAdamW  # noqa: F401
 from .adafactor import Adafactor  # noqa: F401
+from .came import CAME  # noqa: F401
 from .prodigy import Prodigy  # noqa: F401
 
 
@@ -40,4 +41,4 @@ __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAda
            "RuleCompileError", "Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "step_in_backward", "StepInBackward", "ddp_step_in_backward", "DDPStepInBackward",
            "CPUOffload", "Muon", "MuonWithAdamW", "Adafactor",
-           "Prodigy"]
+           "CAME", "Prodigy"]

@@ -1,9 +1,13 @@
-"""What the optimizers over ctypes units share (muon.py, adafactor.py): torch's checks of a
-parameter and its gradient, the device and stream a unit's plan runs on, and the per-group
-bookkeeping that makes a step cheap on the host when the parameters are those of the last step."""
+"""What the optimizers over ctypes units share (muon.py, adafactor.py, came.py): torch's checks of a
+parameter and its gradient, the device and stream a unit's plan runs on, the per-group
+bookkeeping that makes a step cheap on the host when the parameters are those of the last step,
+and a bucket of one device and dtype whose plan rebinds moved gradients and reads an lr given as
+a Tensor on the device (adafactor.py, came.py)."""
 import contextlib
 
 import torch
+
+from . import _ext
 
 DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
                torch.bfloat16: "bfloat16"}
@@ -43,6 +47,71 @@ def on_device(device):
         return
     with torch.cuda.device(device):
         yield torch.cuda.current_stream(device).cuda_stream
+
+
+def refuse_capture(name, why):
+    """fusedopt's error for a step under CUDA graph capture, `why` saying what is kept on the host."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"fusedopt_torch.{name}: a step cannot be captured in a CUDA graph ({why})")
+
+
+def state_tensors_fit(tensors, shapes, dtype, device):
+    """Whether each of `tensors` is a contiguous tensor of its shape in `shapes`, of `dtype`, on
+    `device` (what a plan binds of a parameter's state)."""
+    return all(torch.is_tensor(t) and tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.device == device
+               and t.is_contiguous() for t, shape in zip(tensors, shapes))
+
+
+class UnitBucket:
+    """The parameters of one group with one device and dtype that step in one plan of a ctypes
+    unit (over those of them that are not empty: an empty tensor has nothing to step), the
+    gradients' addresses the plan holds, and one double on the device for an lr given as a
+    Tensor (or one the unit refuses as a value). Subclasses add their own slots."""
+
+    __slots__ = ("params", "planned", "device", "dtype", "plan", "grads", "scalars")
+
+    def __init__(self, params, device, dtype):
+        self.params, self.device, self.dtype = params, device, dtype
+        self.planned = [p for p in params if p.numel() > 0]
+        self.plan = self.grads = None
+        self.scalars = torch.zeros(1, dtype=torch.float64, device=device)
+
+    def make_plan(self, name, why, module, make):
+        """self.plan = make(unit, stream): `module`'s unit (_adafactor_unit, _came_unit) for the
+        bucket's device and dtype, made on its device and current stream, the gradients'
+        addresses in self.grads; refused under CUDA graph capture (optimizer `name`, `why`)."""
+        cuda = self.device.type == "cuda"
+        with on_device(self.device) as stream:
+            if cuda:
+                refuse_capture(name, why)
+            unit = module.unit("cuda" if cuda else "host", DTYPE_NAMES[self.dtype],
+                               (_ext.arch_of(self.device.index),) if cuda else ())
+            self.grads = [p.grad.data_ptr() for p in self.planned]
+            self.plan = make(unit, stream)
+
+    def run(self, name, why, hyper, lr, lr_by_value=True):
+        """One step of the plan (if any) with `hyper` (a unit's ctypes structure with lr and
+        lr_pointer) on the device's current stream, after rebinding gradients that moved. A
+        Tensor lr, or any lr when not `lr_by_value`, is written into self.scalars in stream order
+        (no sync) and read by the step through lr_pointer."""
+        if self.plan is None:
+            return
+        with on_device(self.device) as stream:
+            if self.device.type == "cuda":
+                refuse_capture(name, why)
+            grads = [p.grad.data_ptr() for p in self.planned]
+            if grads != self.grads:
+                self.plan.rebind_grads(grads, stream)
+                self.grads = grads
+            if isinstance(lr, torch.Tensor):  # read where the step runs, in stream order: no sync
+                self.scalars.copy_(lr.reshape(1))
+                hyper.lr_pointer = self.scalars.data_ptr()
+            elif not lr_by_value:
+                self.scalars.fill_(float(lr))
+                hyper.lr_pointer = self.scalars.data_ptr()
+            else:
+                hyper.lr = float(lr)
+            self.plan.run(hyper, stream)  # refused options raise before anything is written
 
 
 class GroupPlans:

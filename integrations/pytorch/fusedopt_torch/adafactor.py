@@ -13,8 +13,8 @@ cache and called through ctypes (_adafactor_unit.py): no core, no torch in the u
 """
 import torch
 
-from . import _adafactor_unit, _ext
-from ._unit_engine import DTYPE_NAMES, UnitEngine, UnitOptimizer, on_device
+from . import _adafactor_unit
+from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, state_tensors_fit
 
 __all__ = ["Adafactor"]
 
@@ -67,29 +67,25 @@ def _statistics(p, st):
     if not torch.is_tensor(st["step"]):
         st["step"] = torch.tensor(float(st["step"]), dtype=_scalar_dtype())
     stats = (st["row_var"], st["col_var"]) if len(shapes) == 2 else (st["variance"],)
-    for s, shape in zip(stats, shapes):
-        if list(s.shape) != shape or s.dtype != p.dtype or s.device != p.device or not s.is_contiguous():
-            raise RuntimeError("fusedopt_torch.Adafactor: row_var, col_var and variance must be contiguous tensors "
-                               "of torch's shapes, on their parameter's device and of its dtype")
+    if not state_tensors_fit(stats, shapes, p.dtype, p.device):
+        raise RuntimeError("fusedopt_torch.Adafactor: row_var, col_var and variance must be contiguous tensors "
+                           "of torch's shapes, on their parameter's device and of its dtype")
     return stats if len(stats) == 2 else (stats[0], None)
 
 
-def _refuse_capture():
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("fusedopt_torch.Adafactor: a step cannot be captured in a CUDA graph (its step count is "
-                           "kept on the host, as torch.optim.Adafactor's)")
+_NOT_CAPTURABLE = "its step count is kept on the host, as torch.optim.Adafactor's"
 
 
-class _Bucket:
+class _Bucket(UnitBucket):
     """The parameters of one group with one device, dtype and step count, and their plan (over
     those of them that are not empty: an empty tensor only counts its steps)."""
 
-    __slots__ = ("params", "planned", "steps", "step", "device", "dtype", "plan", "grads", "scalars")
+    __slots__ = ("steps", "step")
 
     def __init__(self, params, device, dtype, step):
-        self.params, self.device, self.dtype, self.step = params, device, dtype, step
-        self.planned = [p for p in params if p.numel() > 0]
-        self.steps = self.plan = self.grads = self.scalars = None
+        super().__init__(params, device, dtype)
+        self.step = step
+        self.steps = None
 
 
 class _AdafactorEngine(UnitEngine):
@@ -123,47 +119,25 @@ class _AdafactorEngine(UnitEngine):
         for (device, dtype, step), group in members.items():
             bucket = _Bucket(group, device, dtype, step)
             bucket.steps = [state[p]["step"] for p in group]
-            bucket.scalars = torch.zeros(1, dtype=torch.float64, device=device)
             if bucket.planned:
                 self._make_plan(bucket, [stats[p] for p in bucket.planned])
             buckets.append(bucket)
         return buckets
 
     def _make_plan(self, bucket, stats):
-        cuda = bucket.device.type == "cuda"
-        with on_device(bucket.device) as stream:
-            if cuda:
-                _refuse_capture()
-            unit = _adafactor_unit.unit("cuda" if cuda else "host", DTYPE_NAMES[bucket.dtype],
-                                        (_ext.arch_of(bucket.device.index),) if cuda else ())
-            members = bucket.planned
-            bucket.grads = [p.grad.data_ptr() for p in members]
-            bucket.plan = _adafactor_unit.Plan(unit, [p.data_ptr() for p in members], bucket.grads,
-                                               [p.numel() for p in members], [tuple(p.shape) for p in members],
-                                               [row.data_ptr() for row, _ in stats],
-                                               [col.data_ptr() if col is not None else None for _, col in stats],
-                                               0, stream)
+        members = bucket.planned
+        bucket.make_plan(self.name, _NOT_CAPTURABLE, _adafactor_unit, lambda unit, stream: _adafactor_unit.Plan(
+            unit, [p.data_ptr() for p in members], bucket.grads, [p.numel() for p in members],
+            [tuple(p.shape) for p in members], [row.data_ptr() for row, _ in stats],
+            [col.data_ptr() if col is not None else None for _, col in stats], 0, stream))
         self.builds += 1
 
     def _run(self, bucket, group, eps1, eps2):
         if bucket.plan is not None:
-            with on_device(bucket.device) as stream:
-                if bucket.device.type == "cuda":
-                    _refuse_capture()
-                grads = [p.grad.data_ptr() for p in bucket.planned]
-                if grads != bucket.grads:
-                    bucket.plan.rebind_grads(grads, stream)
-                    bucket.grads = grads
-                hyper = _adafactor_unit.Hyper(beta2_decay=float(group["beta2_decay"]), eps1=eps1, eps2=eps2,
-                                              d=float(group["d"]), weight_decay=float(group["weight_decay"]),
-                                              step=bucket.step + 1, maximize=int(bool(group["maximize"])))
-                lr = group["lr"]
-                if isinstance(lr, torch.Tensor):  # read where the step runs, in stream order: no sync
-                    bucket.scalars.copy_(lr.reshape(1))
-                    hyper.lr_pointer = bucket.scalars.data_ptr()
-                else:
-                    hyper.lr = float(lr)
-                bucket.plan.run(hyper, stream)  # refused options raise before anything is written
+            hyper = _adafactor_unit.Hyper(beta2_decay=float(group["beta2_decay"]), eps1=eps1, eps2=eps2,
+                                          d=float(group["d"]), weight_decay=float(group["weight_decay"]),
+                                          step=bucket.step + 1, maximize=int(bool(group["maximize"])))
+            bucket.run(self.name, _NOT_CAPTURABLE, hyper, group["lr"])
         bucket.step += 1
         torch._foreach_add_(bucket.steps, 1.0)
 

@@ -2,8 +2,8 @@
 steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 for Rprop's and
 ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py) and the built-in
 optimizers' of test_in_backward.py (one first step each, on a small model, in threads), and
-Muon's, Adafactor's and Prodigy's (test_muon.py, test_adafactor.py, test_prodigy.py, bench/muon.py).
-`prefetch_units.py muon`: Muon's, Adafactor's, Prodigy's and AdamW's only. Prints what failed; exit status 1 if anything did."""
+Muon's, Adafactor's, CAME's and Prodigy's (test_muon.py, test_adafactor.py, test_came.py, test_prodigy.py,
+bench/muon.py). `prefetch_units.py muon`: Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only. Prints what failed; exit status 1 if anything did."""
 
 import concurrent.futures
 import sys
@@ -12,7 +12,7 @@ import time
 import torch
 
 import fusedopt_torch as ft
-from fusedopt_torch import _adafactor_unit, _ext, _muon_unit, _prodigy_unit
+from fusedopt_torch import _adafactor_unit, _came_unit, _ext, _muon_unit, _prodigy_unit
 
 CLASSES = [ft.Rprop, ft.ASGD, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft.CAdamW, ft.ScheduleFreeAdamW, ft.ScheduleFreeSGD]
 
@@ -29,6 +29,7 @@ def main():
     unit_jobs = [(f"Muon NS {ns}", d, t, lambda backend, dtype, archs, ns=ns: _muon_unit.unit(backend, dtype, ns, archs))
                  for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"), ("bfloat16", "bfloat16"))]
     unit_jobs += [("Adafactor", d, t, _adafactor_unit.unit) for d in devices for t in ("float32", "bfloat16")]
+    unit_jobs += [("CAME", d, t, _came_unit.unit) for d in devices for t in ("float32", "float64", "bfloat16")]
     unit_jobs += [("Prodigy", d, t, lambda backend, dtype, archs: _prodigy_unit.unit(backend, dtype, True, archs))
                   for d in devices for t in ("float32", "float64", "bfloat16")]
 
@@ -66,7 +67,7 @@ def main():
         steps = pool.map(first_step, [(b, d) for b in builtins for d in devices])
         units = pool.map(build_unit, unit_jobs)
         errors = [e for e in pool.map(build, jobs) if e] + [e for e in steps if e] + [e for e in units if e]
-    print(f"{len(jobs)} rule units, {len(unit_jobs)} Muon, Adafactor and Prodigy units and {len(builtins) * len(devices)} first steps in "
+    print(f"{len(jobs)} rule units, {len(unit_jobs)} Muon, Adafactor, CAME and Prodigy units and {len(builtins) * len(devices)} first steps in "
           f"{time.time() - start:.1f} s; "
           f"{len(errors)} failed", *errors, sep="\n")
     return 1 if errors else 0
