@@ -186,12 +186,13 @@ def _call(kind, hyper, params, grads, states, inplace):
 
 
 # Leaves per custom call. XLA's compile and its per-execution handling of one custom call grow
-# faster than its operand count (measured on an H200, jax 0.11: the fused AdamW step over
-# 500 leaves compiled in 3.8 s, over 2000 in 40.7 s), so a large pytree is stepped by several
+# faster than its operand count (measured on an H200, jax 0.11, 2000 leaves: the fused AdamW
+# step compiled in 40.7 s as one call, 11.7 s as calls of 256 leaves, 6.1 s of 64, 8.5 s of 32;
+# docs/jax.md), so a large pytree is stepped by several
 # calls of at most this many leaves, each its own plan and launch (LAMB's trust ratios are per
 # leaf, so it splits too); clip_by_global_norm + AdamW keeps every leaf in one call (its norm is
 # over all of them). 0 or less: one call.
-LEAVES_PER_CALL = int(os.environ.get("FUSEDOPT_JAX_LEAVES_PER_CALL", "256"))
+LEAVES_PER_CALL = int(os.environ.get("FUSEDOPT_JAX_LEAVES_PER_CALL", "64"))
 
 
 def _leaves_per_call(kind, n):

@@ -11,6 +11,7 @@ there the bits must agree (float32: p + u once, as optax.apply_updates).
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -230,7 +231,10 @@ def test_leaves_split_over_calls_match_one_call(monkeypatch, factory, kwargs):
     step = jax.jit(tx.step, donate_argnums=(0, 2))
     hlo = step.lower(p, grads[0], state).compile().as_text()
     assert hlo.count("fusedopt_jax_step") >= 3, "expected one custom call per 3 leaves"
-    assert not [line for line in hlo.splitlines() if " copy(" in line or "copy-start" in line]
+    # The empty leaf (0,) has no buffer to alias: XLA copies its zero bytes.
+    copies = [line for line in hlo.splitlines() if (" copy(" in line or "copy-start" in line)
+              and not re.search(r"= \w+\[0\]", line)]
+    assert not copies, "the compiled step copies buffers:\n" + "\n".join(copies[:10])
     before = [x.unsafe_buffer_pointer() for x in jax.tree.leaves((p, state)) if x.size]
     p, state = step(p, grads[0], state)
     jax.block_until_ready(p)
