@@ -7,8 +7,13 @@ process, on W1-W4 (bench/torch_peers.py's workloads, float32; issue 42):
   reference    the reference algorithm one tensor at a time (the classes of
                integrations/pytorch/tests/test_library_rules.py, written from the official
                repositories; torch.optim.Rprop with foreach=False for Rprop)
-  foreach      torch.optim.Rprop with foreach=True (Rprop only: the others' references are
-               single-tensor loops here; their foreach and torch.compile variants are not measured)
+  foreach      torch.optim.Rprop / ASGD with foreach=True (those two only: the others' references
+               are single-tensor loops here; their foreach and torch.compile variants are not
+               measured)
+
+Rprop's and ASGD's references are torch.optim's own (foreach=False); Prodigy's is
+konstmish/prodigy's step as tests/test_prodigy.py writes it (two `.item()` per tensor; it also
+clones each gradient first, 8 bytes an element that prodigy.py does not move).
 
 Per row: GPU time per step (median of rounds, CUDA events behind a sleep kernel: torch_peers'
 Timer), host time per step() call, and fusedopt's fraction of a device-to-device copy measured
@@ -34,9 +39,9 @@ import torch_peers as peers  # noqa: E402
 import fusedopt_torch as ft  # noqa: E402
 
 
-def references():
-    path = os.path.join(ROOT, "integrations", "pytorch", "tests", "test_library_rules.py")
-    spec = importlib.util.spec_from_file_location("library_rule_references", path)
+def references(test="test_library_rules"):
+    path = os.path.join(ROOT, "integrations", "pytorch", "tests", f"{test}.py")
+    spec = importlib.util.spec_from_file_location(f"{test}_references", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,17 +51,36 @@ def references():
 # written (8); a reduction pass reads what it needs once more (StableAdamW: grad and exp_avg_sq;
 # CAdamW: grad and both moments, the direction AdamW has before its mask: the decoupled decay's
 # param is loaded there for nothing, and the compiler drops the load, as 44 B would give 103%).
-BYTES = {"Rprop": 28, "AdEMAMix": 36, "Adan": 44, "ADOPT": 28, "StableAdamW": 28 + 8, "CAdamW": 28 + 12,
-         "ScheduleFreeAdamW": 28, "ScheduleFreeSGD": 20}
-OPTIONS = {"Rprop": dict(lr=1e-3), "AdEMAMix": dict(lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, weight_decay=0.01),
+# ASGD: param and ax read and written, grad read. Prodigy: its reduction pass reads grad, p0, param
+# and s (16 B), its update reads param, grad, s and both moments and writes param, s and the
+# moments (36 B).
+BYTES = {"Rprop": 28, "ASGD": 20, "AdEMAMix": 36, "Adan": 44, "ADOPT": 28, "StableAdamW": 28 + 8, "CAdamW": 28 + 12,
+         "ScheduleFreeAdamW": 28, "ScheduleFreeSGD": 20, "Prodigy": 16 + 36}
+TORCH_PEERS = {"Rprop": torch.optim.Rprop, "ASGD": torch.optim.ASGD}
+OPTIONS = {"Rprop": dict(lr=1e-3), "ASGD": dict(lr=1e-3), "Prodigy": dict(lr=1.0),
+           "AdEMAMix": dict(lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, weight_decay=0.01),
            "Adan": dict(lr=1e-3, weight_decay=0.02), "ADOPT": dict(lr=1e-3), "StableAdamW": dict(lr=1e-3),
            "CAdamW": dict(lr=1e-3), "ScheduleFreeAdamW": dict(lr=1e-3, warmup_steps=100),
            "ScheduleFreeSGD": dict(lr=1e-2, warmup_steps=100)}
 
 
+def prodigy_reference_step(prodigy, params, options):
+    """tests/test_prodigy.py's reference_step over `params` (their .grad), its state and scalars
+    carried from call to call as the reference's group keeps them."""
+    states = [dict(s=torch.zeros_like(p), p0=p.detach().clone(), exp_avg=torch.zeros_like(p),
+                   exp_avg_sq=torch.zeros_like(p)) for p in params]
+    d0 = 1e-6
+    carried = dict(scalars=(d0, d0, 0.0), k=0)
+    tensors = [p.detach() for p in params]
+    grads = [p.grad for p in params]
+
+    def step():
+        carried["scalars"] = prodigy.reference_step(tensors, grads, states, carried["scalars"], carried["k"], options)
+        carried["k"] += 1
+    return step
+
+
 def reference_step(refs, name, params, options):
-    if name == "Rprop":
-        return None
     cls = getattr(refs, f"{name}Reference")
     ref = cls([], **options)
     ref.params = [p.detach() for p in params]
@@ -76,6 +100,7 @@ def main():
     timer = peers.Timer(device)
     copy_bps = peers.copy_bandwidth(timer, device)
     refs = references()
+    prodigy = references("test_prodigy")
     rows = []
     print(f"copy {copy_bps / 1e9:.0f} GB/s; GPU us per step (fusedopt's % of the copy), host us per step() call")
     for w in args.workloads.split(","):
@@ -90,10 +115,12 @@ def main():
             row["fusedopt"] = peers.timed(timer, opt.step, copy_bps, n, BYTES[name])
             del opt
             peers_of = {}
-            if name == "Rprop":
+            if name in TORCH_PEERS:
                 for variant, foreach in (("reference", False), ("foreach", True)):
-                    peer = torch.optim.Rprop(params, foreach=foreach, **options)
+                    peer = TORCH_PEERS[name](params, foreach=foreach, **options)
                     peers_of[variant] = peer.step
+            elif name == "Prodigy":
+                peers_of["reference"] = prodigy_reference_step(prodigy, params, options)
             else:
                 peers_of["reference"] = reference_step(refs, name, params, options)
             for variant, step in peers_of.items():
