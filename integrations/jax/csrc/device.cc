@@ -10,6 +10,7 @@
 #if FUSEDOPT_JAX_CUDA
 #include <cuda_runtime.h>
 
+#include <fusedopt/cuda/detail/upload_ring.cuh>
 #include <fusedopt/cuda/error.cuh>
 #endif
 
@@ -30,8 +31,11 @@ std::unique_ptr<runner> make_runner(group_key const& key)
 }
 
 #if FUSEDOPT_JAX_CUDA
+// Both run while XLA may be capturing the stream (a command buffer's recording), where the
+// runtime can refuse a query it counts as unsafe in the thread's capture mode: relaxed mode.
 int device_of(void const* pointer)
 {
+  fusedopt::cuda::detail::relaxed_capture_mode const relaxed;
   cudaPointerAttributes attributes{};
   FUSEDOPT_CUDA_TRY(cudaPointerGetAttributes(&attributes, pointer));
   return attributes.device;
@@ -39,6 +43,7 @@ int device_of(void const* pointer)
 
 int set_device(int device)
 {
+  fusedopt::cuda::detail::relaxed_capture_mode const relaxed;
   int previous = 0;
   FUSEDOPT_CUDA_TRY(cudaGetDevice(&previous));
   if (previous != device) { FUSEDOPT_CUDA_TRY(cudaSetDevice(device)); }

@@ -15,8 +15,16 @@
 /// are kept per device and geometry for the life of the process (the only state of the
 /// library, guarded by a mutex).
 ///
+/// Two CUDA entry points run the same handler: `FusedoptJaxStepCuda`, a plain thunk that XLA
+/// runs at every execution, and `FusedoptJaxStepCudaGraph`, registered command-buffer
+/// compatible: XLA may record it into a CUDA graph (calling it under stream capture, once per
+/// set of buffer addresses) and replay the graph without calling it again (unit.cc,
+/// `run_captured`). `FusedoptJaxHandlerCalls()` counts the handler's calls (tests use it to see
+/// replays).
+///
 /// FUSEDOPT_JAX_PROFILE=N (diagnosis): every N calls, the handler's mean host time per call and
 /// how many of those calls had to bind their leaves anew go to stderr.
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -135,10 +143,17 @@ struct device_guard {
   device_guard& operator=(device_guard const&) = delete;
 };
 
+std::atomic<long>& handler_calls()
+{
+  static std::atomic<long> calls{0};
+  return calls;
+}
+
 ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
                 ffi::RemainingRets rets)
 {
   auto const started = std::chrono::steady_clock::now();
+  handler_calls().fetch_add(1, std::memory_order_relaxed);
   if (kind_value < 0 || kind_value >= num_kinds) { return fail("unknown optimizer kind " + std::to_string(kind_value)); }
   auto const k = static_cast<kind>(kind_value);
   int const states = states_of(k);
@@ -257,21 +272,35 @@ ffi::Error step_cpu(std::int64_t kind_value, bool inplace, std::int64_t n, ffi::
 }  // namespace fusedopt_jax
 
 // The entry points are the only symbols the libraries export (built with -fvisibility=hidden).
+extern "C" __attribute__((visibility("default"))) long FusedoptJaxHandlerCalls()
+{
+  return fusedopt_jax::FUSEDOPT_JAX_BACKEND::handler_calls().load();
+}
+
 #if FUSEDOPT_JAX_CUDA
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* FusedoptJaxStepCuda(XLA_FFI_CallFrame* call_frame);
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* FusedoptJaxStepCudaGraph(XLA_FFI_CallFrame* call_frame);
 #else
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* FusedoptJaxStepCpu(XLA_FFI_CallFrame* call_frame);
 #endif
 
 #if FUSEDOPT_JAX_CUDA
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCuda, fusedopt_jax::cuda_backend::step_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<void*>>()
-                                  .Attr<std::int64_t>("kind")
-                                  .Attr<bool>("inplace")
-                                  .Attr<std::int64_t>("n")
-                                  .RemainingArgs()
-                                  .RemainingRets());
+namespace {
+auto cuda_binding()
+{
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<void*>>()
+      .Attr<std::int64_t>("kind")
+      .Attr<bool>("inplace")
+      .Attr<std::int64_t>("n")
+      .RemainingArgs()
+      .RemainingRets();
+}
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCuda, fusedopt_jax::cuda_backend::step_cuda, cuda_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCudaGraph, fusedopt_jax::cuda_backend::step_cuda, cuda_binding(),
+                              {ffi::Traits::kCmdBufferCompatible});
 #else
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCpu, fusedopt_jax::host_backend::step_cpu,
                               ffi::Ffi::Bind()

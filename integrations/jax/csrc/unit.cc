@@ -158,6 +158,9 @@ class runner_impl final : public runner {
  public:
   bool run(std::vector<leaf> const& leaves, float const* hyper, void* stream) override
   {
+#if FUSEDOPT_JAX_CUDA
+    if (capturing(stream)) { return run_captured(leaves, hyper, stream); }
+#endif
     // A compiled program gives its buffers the same addresses at every execution (and a
     // donated step keeps its parameters and states where they are): the leaves the plan is
     // bound to come back, and the step runs without building lists (bind's checks are
@@ -194,6 +197,47 @@ class runner_impl final : public runner {
     }
     return true;
   }
+
+#if FUSEDOPT_JAX_CUDA
+  static bool capturing(void* stream)
+  {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+
+  /// Under stream capture (XLA recording the call into a command buffer, the handler being
+  /// registered command-buffer compatible): a graph replays the launch without this code, and
+  /// XLA keeps one recording per set of addresses and may replay any of them later. So each
+  /// set of leaves gets a plan of its own, built once (on a private stream: building allocates
+  /// and synchronises, which a capture forbids) and never rebound or freed, whose device tables
+  /// hold that set's addresses whenever one of its recordings replays. Returns whether a plan
+  /// was built.
+  bool run_captured(std::vector<leaf> const& leaves, float const* hyper, void* stream)
+  {
+    for (auto const& c : captured_) {
+      if (same_leaves(leaves, c->leaves)) {
+        run_plan(c->plan, make_rule<InPlace>(hyper), stream);
+        return false;
+      }
+    }
+    {
+      fo::cuda::detail::relaxed_capture_mode const relaxed;  // malloc, pinned staging, a sync
+      if (private_stream_ == nullptr) { FUSEDOPT_CUDA_TRY(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking)); }
+      auto const lists = make_lists<InPlace, P, S1, S2, U>(leaves);
+      captured_.push_back(std::make_unique<captured_plan>(captured_plan{leaves, new_plan(lists, private_stream_)}));
+    }
+    run_plan(captured_.back()->plan, make_rule<InPlace>(hyper), stream);
+    return true;
+  }
+
+  struct captured_plan {
+    std::vector<leaf> leaves;
+    plan_type plan;
+  };
+  std::vector<std::unique_ptr<captured_plan>> captured_;  ///< kept for the life of the process
+  cudaStream_t private_stream_ = nullptr;                  ///< where captured_ plans are built
+#endif
 
   std::optional<plan_type> plan_;
   std::vector<leaf> bound_;  ///< the leaves plan_ is bound to (empty: none yet)

@@ -12,7 +12,7 @@ updates parameters and states in place (donate them to ``jax.jit``). See docs/ja
     params, state = step(params, grads, state)
 """
 
-__all__ = ["FusedTransformation", "adam", "adamw", "clip_adamw", "lamb", "lion", "register", "sgd"]
+__all__ = ["FusedTransformation", "adam", "adamw", "clip_adamw", "handler_calls", "lamb", "lion", "register", "sgd"]
 
 
 def __getattr__(name):

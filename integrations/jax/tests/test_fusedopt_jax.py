@@ -241,6 +241,42 @@ def test_leaves_split_over_calls_match_one_call(monkeypatch, factory, kwargs):
     assert before == [x.unsafe_buffer_pointer() for x in jax.tree.leaves((p, state)) if x.size]
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="command buffers are CUDA graphs")
+def test_command_buffers_replay_without_the_handler(monkeypatch):
+    # COMMAND_BUFFERS: the calls go to the handler registered command-buffer compatible. Six
+    # consecutive calls (12 leaves, 2 a call) reach XLA's default minimum of five for a command
+    # buffer; with the parameters donated and the same gradient arrays every step, the addresses
+    # stay put and XLA replays the recorded graph: the handler runs when a graph is recorded, not
+    # at every step. The bits are the plain handler's, step after step (the bias corrections and
+    # learning rate change every step: the replays read them on the device).
+    shapes = [(33, 17), (128,), (5, 3, 7), (257,), (64,), (9, 9)] * 2
+    params = make_params(shapes)
+    grads = [make_grads(params, steps=1)[0]] * 8
+    monkeypatch.setattr(fj_core, "LEAVES_PER_CALL", 2)
+    monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", False)
+    plain, plain_state = run_fused_form(fj.adamw(1e-2, weight_decay=0.1), params, grads)
+    monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", True)
+    tx = fj.adamw(1e-2, weight_decay=0.1)
+    before = fj_core.handler_calls()
+    graph, graph_state = run_fused_form(tx, params, grads)
+    calls = fj_core.handler_calls() - before
+    assert bitwise_fraction(graph, plain) == 1.0 and bitwise_fraction(graph_state, plain_state) == 1.0
+    assert calls <= 2 * 6, (f"the handler ran {calls} times for {6 * len(grads)} calls: XLA did not replay a "
+                            "command buffer")
+    # New addresses (two parameter sets, not donated): a recording per set, each replayed with
+    # its own plan; the results are the plain handler's for either set, in any order.
+    other = jax.tree.map(lambda x: x * 0.5, params)
+    states = {0: tx.init(params), 1: tx.init(other)}
+    monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", False)
+    plain_step = jax.jit(fj.adamw(1e-2, weight_decay=0.1).step)
+    expected = {0: plain_step(params, grads[0], states[0]), 1: plain_step(other, grads[0], states[1])}
+    monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", True)  # read when `step` is traced (its first call)
+    step = jax.jit(tx.step)
+    for which in (0, 1, 0, 1, 1, 0):
+        got = step(params if which == 0 else other, grads[0], states[which])
+        assert bitwise_fraction(got, expected[which]) == 1.0, f"parameter set {which}"
+
+
 def test_grad_pytree_of_2000_leaves():
     # Twelve shapes in a random order: eager JAX compiles each primitive once per shape, and 2000
     # leaves of up to 1600 distinct shapes made the eager parts below (the parameters, the
