@@ -9,6 +9,8 @@ state_dtype=float32). Variants:
   fj_fused         fusedopt_jax's fused step (params and state in place), donated
   floor            (only when asked for) a donated step that returns its inputs: the host cost of
                    calling a program over the same arrays, under which neither can go
+  fj_fused_graph   (only when asked for) fj_fused through the command-buffer-compatible handler
+                   (fusedopt_jax's COMMAND_BUFFERS: XLA may record the calls into a CUDA graph)
 
 Time: wall time per step, two ways, after warm-up: "in a loop" runs 10 steps inside one jitted
 lax.fori_loop (as a training step's own jit would: no per-call dispatch; the headline figure), "per
@@ -42,7 +44,7 @@ CASES = ("adamw_fp32", "adamw_bf16")
 VARIANTS = ("optax", "optax_donated", "fj_optax_form", "fj_fused")
 # Not in the default set: "floor", a donated step that returns its inputs (no device work), the
 # host cost of calling a program over the same arrays: what neither Optax nor fusedopt can go under.
-EXTRA_VARIANTS = ("floor",)
+EXTRA_VARIANTS = ("floor", "fj_fused_graph")
 TARGETS = {("W3", "adamw_fp32"): 3.0, ("W2", "adamw_bf16"): 1.3, ("W2", "adamw_fp32"): 1.1, ("W4", "adamw_fp32"): 1.0}
 
 
@@ -67,6 +69,8 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     kwargs = dict(learning_rate=1e-3, weight_decay=1e-2)
     if variant.startswith("fj"):
         fj.register()
+        from fusedopt_jax import _core
+        _core.COMMAND_BUFFERS = variant == "fj_fused_graph"  # read when the step is traced
         tx = fj.adamw(**kwargs, state_dtype=None if pdtype == jnp.float32 else jnp.float32)
     else:
         tx = optax.adamw(**kwargs, mu_dtype=None if pdtype == jnp.float32 else jnp.float32)
@@ -77,7 +81,7 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
         return s
     state = jax.jit(init)(params)
 
-    if variant == "fj_fused":
+    if variant in ("fj_fused", "fj_fused_graph"):
         def step(p, g, s):
             return tx.step(p, g, s)
     elif variant == "floor":
