@@ -89,15 +89,16 @@ class UnitBucket:
             self.grads = [p.grad.data_ptr() for p in self.planned]
             self.plan = make(unit, stream)
 
-    def run(self, name, why, hyper, lr, lr_by_value=True):
+    def run(self, name, why, hyper, lr, lr_by_value=True, capturable=False):
         """One step of the plan (if any) with `hyper` (a unit's ctypes structure with lr and
         lr_pointer) on the device's current stream, after rebinding gradients that moved. A
         Tensor lr, or any lr when not `lr_by_value`, is written into self.scalars in stream order
-        (no sync) and read by the step through lr_pointer."""
+        (no sync) and read by the step through lr_pointer. Refused under CUDA graph capture unless
+        `capturable` (everything the step reads per step is then device memory)."""
         if self.plan is None:
             return
         with on_device(self.device) as stream:
-            if self.device.type == "cuda":
+            if self.device.type == "cuda" and not capturable:
                 refuse_capture(name, why)
             grads = [p.grad.data_ptr() for p in self.planned]
             if grads != self.grads:

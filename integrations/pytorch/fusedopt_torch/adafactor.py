@@ -53,10 +53,17 @@ def _torch_shapes(p):
     return row_shape, col_shape
 
 
-def _statistics(p, st):
+def _step_device(p, capturable):
+    """Where state['step'] lives: the parameter's device for a capturable CUDA step (a captured
+    graph advances it), else the CPU, as torch.optim.Adafactor keeps it."""
+    return p.device if capturable and p.device.type == "cuda" else torch.device("cpu")
+
+
+def _statistics(p, st, capturable=False):
     """p's statistics as the plan binds them, (row_var, col_var) or (variance, None), from torch's
     state (created as torch's _init_group creates it when empty, the step count made a tensor
-    where a loaded state holds a number, as torch's __setstate__ does)."""
+    where a loaded state holds a number, as torch's __setstate__ does, and moved to where
+    `capturable` keeps it)."""
     shapes = _torch_shapes(p)
     if len(st) == 0:
         st["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
@@ -66,6 +73,7 @@ def _statistics(p, st):
             st["variance"] = torch.zeros_like(p.grad, memory_format=torch.contiguous_format)
     if not torch.is_tensor(st["step"]):
         st["step"] = torch.tensor(float(st["step"]), dtype=_scalar_dtype())
+    st["step"] = st["step"].to(_step_device(p, capturable))
     stats = (st["row_var"], st["col_var"]) if len(shapes) == 2 else (st["variance"],)
     if not state_tensors_fit(stats, shapes, p.dtype, p.device):
         raise RuntimeError("fusedopt_torch.Adafactor: row_var, col_var and variance must be contiguous tensors "
@@ -73,19 +81,22 @@ def _statistics(p, st):
     return stats if len(stats) == 2 else (stats[0], None)
 
 
-_NOT_CAPTURABLE = "its step count is kept on the host, as torch.optim.Adafactor's"
+_NOT_CAPTURABLE = "its step count is kept on the host, as torch.optim.Adafactor's: construct it with capturable=True"
 
 
 class _Bucket(UnitBucket):
     """The parameters of one group with one device, dtype and step count, and their plan (over
-    those of them that are not empty: an empty tensor only counts its steps)."""
+    those of them that are not empty: an empty tensor only counts its steps). A capturable CUDA
+    bucket counts its steps in `counter` (an int64 on the device, advanced by a torch op in
+    stream order, which the plan reads when it runs) instead of `step`."""
 
-    __slots__ = ("steps", "step")
+    __slots__ = ("steps", "step", "counter")
 
-    def __init__(self, params, device, dtype, step):
+    def __init__(self, params, device, dtype, step, capturable):
         super().__init__(params, device, dtype)
         self.step = step
         self.steps = None
+        self.counter = torch.tensor(step, dtype=torch.int64, device=device) if capturable else None
 
 
 class _AdafactorEngine(UnitEngine):
@@ -102,7 +113,7 @@ class _AdafactorEngine(UnitEngine):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            known = self.group_plans(gi, params, state)
+            known = self.group_plans(gi, params, state, key=bool(group.get("capturable", False)))
             eps1, eps2 = group["eps"]
             if eps1 is None:  # torch: finfo of the first parameter's dtype, for the whole group
                 eps1 = torch.finfo(params[0].dtype).eps
@@ -110,14 +121,15 @@ class _AdafactorEngine(UnitEngine):
                 self._run(bucket, group, float(eps1), float(eps2))
 
     def plan_buckets(self, params, state, key):
+        capturable = key  # the group's option (plans are made again when it changes)
         members, stats = {}, {}
         for p in params:
-            stats[p] = _statistics(p, state[p])
+            stats[p] = _statistics(p, state[p], capturable)
             step = int(state[p]["step"].item())
             members.setdefault((p.device, p.dtype, step), []).append(p)
         buckets = []
         for (device, dtype, step), group in members.items():
-            bucket = _Bucket(group, device, dtype, step)
+            bucket = _Bucket(group, device, dtype, step, capturable and device.type == "cuda")
             bucket.steps = [state[p]["step"] for p in group]
             if bucket.planned:
                 self._make_plan(bucket, [stats[p] for p in bucket.planned])
@@ -133,12 +145,17 @@ class _AdafactorEngine(UnitEngine):
         self.builds += 1
 
     def _run(self, bucket, group, eps1, eps2):
+        captured = bucket.counter is not None
+        if captured:
+            bucket.counter.add_(1)  # in stream order: a replayed graph counts its own steps
         if bucket.plan is not None:
             hyper = _adafactor_unit.Hyper(beta2_decay=float(group["beta2_decay"]), eps1=eps1, eps2=eps2,
                                           d=float(group["d"]), weight_decay=float(group["weight_decay"]),
                                           step=bucket.step + 1, maximize=int(bool(group["maximize"])))
-            bucket.run(self.name, _NOT_CAPTURABLE, hyper, group["lr"])
-        bucket.step += 1
+            if captured:
+                hyper.step_pointer = bucket.counter.data_ptr()
+            bucket.run(self.name, _NOT_CAPTURABLE, hyper, group["lr"], capturable=captured)
+        bucket.step += 1  # the host's count (unused by a capturable bucket's plan)
         torch._foreach_add_(bucket.steps, 1.0)
 
 
@@ -155,16 +172,23 @@ class Adafactor(UnitOptimizer):
     (one had no gradient at some step) step in separate plans, each with its own count, as torch
     counts them per parameter. The counts are read from state['step'] when the plans are built
     (the first step, a new set of parameters with a gradient, load_state_dict) and state['step']
-    is advanced at every step (one torch op per plan). Not capturable in a CUDA graph (torch's
-    Adafactor is not either): the step count is kept on the host. CPU tensors step on the host
-    backend.
+    is advanced at every step (one torch op per plan). CPU tensors step on the host backend.
+
+    ``capturable`` (fusedopt's; torch's Adafactor has none and is not capturable): CUDA
+    parameters keep state['step'] on their device and each plan counts its steps in device
+    memory, which the step reads when it runs, so that a step captured in a CUDA graph and
+    replayed advances and uses the right count (nothing is read back; a float lr is baked into
+    the graph, a Tensor lr is read on the device). Build the plans with one ordinary step before
+    capturing (a plan is built outside a capture). Without it a CUDA step under capture raises.
     """
 
     def __init__(self, params, lr=1e-2, beta2_decay=-0.8, eps=(None, 1e-3), d=1.0, weight_decay=0.0, *,
-                 foreach=None, maximize=False):
+                 foreach=None, maximize=False, capturable=False):
         _check_options(lr, beta2_decay, eps, d, weight_decay)
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d, weight_decay=weight_decay, foreach=foreach,
                         maximize=maximize)
+        if capturable:  # a key of fusedopt's: the groups stay torch's otherwise (state_dict parity)
+            defaults["capturable"] = True
         super().__init__(params, defaults)
 
     def _new_engine(self):  # plans per group, device, dtype and step count

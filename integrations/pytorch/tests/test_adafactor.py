@@ -167,6 +167,45 @@ def test_tensor_lr_is_the_float_lr(device):
     step_both(opt, ref, ours, theirs, 3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_capturable_step_replayed_from_a_cuda_graph():
+    # capturable=True: one ordinary step builds the plans, one step is captured, and each replay
+    # advances the count on the device: the bits of an eager fusedopt step every time (the same
+    # kernels; the step count read from device memory instead of passed by value), state['step']
+    # on the device and counting the replays. Without capturable, a captured step raises.
+    shapes = [(64, 33), (7,), (3, 5, 9), (300, 2)]
+    graphed = make_params("cuda", shapes=shapes)
+    eager = twin_of(graphed)
+    opt = Adafactor(graphed, lr=0.05, weight_decay=0.1, capturable=True)
+    ref = Adafactor(eager, lr=0.05, weight_decay=0.1)
+    set_grads(graphed, 1)
+    set_grads(eager, 1)
+    opt.step()
+    ref.step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # on torch's capture stream: nothing runs until a replay
+        opt.step()
+    for step in range(2, 8):
+        graph.replay()
+        ref.step()
+        torch.cuda.synchronize()
+        for p, q in zip(graphed, eager):
+            assert torch.equal(p, q), (step, tuple(p.shape))
+            for key in ("row_var", "col_var", "variance"):
+                if key in opt.state[p]:
+                    assert torch.equal(opt.state[p][key], ref.state[q][key]), (step, key)
+    assert all(opt.state[p]["step"].device.type == "cuda" and float(opt.state[p]["step"]) == 7 for p in graphed)
+    assert "capturable" not in Adafactor(twin_of(graphed)).param_groups[0]  # torch's groups unless asked
+    plain = Adafactor(twin_of(graphed))
+    for p in plain.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    plain.step()
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            plain.step()
+
+
 def test_errors_as_torch():
     matrix = torch.zeros(4, 4, requires_grad=True)
     for options in (dict(lr=-1.0), dict(lr=torch.tensor([0.1, 0.2])), dict(beta2_decay=0.8), dict(eps=(-1.0, 1e-3)),
