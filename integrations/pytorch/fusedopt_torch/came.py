@@ -19,7 +19,7 @@ from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, state_tensors_f
 
 __all__ = ["CAME"]
 
-_NOT_CAPTURABLE = "its step counts are kept on the host, as CAME.py's"
+_NOT_CAPTURABLE = "its step counts are kept on the host, as CAME.py's: construct it with capturable=True"
 
 
 def _check_options(lr, eps, betas):
@@ -59,16 +59,19 @@ def _state_shapes(p):
 _STATE_KEYS = ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_res_row", "exp_avg_res_col", "exp_avg_sq")
 
 
-def _state(p, st):
+def _state(p, st, capturable=False):
     """p's state as the plan binds it, created as CAME.py creates it when empty (zeros on p's
     device; 'step' 0), else checked: (exp_avg, sq_row or exp_avg_sq, sq_col, res_row, res_col),
-    None where CAME.py keeps none."""
+    None where CAME.py keeps none. A capturable CUDA parameter's 'step' is a float32 tensor on
+    its device (a captured graph advances it)."""
     shapes = _state_shapes(p)
     dtype = _state_dtype(p.dtype)
     if len(st) == 0:
         st["step"] = 0
         for key, shape in shapes.items():
             st[key] = torch.zeros(shape, dtype=dtype, device=p.device)
+    if capturable and p.device.type == "cuda" and not (torch.is_tensor(st["step"]) and st["step"].device == p.device):
+        st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32, device=p.device)
     if not state_tensors_fit([st.get(key) for key in shapes], shapes.values(), dtype, p.device):
         raise RuntimeError(f"fusedopt_torch.CAME: {', '.join(shapes)} must be contiguous tensors of CAME.py's shapes, "
                            f"on their parameter's device, of dtype {dtype}")
@@ -79,13 +82,15 @@ def _state(p, st):
 
 class _Bucket(UnitBucket):
     """The parameters of one group with one device and dtype, their plan (over those of them
-    that are not empty) and their states, whose 'step' counts every step."""
+    that are not empty) and their states, whose 'step' counts every step (on the device, in
+    stream order, for a capturable CUDA bucket)."""
 
-    __slots__ = ("states",)
+    __slots__ = ("states", "capturable")
 
-    def __init__(self, params, device, dtype, states):
+    def __init__(self, params, device, dtype, states, capturable):
         super().__init__(params, device, dtype)
         self.states = states
+        self.capturable = capturable
 
 
 class _CAMEEngine(UnitEngine):
@@ -102,18 +107,19 @@ class _CAMEEngine(UnitEngine):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            known = self.group_plans(gi, params, state)
+            known = self.group_plans(gi, params, state, key=bool(group.get("capturable", False)))
             for bucket in known.buckets:
                 self._run(bucket, group)
 
     def plan_buckets(self, params, state, key):
+        capturable = key  # the group's option (plans are made again when it changes)
         members, tensors = {}, {}
         for p in params:
-            tensors[p] = _state(p, state[p])
+            tensors[p] = _state(p, state[p], capturable)
             members.setdefault((p.device, p.dtype), []).append(p)
         buckets = []
         for (device, dtype), group in members.items():
-            bucket = _Bucket(group, device, dtype, [state[p] for p in group])
+            bucket = _Bucket(group, device, dtype, [state[p] for p in group], capturable and device.type == "cuda")
             if bucket.planned:
                 self._make_plan(bucket, [tensors[p] for p in bucket.planned])
             buckets.append(bucket)
@@ -139,9 +145,13 @@ class _CAMEEngine(UnitEngine):
             lr = group["lr"]
             # The library refuses an lr that is not positive as a value; CAME.py steps any lr its
             # group holds (a warmup's 0): such an lr is read through the bucket's scalar.
-            bucket.run(self.name, _NOT_CAPTURABLE, hyper, lr, lr_by_value=isinstance(lr, torch.Tensor) or lr > 0)
-        for st in bucket.states:
-            st["step"] += 1
+            bucket.run(self.name, _NOT_CAPTURABLE, hyper, lr, lr_by_value=isinstance(lr, torch.Tensor) or lr > 0,
+                       capturable=bucket.capturable)
+        if bucket.capturable:
+            torch._foreach_add_([st["step"] for st in bucket.states], 1.0)
+        else:
+            for st in bucket.states:
+                st["step"] += 1
 
 
 class CAME(UnitOptimizer):
@@ -153,8 +163,13 @@ class CAME(UnitOptimizer):
     A state_dict of either loads into the other.
 
     Parameters may be float32, float64, float16 or bfloat16. A group steps its parameters of one
-    device and dtype together; CPU tensors step on the host backend. Not capturable in a CUDA
-    graph (the step counts are kept on the host, as CAME.py's).
+    device and dtype together; CPU tensors step on the host backend.
+
+    ``capturable`` (fusedopt's; CAME.py has none): CAME reads no step count, so a step captured
+    in a CUDA graph replays correctly once 'step' is counted on the device: with capturable=True
+    a CUDA parameter's 'step' is a float32 tensor on its device, advanced in stream order (a
+    float lr is baked into the graph, a Tensor lr read on the device). Build the plans with one
+    ordinary step before capturing. Without it a CUDA step under capture raises.
 
     Where it differs from CAME.py: its constructor's asserts (lr > 0, each beta in [0, 1]) are
     ValueErrors here, and lr=None (its default, which fails its assert with a TypeError) is one
@@ -169,9 +184,11 @@ class CAME(UnitOptimizer):
     """
 
     def __init__(self, params, lr=None, eps=(1e-30, 1e-16), clip_threshold=1.0, betas=(0.9, 0.999, 0.9999),
-                 weight_decay=0.0):
+                 weight_decay=0.0, *, capturable=False):
         _check_options(lr, eps, betas)
         defaults = dict(lr=lr, eps=eps, clip_threshold=clip_threshold, betas=betas, weight_decay=weight_decay)
+        if capturable:  # a key of fusedopt's: the groups stay CAME.py's otherwise
+            defaults["capturable"] = True
         super().__init__(params, defaults)
 
     @property

@@ -262,6 +262,42 @@ def test_tensor_lr_and_a_schedulers_zero(device):
     assert all(torch.equal(p, b) for p, b in zip(ours, before))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_capturable_step_replayed_from_a_cuda_graph():
+    # capturable=True: one ordinary step builds the plans, one step is captured, and each replay
+    # gives the bits of an eager fusedopt step (the same kernels), with 'step' counted on the
+    # device. Without capturable, a captured step raises.
+    graphed = make_params("cuda")
+    eager = twin_of(graphed)
+    opt = CAME(graphed, lr=0.01, weight_decay=0.01, capturable=True)
+    ref = CAME(eager, lr=0.01, weight_decay=0.01)
+    set_grads(graphed, 1)
+    set_grads(eager, 1)
+    opt.step()
+    ref.step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # on torch's capture stream: nothing runs until a replay
+        opt.step()
+    for step in range(2, 8):
+        graph.replay()
+        ref.step()
+        torch.cuda.synchronize()
+        for p, q in zip(graphed, eager):
+            assert torch.equal(p, q), (step, tuple(p.shape))
+            for key in set(ref.state[q]) - {"step"}:
+                assert torch.equal(opt.state[p][key], ref.state[q][key]), (step, key)
+    assert all(opt.state[p]["step"].device.type == "cuda" and float(opt.state[p]["step"]) == 7 for p in graphed)
+    assert "capturable" not in CAME(twin_of(graphed), lr=0.01).param_groups[0]
+    plain = CAME(twin_of(graphed), lr=0.01)
+    for p in plain.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    plain.step()
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            plain.step()
+
+
 def test_errors():
     matrix = torch.zeros(4, 4, requires_grad=True)
     for options in (dict(), dict(lr=0.0), dict(lr=-1.0), dict(lr=1e-3, betas=(1.5, 0.999, 0.9999)),
