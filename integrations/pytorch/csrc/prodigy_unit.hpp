@@ -45,6 +45,10 @@ struct fusedopt_prodigy_hyper {
   std::int32_t decouple;
   std::int32_t use_bias_correction;
   std::int32_t safeguard_warmup;
+  /// Non-null: the 1-based step is read here (backend memory: device memory for CUDA) when the
+  /// step runs, instead of `step` (a CUDA graph's replays advance it; fusedopt_torch's
+  /// capturable=True).
+  std::int64_t const* step_pointer;
 };
 
 namespace fusedopt_prodigy_unit {
@@ -160,11 +164,13 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_prodigy_run(void* plan, fusedopt_prodigy_hy
     opt.d_coef = h->d_coef;
     opt.growth_rate = h->growth_rate;
     opt.state = self.state.get();
+    fo::step_info step{h->step};
+    if (h->step_pointer != nullptr) { step.step = fo::scalar<std::int64_t>::from_pointer(h->step_pointer); }
 #if FUSEDOPT_PRODIGY_UNIT_CUDA
-    self.plan.run(opt, fo::step_info{h->step}, static_cast<cudaStream_t>(stream));
+    self.plan.run(opt, step, static_cast<cudaStream_t>(stream));
 #else
     (void)stream;
-    self.plan.run(opt, fo::step_info{h->step});
+    self.plan.run(opt, step);
 #endif
   });
 }

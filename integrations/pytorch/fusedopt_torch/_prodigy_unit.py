@@ -27,13 +27,14 @@ def source(backend: str, dtype: str, with_exp_avg: bool = True) -> str:
 
 class Hyper(ctypes.Structure):
     """csrc/prodigy_unit.hpp's fusedopt_prodigy_hyper, field for field. beta3 < 0 is the
-    reference's None (sqrt(beta2)); step is the reference's group['k'] + 1."""
+    reference's None (sqrt(beta2)); step is the reference's group['k'] + 1, or, where
+    step_pointer is set (backend memory: an int64), read there when the step runs."""
 
     _fields_ = [("lr", ctypes.c_double), ("beta1", ctypes.c_double), ("beta2", ctypes.c_double),
                 ("beta3", ctypes.c_double), ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double),
                 ("d0", ctypes.c_double), ("d_coef", ctypes.c_double), ("growth_rate", ctypes.c_double),
                 ("step", ctypes.c_int64), ("decouple", ctypes.c_int32), ("use_bias_correction", ctypes.c_int32),
-                ("safeguard_warmup", ctypes.c_int32)]
+                ("safeguard_warmup", ctypes.c_int32), ("step_pointer", ctypes.c_void_p)]
 
 
 _MAKE_ARGTYPES = [_c_unit.POINTERS, _c_unit.POINTERS, _c_unit.POINTERS, _c_unit.POINTERS, _c_unit.POINTERS,

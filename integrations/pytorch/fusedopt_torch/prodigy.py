@@ -66,20 +66,22 @@ def _prodigy_tensors(p, st, with_exp_avg):
 def _refuse_capture():
     if torch.cuda.is_current_stream_capturing():
         raise RuntimeError("fusedopt_torch.Prodigy: a step cannot be captured in a CUDA graph (its step count k is "
-                           "kept on the host, in the group, as the reference's)")
+                           "kept on the host, in the group, as the reference's): construct it with capturable=True")
 
 
 class _Bucket:
     """The group's parameters with a gradient (one device and dtype), their plan, the gradient
     addresses it is bound to, and the steps run since the parameters' state['step'] was
-    last written."""
+    last written. A capturable CUDA bucket counts its steps in `counter` (the group's k, an
+    int64 on the device advanced in stream order, read by the step when it runs); `counted` is
+    its value when the group's k was last written from it."""
 
-    __slots__ = ("params", "device", "dtype", "plan", "grads", "unwritten_steps")
+    __slots__ = ("params", "device", "dtype", "plan", "grads", "unwritten_steps", "counter", "counted")
 
     def __init__(self, params):
         self.params, self.device, self.dtype = params, params[0].device, params[0].dtype
-        self.plan = self.grads = None
-        self.unwritten_steps = 0
+        self.plan = self.grads = self.counter = None
+        self.unwritten_steps = self.counted = 0
 
 
 class _ProdigyEngine(UnitEngine):
@@ -97,15 +99,19 @@ class _ProdigyEngine(UnitEngine):
         if not params or float(group["lr"]) == 0.0:
             return
         previous = self.groups.get(0)
-        known = self.group_plans(0, params, state, group["betas"][0] > 0)
+        capturable = bool(group.get("capturable", False))
+        known = self.group_plans(0, params, state, (group["betas"][0] > 0, capturable))
         bucket = known.buckets[0]
         if known is not previous and previous is not None:
             self._store_bucket(previous.buckets[0], group, state)
         with on_device(bucket.device) as stream:
-            if bucket.device.type == "cuda":
-                _refuse_capture()
-            if known is not previous:
+            if known is not previous:  # a new plan (never under capture: plan_buckets refuses it)
                 bucket.plan.set_state(float(group["d"]), float(group["d_max"]), float(group["d_numerator"]), stream)
+                if capturable and bucket.device.type == "cuda":
+                    bucket.counted = int(group["k"])
+                    bucket.counter = torch.tensor(bucket.counted, dtype=torch.int64, device=bucket.device)
+            if bucket.counter is None and bucket.device.type == "cuda":
+                _refuse_capture()
             grads = [p.grad.data_ptr() for p in params]
             if grads != bucket.grads:
                 bucket.plan.rebind_grads(grads, stream)
@@ -119,9 +125,13 @@ class _ProdigyEngine(UnitEngine):
                                         step=int(group["k"]) + 1, decouple=int(bool(group["decouple"])),
                                         use_bias_correction=int(bool(group["use_bias_correction"])),
                                         safeguard_warmup=int(bool(group["safeguard_warmup"])))
+            if bucket.counter is not None:  # k + 1 read on the device: a replayed graph counts its steps
+                bucket.counter.add_(1)
+                hyper.step_pointer = bucket.counter.data_ptr()
             bucket.plan.run(hyper, stream)  # refused options raise before anything is written
-        group["k"] += 1
-        bucket.unwritten_steps += 1
+        if bucket.counter is None:
+            group["k"] += 1
+            bucket.unwritten_steps += 1
 
     def store(self, group, state):
         """Writes d, d_max and d_numerator (read from the plan: synchronises its stream) into the
@@ -133,11 +143,17 @@ class _ProdigyEngine(UnitEngine):
     def _store_bucket(self, bucket, group, state):
         with on_device(bucket.device) as stream:
             group["d"], group["d_max"], group["d_numerator"] = bucket.plan.state(stream)
+        if bucket.counter is not None:  # the steps counted on the device since the last store
+            done = int(bucket.counter.item()) - bucket.counted
+            bucket.counted += done
+            group["k"] += done
+            bucket.unwritten_steps += done
         for p in bucket.params:
             state[p]["step"] += bucket.unwritten_steps
         bucket.unwritten_steps = 0
 
-    def plan_buckets(self, params, state, with_exp_avg):
+    def plan_buckets(self, params, state, key):
+        with_exp_avg, _ = key  # (beta1 > 0, capturable): the counter is set up by step()
         if len({(p.device, p.dtype) for p in params}) > 1:
             raise RuntimeError("fusedopt_torch.Prodigy: the parameters of a group must share one device and dtype "
                                "(d is estimated from sums over all of them, in one plan)")
@@ -174,10 +190,16 @@ class Prodigy(UnitOptimizer):
     the step reads and advances them without synchronising. The group's 'd', 'd_max' and
     'd_numerator' and the parameters' 'step' are written when ``state_dict()`` is called (which
     reads them back, synchronising the device) or the optimizer is pickled or copied; between
-    steps they may be stale. 'k' is kept current at every step. The plan reads the group's
-    values when it is built: at the first step, when the set of parameters with a gradient
-    changes, and after ``load_state_dict``, whose d, d_max and d_numerator the next step resumes
-    from; changing them in the group otherwise has no effect. Not capturable in a CUDA graph.
+    steps they may be stale. 'k' is kept current at every step (with capturable, written as the
+    others). The plan reads the group's values when it is built: at the first step, when the
+    set of parameters with a gradient changes, and after ``load_state_dict``, whose d, d_max and
+    d_numerator the next step resumes from; changing them in the group otherwise has no effect.
+
+    ``capturable`` (fusedopt's; the reference has none): CUDA parameters count k in device
+    memory, which the step reads when it runs, so that a step captured in a CUDA graph replays
+    with the right count and bias correction (d already lives on the device); 'k' and the
+    parameters' 'step' are then written when ``state_dict()`` is called. Build the plan with one
+    ordinary step before capturing. Without it a CUDA step under capture raises.
 
     Where it differs from the reference: the coupled weight decay (decouple=False) is added to
     the gradient inside the step, not into ``p.grad``; 'p0' is always a full copy (the
@@ -190,12 +212,14 @@ class Prodigy(UnitOptimizer):
 
     def __init__(self, params, lr=1.0, betas=(0.9, 0.999), beta3=None, eps=1e-8, weight_decay=0, decouple=True,
                  use_bias_correction=False, safeguard_warmup=False, d0=1e-6, d_coef=1.0, growth_rate=float('inf'),
-                 fsdp_in_use=False, slice_p=1):
+                 fsdp_in_use=False, slice_p=1, *, capturable=False):
         _check_options(lr, betas, beta3, eps, d0, fsdp_in_use, slice_p)
         defaults = dict(lr=lr, betas=betas, beta3=beta3, eps=eps, weight_decay=weight_decay, d=d0, d0=d0, d_max=d0,
                         d_numerator=0.0, d_coef=d_coef, k=0, growth_rate=growth_rate,
                         use_bias_correction=use_bias_correction, decouple=decouple, safeguard_warmup=safeguard_warmup,
                         fsdp_in_use=fsdp_in_use, slice_p=slice_p)
+        if capturable:  # a key of fusedopt's: the group stays the reference's otherwise
+            defaults["capturable"] = True
         super().__init__(params, defaults)
 
     @property

@@ -297,6 +297,44 @@ def test_a_parameter_without_gradient_keeps_d(device):
     assert [opt.state[p]["step"] for p in params] == [5, 4, 5, 5]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_capturable_step_replayed_from_a_cuda_graph():
+    # capturable=True: one ordinary step builds the plan, one step is captured, and each replay
+    # reads k + 1 on the device (bias correction on, so the count matters) and d from the
+    # plan's memory: the bits of eager steps; k and 'step' written by state_dict(). Without
+    # capturable, a captured step raises.
+    options = dict(use_bias_correction=True, weight_decay=0.05)
+    graphed = make_params("cuda")
+    eager = twin_of(graphed)
+    targets = targets_of(graphed)
+    opt = Prodigy(graphed, capturable=True, **options)
+    ref = Prodigy(eager, **options)
+    noisy_quadratic_grads(graphed, targets, 1)
+    noisy_quadratic_grads(eager, targets, 1)
+    opt.step()
+    ref.step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # on torch's capture stream: nothing runs until a replay
+        opt.step()
+    for step in range(2, 8):
+        graph.replay()
+        ref.step()
+        torch.cuda.synchronize()
+        for p, q in zip(graphed, eager):
+            assert torch.equal(p, q), (step, tuple(p.shape))
+    assert scalars_of(opt) == scalars_of(ref)
+    assert opt.state_dict()["param_groups"][0]["k"] == ref.state_dict()["param_groups"][0]["k"] == 7
+    assert [s["step"] for s in opt.state_dict()["state"].values()] == [7] * len(graphed)
+    assert "capturable" not in Prodigy(twin_of(graphed)).param_groups[0]
+    plain = Prodigy(twin_of(graphed))
+    noisy_quadratic_grads(plain.param_groups[0]["params"], targets, 1)
+    plain.step()
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            plain.step()
+
+
 def test_errors():
     p = torch.zeros(4, 4, requires_grad=True)
     for options, message in ((dict(d0=0.0), "Invalid d0 value: 0.0"), (dict(lr=0.0), "Invalid learning rate: 0.0"),

@@ -201,6 +201,22 @@ class ProdigyUnit(UnitTestCase):
         self.assertEqual(scalars, (1e-6, 1e-6, 0.0))  # stored although the first step does not read them
         self.check_step(tensors, DEFAULTS, 2, scalars)
 
+    def test_step_read_through_a_pointer(self):
+        # step_pointer (capturable=True's count in backend memory) gives the bits of the same
+        # step passed by value; bias correction on, so that the step's value matters.
+        by_value, by_pointer = self.tensors(OPTIONS, seed=6), self.tensors(OPTIONS, seed=6)
+        count = ctypes.c_int64(0)
+        for step in range(1, 4):
+            by_value.new_grads()
+            by_pointer.new_grads()
+            by_value.plan.run(hyper_of(OPTIONS, step))
+            count.value = step
+            hyper = hyper_of(OPTIONS, 999)  # ignored where the pointer is set
+            hyper.step_pointer = ctypes.addressof(count)
+            by_pointer.plan.run(hyper)
+            self.assertEqual(by_pointer.snapshot(), by_value.snapshot(), step)
+            self.assertEqual(by_pointer.plan.state(), by_value.plan.state(), step)
+
     def test_set_state_resumes(self):
         tensors = self.tensors(OPTIONS, seed=3)
         loaded = (2e-3, 3e-3, 0.25)
