@@ -2,8 +2,8 @@
 each is the library's rule (include/fusedopt/rules/) stepped through ``fusedopt_torch.rule`` with
 a ``rule=`` expression, so it compiles on demand like any user rule, runs as one fused kernel
 over every parameter of a group (CUDA, or the host backend for CPU tensors) and has the
-built-ins' conventions: param groups, state_dict, LR schedulers, capturable CUDA graphs (except
-Schedule-Free, below), GradScaler's fused protocol, float16/bfloat16 parameters.
+built-ins' conventions: param groups, state_dict, LR schedulers, capturable CUDA graphs,
+GradScaler's fused protocol, float16/bfloat16 parameters.
 
     opt = fusedopt_torch.AdEMAMix(model.parameters(), lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0)
 
@@ -255,8 +255,9 @@ class CAdamW(_CAdamWRule):
 
 # Schedule-Free: the element update is fused; the reference's per-group scalars (the scheduled lr,
 # lr_max, the weight sum, c) are computed on the host at each step exactly as the reference's Python
-# floats, and passed as hyperparameters: no synchronisation, but a captured graph would replay
-# one step's scalars, so capturable is refused; and GradScaler's fused protocol too (a step it
+# floats, and passed as hyperparameters: no synchronisation. With capturable=True they are float64
+# tensors on the device instead, advanced by torch ops a captured graph replays, and passed as
+# tensor hyperparameters (read on the device). GradScaler's fused protocol is refused (a step it
 # skipped inside the kernel would still advance the scalars): GradScaler skips step() instead.
 _ScheduleFreeAdamWRule = rule(
     "_ScheduleFreeAdamWRule",
@@ -288,15 +289,21 @@ class _ScheduleFree:
     _beta_key = "beta1"
     _scalars_per_step = True  # step() advances the group's scalars (step_in_backward refuses it)
 
-    def _init_schedule(self, warmup_steps, r, weight_lr_power, capturable):
-        if capturable:
-            raise ValueError(f"{type(self).__name__}: capturable=True is not supported (the schedule's scalars are "
-                             "computed on the host at each step, as the reference's)")
+    # The group's running values of the schedule (the reference's floats; float64 tensors on the
+    # parameters' device with capturable=True) and the hyperparameters the step reads from them.
+    _running = ("k", "lr_max", "weight_sum")
+    _computed = ("lr_t", "c", "scheduled_lr")
+
+    def _init_schedule(self, warmup_steps, r, weight_lr_power):
         for g in self.param_groups:
             g.update(warmup_steps=int(warmup_steps), r=float(r), weight_lr_power=float(weight_lr_power), k=0,
                      lr_max=-1.0, weight_sum=0.0, train_mode=True)
 
     def _schedule(self, g):
+        """Advances the group's schedule; returns k before the step (a float64 tensor where the
+        group is capturable)."""
+        if g["capturable"]:
+            return self._schedule_on_device(g)
         k = g["k"]
         lr = g["lr"].item() if isinstance(g["lr"], torch.Tensor) else g["lr"]
         lr_t = lr * ((k + 1) / g["warmup_steps"] if k < g["warmup_steps"] else 1.0)
@@ -305,6 +312,35 @@ class _ScheduleFree:
         g["weight_sum"] += weight
         g["scheduled_lr"] = lr_t
         g.update(lr_t=lr_t, c=weight / g["weight_sum"] if g["weight_sum"] else 0.0, k=k + 1)
+        return k
+
+    def _device_scalars(self, g, names):
+        """The group's values `names` as float64 tensors on its parameters' device, made so once,
+        by fill kernels (then updated in place: a captured step writes the same memory at every
+        replay)."""
+        device = g["params"][0].device
+        for name in names:
+            v = g.get(name, 0.0)
+            if not (isinstance(v, torch.Tensor) and v.device == device and v.dtype == torch.float64):
+                g[name] = torch.full((), float(v), dtype=torch.float64, device=device)
+
+    def _schedule_on_device(self, g):
+        """The reference's schedule in torch ops on the group's device (capturable=True): the same
+        double arithmetic (pow taken by the device), nothing read back; a float lr is baked into
+        a captured graph, a Tensor lr (on the device) is read at every replay."""
+        self._device_scalars(g, self._running + self._computed)
+        k = g["k"].clone()
+        one = k + 1
+        lr = g["lr"]
+        lr = lr.to(torch.float64) if isinstance(lr, torch.Tensor) else torch.full_like(k, float(lr))
+        lr_t = lr * torch.where(k < g["warmup_steps"], one / g["warmup_steps"], 1.0) if g["warmup_steps"] > 0 else lr
+        g["lr_max"].copy_(torch.maximum(lr_t, g["lr_max"]))
+        weight = one ** g["r"] * g["lr_max"] ** g["weight_lr_power"]
+        g["weight_sum"].add_(weight)
+        g["c"].copy_(torch.where(g["weight_sum"] != 0, weight / g["weight_sum"], 0.0))
+        g["lr_t"].copy_(lr_t)
+        g["scheduled_lr"].copy_(lr_t)
+        g["k"].add_(1)
         return k
 
     def step(self, closure=None):
@@ -340,19 +376,24 @@ class _ScheduleFree:
 class ScheduleFreeAdamW(_ScheduleFree, _ScheduleFreeAdamWRule):
     """AdamWScheduleFree (facebookresearch/schedule_free): its arguments, its y/z/x, warmup, r and
     weight_lr_power; call train() before training steps and eval() before evaluating. States z and
-    exp_avg_sq; the group keeps k, lr_max, weight_sum and scheduled_lr as the reference's."""
+    exp_avg_sq; the group keeps k, lr_max, weight_sum and scheduled_lr as the reference's (float64
+    tensors on the parameters' device with capturable=True: a captured step advances them)."""
 
     def __init__(self, params, lr=0.0025, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, warmup_steps=0, r=0.0,
                  weight_lr_power=2.0, *, fused=None, capturable=False, **kwargs):
-        _check("ScheduleFreeAdamW", lr, kwargs)
+        _check("ScheduleFreeAdamW", lr, kwargs, capturable)
         b1, b2 = _betas(betas)
         super().__init__(params, lr=lr, beta1=b1, beta2=b2, eps=float(eps),
-                         weight_decay=float(weight_decay), fused=fused)
-        self._init_schedule(warmup_steps, r, weight_lr_power, capturable)
+                         weight_decay=float(weight_decay), fused=fused, capturable=capturable)
+        self._init_schedule(warmup_steps, r, weight_lr_power)
 
     def _advance(self, g):
         k = self._schedule(g)
-        g["bias_correction2"] = 1 - g["beta2"] ** (k + 1)
+        if g["capturable"]:
+            self._device_scalars(g, ("bias_correction2",))
+            g["bias_correction2"].copy_(1 - torch.pow(g["beta2"], k + 1))
+        else:
+            g["bias_correction2"] = 1 - g["beta2"] ** (k + 1)
 
 
 class ScheduleFreeSGD(_ScheduleFree, _ScheduleFreeSGDRule):
@@ -363,11 +404,12 @@ class ScheduleFreeSGD(_ScheduleFree, _ScheduleFreeSGDRule):
 
     def __init__(self, params, lr=1.0, momentum=0.9, weight_decay=0.0, warmup_steps=0, r=0.0, weight_lr_power=2.0,
                  *, fused=None, capturable=False, **kwargs):
-        _check("ScheduleFreeSGD", lr, kwargs)
+        _check("ScheduleFreeSGD", lr, kwargs, capturable)
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"Momentum must be between 0 and 1 exclusive: {momentum}")
-        super().__init__(params, lr=lr, momentum=float(momentum), weight_decay=float(weight_decay), fused=fused)
-        self._init_schedule(warmup_steps, r, weight_lr_power, capturable)
+        super().__init__(params, lr=lr, momentum=float(momentum), weight_decay=float(weight_decay), fused=fused,
+                         capturable=capturable)
+        self._init_schedule(warmup_steps, r, weight_lr_power)
 
     def _advance(self, g):
         self._schedule(g)

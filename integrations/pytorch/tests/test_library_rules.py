@@ -388,7 +388,7 @@ def test_state_dict_round_trip(case):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("case", ["asgd_averaging", "ademamix_schedulers", "adan_no_prox", "adopt", "rprop", "stable_adamw",
-                                  "cadamw"])
+                                  "cadamw", "schedule_free_adamw", "schedule_free_adamw_r", "schedule_free_sgd"])
 def test_cuda_graph(case):
     cls, _, options = CASES[case]
     pc, pd = make_params("cuda"), make_params("cuda")
@@ -504,5 +504,3 @@ def test_bad_arguments():
         ft.CAdamW(ps, amsgrad=True)
     with pytest.raises(NotImplementedError, match="differentiable"):
         ft.StableAdamW(ps, differentiable=True)
-    with pytest.raises(ValueError, match="capturable"):
-        ft.ScheduleFreeAdamW(ps, capturable=True)
