@@ -273,29 +273,20 @@ def test_capturable_step_replayed_from_a_cuda_graph():
     ref = CAME(eager, lr=0.01, weight_decay=0.01)
     set_grads(graphed, 1)
     set_grads(eager, 1)
+    from graph_replay import assert_refused_under_capture, replay_beside_eager
     opt.step()
     ref.step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # on torch's capture stream: nothing runs until a replay
-        opt.step()
-    for step in range(2, 8):
-        graph.replay()
-        ref.step()
-        torch.cuda.synchronize()
+
+    def same_as_eager(step):
         for p, q in zip(graphed, eager):
             assert torch.equal(p, q), (step, tuple(p.shape))
             for key in set(ref.state[q]) - {"step"}:
                 assert torch.equal(opt.state[p][key], ref.state[q][key]), (step, key)
+
+    replay_beside_eager(opt, ref, 6, same_as_eager)
     assert all(opt.state[p]["step"].device.type == "cuda" and float(opt.state[p]["step"]) == 7 for p in graphed)
     assert "capturable" not in CAME(twin_of(graphed), lr=0.01).param_groups[0]
-    plain = CAME(twin_of(graphed), lr=0.01)
-    for p in plain.param_groups[0]["params"]:
-        p.grad = torch.ones_like(p)
-    plain.step()
-    with pytest.raises(RuntimeError, match="capturable=True"):
-        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-            plain.step()
+    assert_refused_under_capture(CAME(twin_of(graphed), lr=0.01))
 
 
 def test_errors():

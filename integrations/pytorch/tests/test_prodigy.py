@@ -311,28 +311,20 @@ def test_capturable_step_replayed_from_a_cuda_graph():
     ref = Prodigy(eager, **options)
     noisy_quadratic_grads(graphed, targets, 1)
     noisy_quadratic_grads(eager, targets, 1)
+    from graph_replay import assert_refused_under_capture, replay_beside_eager
     opt.step()
     ref.step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # on torch's capture stream: nothing runs until a replay
-        opt.step()
-    for step in range(2, 8):
-        graph.replay()
-        ref.step()
-        torch.cuda.synchronize()
+
+    def same_as_eager(step):
         for p, q in zip(graphed, eager):
             assert torch.equal(p, q), (step, tuple(p.shape))
+
+    replay_beside_eager(opt, ref, 6, same_as_eager)
     assert scalars_of(opt) == scalars_of(ref)
     assert opt.state_dict()["param_groups"][0]["k"] == ref.state_dict()["param_groups"][0]["k"] == 7
     assert [s["step"] for s in opt.state_dict()["state"].values()] == [7] * len(graphed)
     assert "capturable" not in Prodigy(twin_of(graphed)).param_groups[0]
-    plain = Prodigy(twin_of(graphed))
-    noisy_quadratic_grads(plain.param_groups[0]["params"], targets, 1)
-    plain.step()
-    with pytest.raises(RuntimeError, match="capturable=True"):
-        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-            plain.step()
+    assert_refused_under_capture(Prodigy(twin_of(graphed)))
 
 
 def test_errors():
