@@ -48,8 +48,20 @@ EXTRA_VARIANTS = ("floor", "fj_fused_graph")
 TARGETS = {("W3", "adamw_fp32"): 3.0, ("W2", "adamw_bf16"): 1.3, ("W2", "adamw_fp32"): 1.1, ("W4", "adamw_fp32"): 1.0}
 
 
+def _persistent_compile_cache(jax):
+    """Turns on jax's persistent compilation cache (JAX_COMPILATION_CACHE_DIR, or build/xla-cache
+    beside this repository) for every program: the step is compiled once for the AOT timing and
+    then loaded, not compiled again, at the jitted function's first call (W3: 75 s saved)."""
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "xla-cache")
+        jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     import jax
+    _persistent_compile_cache(jax)
     import jax.numpy as jnp
     import optax
 
@@ -119,8 +131,8 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
         return elapsed / steps * 1e6, steps
 
     # Two ways to call the same program: the AOT `Compiled` object, and the jitted function
-    # itself (what a training loop calls: jax's C++ dispatch path; its first call compiles
-    # again unless the persistent compilation cache, JAX_COMPILATION_CACHE_DIR, holds it).
+    # itself (what a training loop calls: jax's C++ dispatch path; its first call loads the
+    # program from the persistent compilation cache).
     dispatch_us, steps = per_call(compiled)
     t0 = time.perf_counter()
     params, state = jitted(params, grads, state)

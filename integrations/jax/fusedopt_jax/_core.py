@@ -210,7 +210,16 @@ def _call(kind, hyper, params, grads, states, inplace):
 # calls of at most this many leaves, each its own plan and launch (LAMB's trust ratios are per
 # leaf, so it splits too); clip_by_global_norm + AdamW keeps every leaf in one call (its norm is
 # over all of them). 0 or less: one call.
-LEAVES_PER_CALL = int(os.environ.get("FUSEDOPT_JAX_LEAVES_PER_CALL", "64"))
+def _leaves_per_call_setting():
+    text = os.environ.get("FUSEDOPT_JAX_LEAVES_PER_CALL", "64")
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"fusedopt_jax: FUSEDOPT_JAX_LEAVES_PER_CALL must be an integer (leaves per custom call; "
+                         f"0 or less: one call), not {text!r}") from None
+
+
+LEAVES_PER_CALL = _leaves_per_call_setting()
 
 
 # Whether the calls go to the command-buffer-compatible handler (GRAPH_TARGET), read when a
