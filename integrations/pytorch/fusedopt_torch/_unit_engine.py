@@ -62,6 +62,33 @@ def state_tensors_fit(tensors, shapes, dtype, device):
                and t.is_contiguous() for t, shape in zip(tensors, shapes))
 
 
+BUILT_BEFORE_CAPTURE = "its plans are built outside a capture: run one ordinary step before capturing"
+
+
+def capturable(group):
+    """Whether a parameter group asked for capturable=True (a key of fusedopt's, which the groups
+    hold only when asked: otherwise they stay the reference's, for state_dict parity)."""
+    return bool(group.get("capturable", False))
+
+
+class DeviceCount:
+    """A step count in device memory (an int64 on `device`), for a capturable plan: advance()
+    adds 1 in stream order and returns its address, which the plan reads when the step runs, so
+    that a replayed CUDA graph counts its own steps; value() reads it back (synchronising)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, value, device):
+        self.tensor = torch.tensor(int(value), dtype=torch.int64, device=device)
+
+    def advance(self):
+        self.tensor.add_(1)
+        return self.tensor.data_ptr()
+
+    def value(self):
+        return int(self.tensor.item())
+
+
 class UnitBucket:
     """The parameters of one group with one device and dtype that step in one plan of a ctypes
     unit (over those of them that are not empty: an empty tensor has nothing to step), the
@@ -76,14 +103,14 @@ class UnitBucket:
         self.plan = self.grads = None
         self.scalars = torch.zeros(1, dtype=torch.float64, device=device)
 
-    def make_plan(self, name, why, module, make):
+    def make_plan(self, name, module, make):
         """self.plan = make(unit, stream): `module`'s unit (_adafactor_unit, _came_unit) for the
         bucket's device and dtype, made on its device and current stream, the gradients'
-        addresses in self.grads; refused under CUDA graph capture (optimizer `name`, `why`)."""
+        addresses in self.grads; refused under CUDA graph capture (optimizer `name`)."""
         cuda = self.device.type == "cuda"
         with on_device(self.device) as stream:
             if cuda:
-                refuse_capture(name, why)
+                refuse_capture(name, BUILT_BEFORE_CAPTURE)
             unit = module.unit("cuda" if cuda else "host", DTYPE_NAMES[self.dtype],
                                (_ext.arch_of(self.device.index),) if cuda else ())
             self.grads = [p.grad.data_ptr() for p in self.planned]
@@ -164,8 +191,10 @@ class UnitOptimizer(torch.optim.Optimizer):
     load_state_dict installs a loaded state through __setstate__: the plans are then built over
     the loaded tensors)."""
 
-    def __init__(self, params, defaults):
+    def __init__(self, params, defaults, capturable=False):
         self._engine = self._new_engine()
+        if capturable:  # see capturable(group)
+            defaults = dict(defaults, capturable=True)
         super().__init__(params, defaults)
 
     @torch.no_grad()

@@ -14,7 +14,7 @@ cache and called through ctypes (_adafactor_unit.py): no core, no torch in the u
 import torch
 
 from . import _adafactor_unit
-from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, state_tensors_fit
+from ._unit_engine import DeviceCount, UnitBucket, UnitEngine, UnitOptimizer, capturable, state_tensors_fit
 
 __all__ = ["Adafactor"]
 
@@ -53,17 +53,17 @@ def _torch_shapes(p):
     return row_shape, col_shape
 
 
-def _step_device(p, capturable):
+def _step_device(p, on_device):
     """Where state['step'] lives: the parameter's device for a capturable CUDA step (a captured
     graph advances it), else the CPU, as torch.optim.Adafactor keeps it."""
-    return p.device if capturable and p.device.type == "cuda" else torch.device("cpu")
+    return p.device if on_device and p.device.type == "cuda" else torch.device("cpu")
 
 
-def _statistics(p, st, capturable=False):
+def _statistics(p, st, on_device=False):
     """p's statistics as the plan binds them, (row_var, col_var) or (variance, None), from torch's
     state (created as torch's _init_group creates it when empty, the step count made a tensor
-    where a loaded state holds a number, as torch's __setstate__ does, and moved to where
-    `capturable` keeps it)."""
+    where a loaded state holds a number, as torch's __setstate__ does, and moved to where a
+    capturable step keeps it: `on_device`)."""
     shapes = _torch_shapes(p)
     if len(st) == 0:
         st["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
@@ -73,7 +73,7 @@ def _statistics(p, st, capturable=False):
             st["variance"] = torch.zeros_like(p.grad, memory_format=torch.contiguous_format)
     if not torch.is_tensor(st["step"]):
         st["step"] = torch.tensor(float(st["step"]), dtype=_scalar_dtype())
-    st["step"] = st["step"].to(_step_device(p, capturable))
+    st["step"] = st["step"].to(_step_device(p, on_device))
     stats = (st["row_var"], st["col_var"]) if len(shapes) == 2 else (st["variance"],)
     if not state_tensors_fit(stats, shapes, p.dtype, p.device):
         raise RuntimeError("fusedopt_torch.Adafactor: row_var, col_var and variance must be contiguous tensors "
@@ -87,16 +87,16 @@ _NOT_CAPTURABLE = "its step count is kept on the host, as torch.optim.Adafactor'
 class _Bucket(UnitBucket):
     """The parameters of one group with one device, dtype and step count, and their plan (over
     those of them that are not empty: an empty tensor only counts its steps). A capturable CUDA
-    bucket counts its steps in `counter` (an int64 on the device, advanced by a torch op in
-    stream order, which the plan reads when it runs) instead of `step`."""
+    bucket counts its steps in `counter` (a DeviceCount, which the plan reads when it runs)
+    instead of `step`."""
 
     __slots__ = ("steps", "step", "counter")
 
-    def __init__(self, params, device, dtype, step, capturable):
+    def __init__(self, params, device, dtype, step, counted_on_device):
         super().__init__(params, device, dtype)
         self.step = step
         self.steps = None
-        self.counter = torch.tensor(step, dtype=torch.int64, device=device) if capturable else None
+        self.counter = DeviceCount(step, device) if counted_on_device else None
 
 
 class _AdafactorEngine(UnitEngine):
@@ -113,7 +113,7 @@ class _AdafactorEngine(UnitEngine):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            known = self.group_plans(gi, params, state, key=bool(group.get("capturable", False)))
+            known = self.group_plans(gi, params, state, key=capturable(group))
             eps1, eps2 = group["eps"]
             if eps1 is None:  # torch: finfo of the first parameter's dtype, for the whole group
                 eps1 = torch.finfo(params[0].dtype).eps
@@ -121,15 +121,15 @@ class _AdafactorEngine(UnitEngine):
                 self._run(bucket, group, float(eps1), float(eps2))
 
     def plan_buckets(self, params, state, key):
-        capturable = key  # the group's option (plans are made again when it changes)
+        on_device = key  # capturable(group): plans are made again when it changes
         members, stats = {}, {}
         for p in params:
-            stats[p] = _statistics(p, state[p], capturable)
+            stats[p] = _statistics(p, state[p], on_device)
             step = int(state[p]["step"].item())
             members.setdefault((p.device, p.dtype, step), []).append(p)
         buckets = []
         for (device, dtype, step), group in members.items():
-            bucket = _Bucket(group, device, dtype, step, capturable and device.type == "cuda")
+            bucket = _Bucket(group, device, dtype, step, on_device and device.type == "cuda")
             bucket.steps = [state[p]["step"] for p in group]
             if bucket.planned:
                 self._make_plan(bucket, [stats[p] for p in bucket.planned])
@@ -138,23 +138,20 @@ class _AdafactorEngine(UnitEngine):
 
     def _make_plan(self, bucket, stats):
         members = bucket.planned
-        bucket.make_plan(self.name, _NOT_CAPTURABLE, _adafactor_unit, lambda unit, stream: _adafactor_unit.Plan(
+        bucket.make_plan(self.name, _adafactor_unit, lambda unit, stream: _adafactor_unit.Plan(
             unit, [p.data_ptr() for p in members], bucket.grads, [p.numel() for p in members],
             [tuple(p.shape) for p in members], [row.data_ptr() for row, _ in stats],
             [col.data_ptr() if col is not None else None for _, col in stats], 0, stream))
         self.builds += 1
 
     def _run(self, bucket, group, eps1, eps2):
-        captured = bucket.counter is not None
-        if captured:
-            bucket.counter.add_(1)  # in stream order: a replayed graph counts its own steps
         if bucket.plan is not None:
             hyper = _adafactor_unit.Hyper(beta2_decay=float(group["beta2_decay"]), eps1=eps1, eps2=eps2,
                                           d=float(group["d"]), weight_decay=float(group["weight_decay"]),
                                           step=bucket.step + 1, maximize=int(bool(group["maximize"])))
-            if captured:
-                hyper.step_pointer = bucket.counter.data_ptr()
-            bucket.run(self.name, _NOT_CAPTURABLE, hyper, group["lr"], capturable=captured)
+            if bucket.counter is not None:
+                hyper.step_pointer = bucket.counter.advance()
+            bucket.run(self.name, _NOT_CAPTURABLE, hyper, group["lr"], capturable=bucket.counter is not None)
         bucket.step += 1  # the host's count (unused by a capturable bucket's plan)
         torch._foreach_add_(bucket.steps, 1.0)
 
@@ -187,9 +184,7 @@ class Adafactor(UnitOptimizer):
         _check_options(lr, beta2_decay, eps, d, weight_decay)
         defaults = dict(lr=lr, beta2_decay=beta2_decay, eps=eps, d=d, weight_decay=weight_decay, foreach=foreach,
                         maximize=maximize)
-        if capturable:  # a key of fusedopt's: the groups stay torch's otherwise (state_dict parity)
-            defaults["capturable"] = True
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, capturable)
 
     def _new_engine(self):  # plans per group, device, dtype and step count
         return _AdafactorEngine()

@@ -15,7 +15,7 @@ and called through ctypes (_came_unit.py): no core, no torch in the unit.
 import torch
 
 from . import _came_unit
-from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, state_tensors_fit
+from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, capturable, state_tensors_fit
 
 __all__ = ["CAME"]
 
@@ -59,18 +59,18 @@ def _state_shapes(p):
 _STATE_KEYS = ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_res_row", "exp_avg_res_col", "exp_avg_sq")
 
 
-def _state(p, st, capturable=False):
+def _state(p, st, on_device=False):
     """p's state as the plan binds it, created as CAME.py creates it when empty (zeros on p's
     device; 'step' 0), else checked: (exp_avg, sq_row or exp_avg_sq, sq_col, res_row, res_col),
-    None where CAME.py keeps none. A capturable CUDA parameter's 'step' is a float32 tensor on
-    its device (a captured graph advances it)."""
+    None where CAME.py keeps none. A capturable CUDA parameter's 'step' (`on_device`) is a float32
+    tensor on its device (a captured graph advances it)."""
     shapes = _state_shapes(p)
     dtype = _state_dtype(p.dtype)
     if len(st) == 0:
         st["step"] = 0
         for key, shape in shapes.items():
             st[key] = torch.zeros(shape, dtype=dtype, device=p.device)
-    if capturable and p.device.type == "cuda" and not (torch.is_tensor(st["step"]) and st["step"].device == p.device):
+    if on_device and p.device.type == "cuda" and not (torch.is_tensor(st["step"]) and st["step"].device == p.device):
         st["step"] = torch.tensor(float(st["step"]), dtype=torch.float32, device=p.device)
     if not state_tensors_fit([st.get(key) for key in shapes], shapes.values(), dtype, p.device):
         raise RuntimeError(f"fusedopt_torch.CAME: {', '.join(shapes)} must be contiguous tensors of CAME.py's shapes, "
@@ -85,12 +85,12 @@ class _Bucket(UnitBucket):
     that are not empty) and their states, whose 'step' counts every step (on the device, in
     stream order, for a capturable CUDA bucket)."""
 
-    __slots__ = ("states", "capturable")
+    __slots__ = ("states", "counted_on_device")
 
-    def __init__(self, params, device, dtype, states, capturable):
+    def __init__(self, params, device, dtype, states, counted_on_device):
         super().__init__(params, device, dtype)
         self.states = states
-        self.capturable = capturable
+        self.counted_on_device = counted_on_device
 
 
 class _CAMEEngine(UnitEngine):
@@ -107,19 +107,19 @@ class _CAMEEngine(UnitEngine):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            known = self.group_plans(gi, params, state, key=bool(group.get("capturable", False)))
+            known = self.group_plans(gi, params, state, key=capturable(group))
             for bucket in known.buckets:
                 self._run(bucket, group)
 
     def plan_buckets(self, params, state, key):
-        capturable = key  # the group's option (plans are made again when it changes)
+        on_device = key  # capturable(group): plans are made again when it changes
         members, tensors = {}, {}
         for p in params:
-            tensors[p] = _state(p, state[p], capturable)
+            tensors[p] = _state(p, state[p], on_device)
             members.setdefault((p.device, p.dtype), []).append(p)
         buckets = []
         for (device, dtype), group in members.items():
-            bucket = _Bucket(group, device, dtype, [state[p] for p in group], capturable and device.type == "cuda")
+            bucket = _Bucket(group, device, dtype, [state[p] for p in group], on_device and device.type == "cuda")
             if bucket.planned:
                 self._make_plan(bucket, [tensors[p] for p in bucket.planned])
             buckets.append(bucket)
@@ -131,7 +131,7 @@ class _CAMEEngine(UnitEngine):
         def addresses(k):
             return [t[k].data_ptr() if t[k] is not None else None for t in tensors]
 
-        bucket.make_plan(self.name, _NOT_CAPTURABLE, _came_unit, lambda unit, stream: _came_unit.Plan(
+        bucket.make_plan(self.name, _came_unit, lambda unit, stream: _came_unit.Plan(
             unit, [p.data_ptr() for p in members], bucket.grads, addresses(0), [p.numel() for p in members],
             [tuple(p.shape) for p in members], addresses(1), addresses(2), addresses(3), addresses(4), 0, stream))
         self.builds += 1
@@ -146,8 +146,8 @@ class _CAMEEngine(UnitEngine):
             # The library refuses an lr that is not positive as a value; CAME.py steps any lr its
             # group holds (a warmup's 0): such an lr is read through the bucket's scalar.
             bucket.run(self.name, _NOT_CAPTURABLE, hyper, lr, lr_by_value=isinstance(lr, torch.Tensor) or lr > 0,
-                       capturable=bucket.capturable)
-        if bucket.capturable:
+                       capturable=bucket.counted_on_device)
+        if bucket.counted_on_device:
             torch._foreach_add_([st["step"] for st in bucket.states], 1.0)
         else:
             for st in bucket.states:
@@ -187,9 +187,7 @@ class CAME(UnitOptimizer):
                  weight_decay=0.0, *, capturable=False):
         _check_options(lr, eps, betas)
         defaults = dict(lr=lr, eps=eps, clip_threshold=clip_threshold, betas=betas, weight_decay=weight_decay)
-        if capturable:  # a key of fusedopt's: the groups stay CAME.py's otherwise
-            defaults["capturable"] = True
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, capturable)
 
     @property
     def supports_memory_efficient_fp16(self):

@@ -13,7 +13,8 @@ cache and called through ctypes (_prodigy_unit.py): no core, no torch in the uni
 import torch
 
 from . import _ext, _prodigy_unit
-from ._unit_engine import DTYPE_NAMES, UnitEngine, UnitOptimizer, on_device
+from ._unit_engine import (BUILT_BEFORE_CAPTURE, DTYPE_NAMES, DeviceCount, UnitEngine, UnitOptimizer, capturable,
+                           on_device, refuse_capture)
 
 __all__ = ["Prodigy"]
 
@@ -63,18 +64,16 @@ def _prodigy_tensors(p, st, with_exp_avg):
     return tensors
 
 
-def _refuse_capture():
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("fusedopt_torch.Prodigy: a step cannot be captured in a CUDA graph (its step count k is "
-                           "kept on the host, in the group, as the reference's): construct it with capturable=True")
+_NOT_CAPTURABLE = ("its step count k is kept on the host, in the group, as the reference's: construct it with "
+                   "capturable=True")
 
 
 class _Bucket:
     """The group's parameters with a gradient (one device and dtype), their plan, the gradient
     addresses it is bound to, and the steps run since the parameters' state['step'] was
-    last written. A capturable CUDA bucket counts its steps in `counter` (the group's k, an
-    int64 on the device advanced in stream order, read by the step when it runs); `counted` is
-    its value when the group's k was last written from it."""
+    last written. A capturable CUDA bucket counts its steps in `counter` (the group's k, a
+    DeviceCount read by the step when it runs); `counted` is its value when the group's k was
+    last written from it."""
 
     __slots__ = ("params", "device", "dtype", "plan", "grads", "unwritten_steps", "counter", "counted")
 
@@ -99,19 +98,19 @@ class _ProdigyEngine(UnitEngine):
         if not params or float(group["lr"]) == 0.0:
             return
         previous = self.groups.get(0)
-        capturable = bool(group.get("capturable", False))
-        known = self.group_plans(0, params, state, (group["betas"][0] > 0, capturable))
+        counted_on_device = capturable(group) and params[0].device.type == "cuda"
+        known = self.group_plans(0, params, state, (group["betas"][0] > 0, counted_on_device))
         bucket = known.buckets[0]
         if known is not previous and previous is not None:
             self._store_bucket(previous.buckets[0], group, state)
         with on_device(bucket.device) as stream:
             if known is not previous:  # a new plan (never under capture: plan_buckets refuses it)
                 bucket.plan.set_state(float(group["d"]), float(group["d_max"]), float(group["d_numerator"]), stream)
-                if capturable and bucket.device.type == "cuda":
+                if counted_on_device:
                     bucket.counted = int(group["k"])
-                    bucket.counter = torch.tensor(bucket.counted, dtype=torch.int64, device=bucket.device)
+                    bucket.counter = DeviceCount(bucket.counted, bucket.device)
             if bucket.counter is None and bucket.device.type == "cuda":
-                _refuse_capture()
+                refuse_capture(self.name, _NOT_CAPTURABLE)
             grads = [p.grad.data_ptr() for p in params]
             if grads != bucket.grads:
                 bucket.plan.rebind_grads(grads, stream)
@@ -126,8 +125,7 @@ class _ProdigyEngine(UnitEngine):
                                         use_bias_correction=int(bool(group["use_bias_correction"])),
                                         safeguard_warmup=int(bool(group["safeguard_warmup"])))
             if bucket.counter is not None:  # k + 1 read on the device: a replayed graph counts its steps
-                bucket.counter.add_(1)
-                hyper.step_pointer = bucket.counter.data_ptr()
+                hyper.step_pointer = bucket.counter.advance()
             bucket.plan.run(hyper, stream)  # refused options raise before anything is written
         if bucket.counter is None:
             group["k"] += 1
@@ -144,7 +142,7 @@ class _ProdigyEngine(UnitEngine):
         with on_device(bucket.device) as stream:
             group["d"], group["d_max"], group["d_numerator"] = bucket.plan.state(stream)
         if bucket.counter is not None:  # the steps counted on the device since the last store
-            done = int(bucket.counter.item()) - bucket.counted
+            done = bucket.counter.value() - bucket.counted
             bucket.counted += done
             group["k"] += done
             bucket.unwritten_steps += done
@@ -153,7 +151,7 @@ class _ProdigyEngine(UnitEngine):
         bucket.unwritten_steps = 0
 
     def plan_buckets(self, params, state, key):
-        with_exp_avg, _ = key  # (beta1 > 0, capturable): the counter is set up by step()
+        with_exp_avg, _ = key  # (beta1 > 0, counted on the device): the counter is set up by step()
         if len({(p.device, p.dtype) for p in params}) > 1:
             raise RuntimeError("fusedopt_torch.Prodigy: the parameters of a group must share one device and dtype "
                                "(d is estimated from sums over all of them, in one plan)")
@@ -165,7 +163,7 @@ class _ProdigyEngine(UnitEngine):
         cuda = bucket.device.type == "cuda"
         with on_device(bucket.device) as stream:
             if cuda:
-                _refuse_capture()
+                refuse_capture(self.name, BUILT_BEFORE_CAPTURE)
             unit = _prodigy_unit.unit("cuda" if cuda else "host", DTYPE_NAMES[bucket.dtype], with_exp_avg,
                                       (_ext.arch_of(bucket.device.index),) if cuda else ())
             bucket.grads = [p.grad.data_ptr() for p in params]
@@ -218,9 +216,7 @@ class Prodigy(UnitOptimizer):
                         d_numerator=0.0, d_coef=d_coef, k=0, growth_rate=growth_rate,
                         use_bias_correction=use_bias_correction, decouple=decouple, safeguard_warmup=safeguard_warmup,
                         fsdp_in_use=fsdp_in_use, slice_p=slice_p)
-        if capturable:  # a key of fusedopt's: the group stays the reference's otherwise
-            defaults["capturable"] = True
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, capturable)
 
     @property
     def supports_memory_efficient_fp16(self):
