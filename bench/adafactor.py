@@ -21,7 +21,6 @@ Usage, from the repository root on the GPU machine:
       unprofiled steps that build and warm the plan: its kernels alone for Nsight Compute)
 """
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -63,22 +62,13 @@ def profile_one_step(device):
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def reference_came():
-    """tests/test_came.py's ReferenceCAME (CAME.py's step, in PyTorch)."""
-    path = os.path.join(os.path.dirname(HERE), "integrations", "pytorch", "tests", "test_came.py")
-    spec = importlib.util.spec_from_file_location("came_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ReferenceCAME
-
-
 def variants_of(optimizer):
     """(the variants: name -> constructor over a parameter list, the minimum bytes per element)."""
     if optimizer == "adafactor":
         return {"fusedopt": lambda ps: ft.Adafactor(ps, lr=1e-2),
                 "torch_foreach": lambda ps: torch.optim.Adafactor(ps, lr=1e-2, foreach=True),
                 "torch_for_loop": lambda ps: torch.optim.Adafactor(ps, lr=1e-2, foreach=False)}, 12
-    reference = reference_came()
+    reference = peers.test_module("test_came").ReferenceCAME  # CAME.py's step, in PyTorch
     return {"fusedopt": lambda ps: ft.CAME(ps, lr=2e-4),
             "came_py": lambda ps: reference(ps, lr=2e-4)}, 20
 

@@ -23,7 +23,6 @@ Usage: python3 bench/library_rules.py [--workloads W1,W2,W3,W4] [--optimizers a,
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -37,14 +36,6 @@ sys.path.insert(0, os.path.join(ROOT, "integrations", "pytorch"))
 import torch_peers as peers  # noqa: E402
 
 import fusedopt_torch as ft  # noqa: E402
-
-
-def references(test="test_library_rules"):
-    path = os.path.join(ROOT, "integrations", "pytorch", "tests", f"{test}.py")
-    spec = importlib.util.spec_from_file_location(f"{test}_references", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # Bytes per float32 element: param read and written (8), grad read (4), each state read and
@@ -99,8 +90,8 @@ def main():
     device = torch.device("cuda")
     timer = peers.Timer(device)
     copy_bps = peers.copy_bandwidth(timer, device)
-    refs = references()
-    prodigy = references("test_prodigy")
+    refs = peers.test_module("test_library_rules")
+    prodigy = peers.test_module("test_prodigy")
     rows = []
     print(f"copy {copy_bps / 1e9:.0f} GB/s; GPU us per step (fusedopt's % of the copy), host us per step() call")
     for w in args.workloads.split(","):

@@ -35,6 +35,7 @@ The JSON goes to --out, or to $OUT/torch_peers.json when $OUT is set.
 import argparse
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import statistics
@@ -47,6 +48,19 @@ import torch
 # ---- workloads (bench/workloads.hpp) ---------------------------------------------------------
 
 from workloads import WORKLOADS  # noqa: E402,F401  (bench/workloads.py; other benches take it from here)
+
+
+def test_module(name):
+    """integrations/pytorch/tests/<name>.py loaded as a module, for the references its tests are
+    written against (the tests folder on sys.path: the test files import its helpers)."""
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations", "pytorch",
+                         "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    spec = importlib.util.spec_from_file_location(f"{name}_references", os.path.join(tests, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # ---- optimizer cases (bench/cases.hpp) -------------------------------------------------------
 

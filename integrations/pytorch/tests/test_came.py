@@ -23,6 +23,7 @@ import torch
 
 import fusedopt_torch as ft
 from fusedopt_torch.came import CAME
+from optimizer_testing import assert_refused_under_capture, relative, replay_beside_eager, set_grads, twin_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # a matrix around the 64 x 64 tiles, a vector, a 3-D batch, one element, a scalar, R > C over
@@ -110,25 +111,6 @@ class ReferenceCAME(torch.optim.Optimizer):
 def make_params(device, dtype=torch.float32, shapes=SHAPES, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
-
-
-def twin_of(params):
-    return [p.detach().clone().requires_grad_() for p in params]
-
-
-def set_grads(params, step, scale=1.0):
-    """The same gradients for every list of the same shapes (new tensors: set_to_none's)."""
-    gen = torch.Generator().manual_seed(1000 + step)
-    for p in params:
-        p.grad = (scale * torch.randn(p.shape, generator=gen)).to(device=p.device, dtype=p.dtype)
-
-
-def relative(a, b):
-    """|a - b|'s largest element over b's largest magnitude (0 for empty tensors)."""
-    if b.numel() == 0:
-        return 0.0
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 def differences(opt, ref, ours, theirs):
@@ -273,7 +255,6 @@ def test_capturable_step_replayed_from_a_cuda_graph():
     ref = CAME(eager, lr=0.01, weight_decay=0.01)
     set_grads(graphed, 1)
     set_grads(eager, 1)
-    from graph_replay import assert_refused_under_capture, replay_beside_eager
     opt.step()
     ref.step()
 

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from fusedopt_torch.prodigy import Prodigy
+from optimizer_testing import assert_refused_under_capture, relative, replay_beside_eager, twin_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # a matrix, a vector, a 3-D tensor, one element
@@ -98,10 +99,6 @@ def detached_copy(t):
     return t.detach().to(device="cpu", dtype=torch.float64, copy=True)
 
 
-def twin_of(params):
-    return [p.detach().clone().requires_grad_() for p in params]
-
-
 def noisy_quadratic_grads(params, targets, step):
     """New gradient tensors (set_to_none's) of 0.5 |p - target|^2 with noise: descending them
     moves the parameters along the gradients seen before, which makes d grow."""
@@ -109,14 +106,6 @@ def noisy_quadratic_grads(params, targets, step):
     for p, target in zip(params, targets):
         noise = 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
         p.grad = (p.detach().double().cpu() - target + noise).to(device=p.device, dtype=p.dtype)
-
-
-def relative(a, b):
-    """|a - b|'s largest element over b's largest magnitude (0 for empty tensors)."""
-    if b.numel() == 0:
-        return 0.0
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
 def scalars_of(opt):
@@ -311,7 +300,6 @@ def test_capturable_step_replayed_from_a_cuda_graph():
     ref = Prodigy(eager, **options)
     noisy_quadratic_grads(graphed, targets, 1)
     noisy_quadratic_grads(eager, targets, 1)
-    from graph_replay import assert_refused_under_capture, replay_beside_eager
     opt.step()
     ref.step()
 
