@@ -14,12 +14,7 @@ except ImportError:  # pragma: no cover
 
 def source(backend: str, dtype: str) -> str:
     """The unit's source: csrc/adafactor_unit.hpp for one backend and element dtype."""
-    if dtype not in _c_unit.ELEMENT_TYPES:
-        raise ValueError(f"fusedopt_torch.Adafactor: parameters of dtype {dtype} are not supported "
-                         f"(supported: {', '.join(_c_unit.ELEMENT_TYPES)})")
-    return (f"#define FUSEDOPT_ADAFACTOR_UNIT_CUDA {1 if backend == 'cuda' else 0}\n"
-            f"#define FUSEDOPT_ADAFACTOR_UNIT_T {_c_unit.ELEMENT_TYPES[dtype]}\n"
-            '#include "adafactor_unit.hpp"\n')
+    return _c_unit.unit_source("adafactor", "Adafactor", backend, dtype)
 
 
 class Hyper(ctypes.Structure):

@@ -21,6 +21,18 @@ POINTERS = ctypes.POINTER(ctypes.c_void_p)
 INT64S = ctypes.POINTER(ctypes.c_int64)
 
 
+def unit_source(name, optimizer, backend, dtype, **defines):
+    """csrc/<name>_unit.hpp's source for one backend and parameter dtype: FUSEDOPT_<NAME>_UNIT_CUDA,
+    FUSEDOPT_<NAME>_UNIT_T and each of `defines` as FUSEDOPT_<NAME>_UNIT_<KEY>, in that order. A
+    dtype the units do not compile is a ValueError naming `optimizer`."""
+    if dtype not in ELEMENT_TYPES:
+        raise ValueError(f"fusedopt_torch.{optimizer}: parameters of dtype {dtype} are not supported "
+                         f"(supported: {', '.join(ELEMENT_TYPES)})")
+    prefix = f"FUSEDOPT_{name.upper()}_UNIT"
+    values = dict(CUDA=1 if backend == "cuda" else 0, T=ELEMENT_TYPES[dtype], **defines)
+    return "".join(f"#define {prefix}_{key} {value}\n" for key, value in values.items()) + f'#include "{name}_unit.hpp"\n'
+
+
 def array(kind, values):
     """A ctypes array of `values` (one element at least: a valid address when empty)."""
     return (kind * max(1, len(values)))(*values)

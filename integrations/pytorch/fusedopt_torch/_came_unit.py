@@ -19,12 +19,7 @@ STATE_DTYPES = {"float32": "float32", "float64": "float64", "float16": "float32"
 
 def source(backend: str, dtype: str) -> str:
     """The unit's source: csrc/came_unit.hpp for one backend and parameter dtype."""
-    if dtype not in _c_unit.ELEMENT_TYPES:
-        raise ValueError(f"fusedopt_torch.CAME: parameters of dtype {dtype} are not supported "
-                         f"(supported: {', '.join(_c_unit.ELEMENT_TYPES)})")
-    return (f"#define FUSEDOPT_CAME_UNIT_CUDA {1 if backend == 'cuda' else 0}\n"
-            f"#define FUSEDOPT_CAME_UNIT_T {_c_unit.ELEMENT_TYPES[dtype]}\n"
-            '#include "came_unit.hpp"\n')
+    return _c_unit.unit_source("came", "CAME", backend, dtype)
 
 
 class Hyper(ctypes.Structure):

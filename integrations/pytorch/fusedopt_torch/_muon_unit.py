@@ -16,15 +16,9 @@ NS_TYPES = {"bfloat16": "::fusedopt::bfloat16", "float32": "float"}
 
 def source(backend: str, dtype: str, ns: str) -> str:
     """The unit's source: csrc/muon_unit.hpp for one backend, element dtype and NS dtype."""
-    if dtype not in _c_unit.ELEMENT_TYPES:
-        raise ValueError(f"fusedopt_torch.Muon: parameters of dtype {dtype} are not supported "
-                         f"(supported: {', '.join(_c_unit.ELEMENT_TYPES)})")
     if ns not in NS_TYPES:
         raise ValueError(f"fusedopt_torch.Muon: ns_dtype must be bfloat16 or float32, not {ns}")
-    return (f"#define FUSEDOPT_MUON_UNIT_CUDA {1 if backend == 'cuda' else 0}\n"
-            f"#define FUSEDOPT_MUON_UNIT_T {_c_unit.ELEMENT_TYPES[dtype]}\n"
-            f"#define FUSEDOPT_MUON_UNIT_NS {NS_TYPES[ns]}\n"
-            '#include "muon_unit.hpp"\n')
+    return _c_unit.unit_source("muon", "Muon", backend, dtype, NS=NS_TYPES[ns])
 
 
 class Hyper(ctypes.Structure):

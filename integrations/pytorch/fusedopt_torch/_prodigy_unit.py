@@ -16,13 +16,7 @@ except ImportError:  # pragma: no cover
 
 def source(backend: str, dtype: str, with_exp_avg: bool = True) -> str:
     """The unit's source: csrc/prodigy_unit.hpp for one backend, element dtype and binding of exp_avg."""
-    if dtype not in _c_unit.ELEMENT_TYPES:
-        raise ValueError(f"fusedopt_torch.Prodigy: parameters of dtype {dtype} are not supported "
-                         f"(supported: {', '.join(_c_unit.ELEMENT_TYPES)})")
-    return (f"#define FUSEDOPT_PRODIGY_UNIT_CUDA {1 if backend == 'cuda' else 0}\n"
-            f"#define FUSEDOPT_PRODIGY_UNIT_T {_c_unit.ELEMENT_TYPES[dtype]}\n"
-            f"#define FUSEDOPT_PRODIGY_UNIT_EXP_AVG {1 if with_exp_avg else 0}\n"
-            '#include "prodigy_unit.hpp"\n')
+    return _c_unit.unit_source("prodigy", "Prodigy", backend, dtype, EXP_AVG=1 if with_exp_avg else 0)
 
 
 class Hyper(ctypes.Structure):
