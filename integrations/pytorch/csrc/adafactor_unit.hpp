@@ -63,6 +63,7 @@ inline auto bind_lists(void* const* params, void const* const* grads, std::int64
 using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, 0));
 #if FUSEDOPT_ADAFACTOR_UNIT_CUDA
 using plan_type = decltype(fo::cuda::make_plan(std::declval<lists_type>(), {}));
+using stream_type = cudaStream_t;  // c_unit::on_stream
 
 struct device_free {
   void operator()(void* p) const { (void)cudaFree(p); }
@@ -79,6 +80,7 @@ using workspace_type = std::unique_ptr<double, device_free>;
 using entries_type = std::unique_ptr<fo::factored_tensor<element>, device_free>;
 #else
 using plan_type = decltype(fo::host::make_plan(std::declval<lists_type>(), {}));
+using stream_type = void;
 using workspace_type = std::vector<double>;
 using entries_type = std::vector<fo::factored_tensor<element>>;
 #endif
@@ -187,12 +189,7 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_adafactor_run(void* plan, fusedopt_adafacto
     fo::step_info step;
     step.step = h->step_pointer != nullptr ? fo::scalar<std::int64_t>::from_pointer(h->step_pointer)
                                            : fo::scalar<std::int64_t>(h->step);
-#if FUSEDOPT_ADAFACTOR_UNIT_CUDA
-    self.plan.run(opt, step, static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.run(opt, step);
-#endif
+    ::fusedopt_torch::c_unit::on_stream<stream_type>(stream, [&](auto... on) { self.plan.run(opt, step, on...); });
   });
 }
 
@@ -204,17 +201,9 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_adafactor_rebind_grads(void* plan, void con
   using namespace fusedopt_adafactor_unit;
   return guarded(error, error_size, [&] {
     auto& self = *static_cast<holder*>(plan);
-    FUSEDOPT_EXPECTS(static_cast<std::size_t>(n) == self.grads.size(),
-                     "adafactor: rebind_grads was given another number of gradients than the plan has tensors");
-    for (std::int64_t t = 0; t < n; ++t) {
-      self.grads[static_cast<std::size_t>(t)] = static_cast<grad_pointer>(grads[t]);
-    }
-#if FUSEDOPT_ADAFACTOR_UNIT_CUDA
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size(), static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size());
-#endif
+    ::fusedopt_torch::c_unit::rebind_grads<stream_type>(
+        self.plan, self.grads, grads, n, stream,
+        "adafactor: rebind_grads was given another number of gradients than the plan has tensors");
   });
 }
 

@@ -1,7 +1,8 @@
 /// @file c_unit.hpp
-/// @brief What the units loaded with ctypes share (muon_unit.hpp, adafactor_unit.hpp): tensor
-/// lists from arrays of addresses and sizes, and errors as a return code and a message, never
-/// an exception across the C boundary.
+/// @brief What the units loaded with ctypes share (muon_unit.hpp, adafactor_unit.hpp,
+/// prodigy_unit.hpp, came_unit.hpp): tensor lists from arrays of addresses and sizes, errors as a
+/// return code and a message (never an exception across the C boundary), and the calls that take
+/// the stream only on CUDA.
 #pragma once
 
 #include <fusedopt/error.hpp>
@@ -11,6 +12,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <type_traits>
+#include <vector>
 
 /// An entry point of a ctypes unit: C linkage, visible (units are built with hidden symbols).
 #define FUSEDOPT_TORCH_C_EXPORT extern "C" __attribute__((visibility("default")))
@@ -46,6 +49,31 @@ int guarded(char* error, std::size_t size, F&& f)
   } catch (...) {
     return failed(error, size, "fusedopt_torch: unknown error in a unit");
   }
+}
+
+/// f(stream as S) for a CUDA unit (S: cudaStream_t), f() for a host unit (S: void): one call
+/// site for a plan call that takes the stream only on CUDA.
+template <class S, class F>
+void on_stream(void* stream, F&& f)
+{
+  if constexpr (std::is_void_v<S>) {
+    (void)stream;
+    f();
+  } else {
+    f(static_cast<S>(stream));
+  }
+}
+
+/// A unit's rebind_grads: `held` (the plan's gradient addresses) takes the n addresses `given`
+/// (as many as the plan has tensors, else `count_error`), then the plan is rebound to them on
+/// `stream` (S as on_stream's).
+template <class S, class Plan, class Pointer>
+void rebind_grads(Plan& plan, std::vector<Pointer>& held, void const* const* given, std::int64_t n, void* stream,
+                  char const* count_error)
+{
+  FUSEDOPT_EXPECTS(static_cast<std::size_t>(n) == held.size(), count_error);
+  for (std::int64_t t = 0; t < n; ++t) { held[static_cast<std::size_t>(t)] = static_cast<Pointer>(given[t]); }
+  on_stream<S>(stream, [&](auto... on) { plan.rebind(::fusedopt::slot::grad, held.data(), held.size(), on...); });
 }
 
 }  // namespace c_unit

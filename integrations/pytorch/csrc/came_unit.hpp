@@ -67,6 +67,7 @@ inline auto bind_lists(void* const* params, void const* const* grads, void* cons
 using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, nullptr, 0));
 #if FUSEDOPT_CAME_UNIT_CUDA
 using plan_type = decltype(fo::cuda::make_plan(std::declval<lists_type>(), {}));
+using stream_type = cudaStream_t;  // c_unit::on_stream
 
 struct device_free {
   void operator()(void* p) const { (void)cudaFree(p); }
@@ -84,6 +85,7 @@ using entries_type = std::unique_ptr<fo::factored_tensor<state>, device_free>;
 inline double* data_of(workspace_type const& w) { return w.get(); }
 #else
 using plan_type = decltype(fo::host::make_plan(std::declval<lists_type>(), {}));
+using stream_type = void;
 using workspace_type = std::vector<double>;
 using entries_type = std::vector<fo::factored_tensor<state>>;
 inline double* data_of(workspace_type& w) { return w.data(); }
@@ -227,12 +229,7 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_came_run(void* plan, fusedopt_came_hyper co
     opt.second_moment = self.second_moment.table;
     opt.confidence = self.confidence.table;
     fo::step_info const step{1};  // CAME reads no step count (CAME.py's state['step'] only counts)
-#if FUSEDOPT_CAME_UNIT_CUDA
-    self.plan.run(opt, step, static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.run(opt, step);
-#endif
+    ::fusedopt_torch::c_unit::on_stream<stream_type>(stream, [&](auto... on) { self.plan.run(opt, step, on...); });
   });
 }
 
@@ -244,17 +241,9 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_came_rebind_grads(void* plan, void const* c
   using namespace fusedopt_came_unit;
   return guarded(error, error_size, [&] {
     auto& self = *static_cast<holder*>(plan);
-    FUSEDOPT_EXPECTS(static_cast<std::size_t>(n) == self.grads.size(),
-                     "came: rebind_grads was given another number of gradients than the plan has tensors");
-    for (std::int64_t t = 0; t < n; ++t) {
-      self.grads[static_cast<std::size_t>(t)] = static_cast<grad_pointer>(grads[t]);
-    }
-#if FUSEDOPT_CAME_UNIT_CUDA
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size(), static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size());
-#endif
+    ::fusedopt_torch::c_unit::rebind_grads<stream_type>(
+        self.plan, self.grads, grads, n, stream,
+        "came: rebind_grads was given another number of gradients than the plan has tensors");
   });
 }
 

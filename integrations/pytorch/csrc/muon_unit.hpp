@@ -67,8 +67,10 @@ inline auto bind_lists(void* const* params, void const* const* grads, void* cons
 using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, nullptr, 0));
 #if FUSEDOPT_MUON_UNIT_CUDA
 using plan_type = decltype(fo::cuda::make_muon_plan<ns_type>(std::declval<lists_type>(), {}));
+using stream_type = cudaStream_t;  // c_unit::on_stream
 #else
 using plan_type = decltype(fo::host::make_muon_plan<ns_type>(std::declval<lists_type>(), {}));
+using stream_type = void;
 #endif
 using grad_pointer = typename plan_type::input_plan::template slot_pointer_t<fo::slot::grad_t>;
 
@@ -140,12 +142,8 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_muon_run(void* plan, fusedopt_muon_hyper co
     } else {
       opt.coefficients = triple(0);
     }
-#if FUSEDOPT_MUON_UNIT_CUDA
-    self.plan.run(opt, fo::step_info{1}, static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.run(opt, fo::step_info{1});
-#endif
+    ::fusedopt_torch::c_unit::on_stream<stream_type>(stream,
+                                                     [&](auto... on) { self.plan.run(opt, fo::step_info{1}, on...); });
   });
 }
 
@@ -157,17 +155,9 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_muon_rebind_grads(void* plan, void const* c
   using namespace fusedopt_muon_unit;
   return guarded(error, error_size, [&] {
     auto& self = *static_cast<holder*>(plan);
-    FUSEDOPT_EXPECTS(static_cast<std::size_t>(n) == self.grads.size(),
-                     "muon: rebind_grads was given another number of gradients than the plan has matrices");
-    for (std::int64_t t = 0; t < n; ++t) {
-      self.grads[static_cast<std::size_t>(t)] = static_cast<grad_pointer>(grads[t]);
-    }
-#if FUSEDOPT_MUON_UNIT_CUDA
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size(), static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size());
-#endif
+    ::fusedopt_torch::c_unit::rebind_grads<stream_type>(
+        self.plan, self.grads, grads, n, stream,
+        "muon: rebind_grads was given another number of gradients than the plan has matrices");
   });
 }
 

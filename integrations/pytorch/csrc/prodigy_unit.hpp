@@ -78,6 +78,7 @@ inline auto bind_lists(void* const* params, void const* const* grads, void* cons
 using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0));
 #if FUSEDOPT_PRODIGY_UNIT_CUDA
 using plan_type = decltype(fo::cuda::make_plan(std::declval<lists_type>(), {}));
+using stream_type = cudaStream_t;  // c_unit::on_stream
 
 struct device_free {
   void operator()(void* p) const { (void)cudaFree(p); }
@@ -92,6 +93,7 @@ inline state_memory make_state_memory()
 }
 #else
 using plan_type = decltype(fo::host::make_plan(std::declval<lists_type>(), {}));
+using stream_type = void;
 using state_memory = std::unique_ptr<fo::rules::prodigy_state>;
 
 inline state_memory make_state_memory() { return std::make_unique<fo::rules::prodigy_state>(); }
@@ -166,12 +168,7 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_prodigy_run(void* plan, fusedopt_prodigy_hy
     opt.state = self.state.get();
     fo::step_info step{h->step};
     if (h->step_pointer != nullptr) { step.step = fo::scalar<std::int64_t>::from_pointer(h->step_pointer); }
-#if FUSEDOPT_PRODIGY_UNIT_CUDA
-    self.plan.run(opt, step, static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.run(opt, step);
-#endif
+    ::fusedopt_torch::c_unit::on_stream<stream_type>(stream, [&](auto... on) { self.plan.run(opt, step, on...); });
   });
 }
 
@@ -226,17 +223,9 @@ FUSEDOPT_TORCH_C_EXPORT int fusedopt_prodigy_rebind_grads(void* plan, void const
   using namespace fusedopt_prodigy_unit;
   return guarded(error, error_size, [&] {
     auto& self = *static_cast<holder*>(plan);
-    FUSEDOPT_EXPECTS(static_cast<std::size_t>(n) == self.grads.size(),
-                     "prodigy: rebind_grads was given another number of gradients than the plan has tensors");
-    for (std::int64_t t = 0; t < n; ++t) {
-      self.grads[static_cast<std::size_t>(t)] = static_cast<grad_pointer>(grads[t]);
-    }
-#if FUSEDOPT_PRODIGY_UNIT_CUDA
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size(), static_cast<cudaStream_t>(stream));
-#else
-    (void)stream;
-    self.plan.rebind(fo::slot::grad, self.grads.data(), self.grads.size());
-#endif
+    ::fusedopt_torch::c_unit::rebind_grads<stream_type>(
+        self.plan, self.grads, grads, n, stream,
+        "prodigy: rebind_grads was given another number of gradients than the plan has tensors");
   });
 }
 
