@@ -180,6 +180,17 @@ class UnitEngine:
             known.grads = [p.grad for p in params]
         return known
 
+    def step_groups(self, groups, state):
+        """One step of every group's parameters with a gradient, through plans keyed by the
+        group's capturable option: run_group(group, params, buckets) (the subclass's) runs them."""
+        for gi, group in enumerate(groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self.run_group(group, params, self.group_plans(gi, params, state, key=capturable(group)).buckets)
+
+    def run_group(self, group, params, buckets):
+        raise NotImplementedError
+
     def plan_buckets(self, params, state, key):
         raise NotImplementedError
 

@@ -14,7 +14,7 @@ cache and called through ctypes (_adafactor_unit.py): no core, no torch in the u
 import torch
 
 from . import _adafactor_unit
-from ._unit_engine import DeviceCount, UnitBucket, UnitEngine, UnitOptimizer, capturable, state_tensors_fit
+from ._unit_engine import DeviceCount, UnitBucket, UnitEngine, UnitOptimizer, state_tensors_fit
 
 __all__ = ["Adafactor"]
 
@@ -108,17 +108,12 @@ class _AdafactorEngine(UnitEngine):
 
     name = "Adafactor"
 
-    def step(self, groups, state):
-        for gi, group in enumerate(groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            known = self.group_plans(gi, params, state, key=capturable(group))
-            eps1, eps2 = group["eps"]
-            if eps1 is None:  # torch: finfo of the first parameter's dtype, for the whole group
-                eps1 = torch.finfo(params[0].dtype).eps
-            for bucket in known.buckets:
-                self._run(bucket, group, float(eps1), float(eps2))
+    def run_group(self, group, params, buckets):
+        eps1, eps2 = group["eps"]
+        if eps1 is None:  # torch: finfo of the first parameter's dtype, for the whole group
+            eps1 = torch.finfo(params[0].dtype).eps
+        for bucket in buckets:
+            self._run(bucket, group, float(eps1), float(eps2))
 
     def plan_buckets(self, params, state, key):
         on_device = key  # capturable(group): plans are made again when it changes
@@ -190,7 +185,7 @@ class Adafactor(UnitOptimizer):
         return _AdafactorEngine()
 
     def _engine_step(self):
-        self._engine.step(self.param_groups, self.state)
+        self._engine.step_groups(self.param_groups, self.state)
 
     def __setstate__(self, state):
         super().__setstate__(state)

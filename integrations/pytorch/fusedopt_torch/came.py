@@ -15,7 +15,7 @@ and called through ctypes (_came_unit.py): no core, no torch in the unit.
 import torch
 
 from . import _came_unit
-from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, capturable, state_tensors_fit
+from ._unit_engine import UnitBucket, UnitEngine, UnitOptimizer, state_tensors_fit
 
 __all__ = ["CAME"]
 
@@ -102,14 +102,9 @@ class _CAMEEngine(UnitEngine):
 
     name = "CAME"
 
-    def step(self, groups, state):
-        for gi, group in enumerate(groups):
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            known = self.group_plans(gi, params, state, key=capturable(group))
-            for bucket in known.buckets:
-                self._run(bucket, group)
+    def run_group(self, group, params, buckets):
+        for bucket in buckets:
+            self._run(bucket, group)
 
     def plan_buckets(self, params, state, key):
         on_device = key  # capturable(group): plans are made again when it changes
@@ -203,7 +198,7 @@ class CAME(UnitOptimizer):
         return _CAMEEngine()
 
     def _engine_step(self):
-        self._engine.step(self.param_groups, self.state)
+        self._engine.step_groups(self.param_groups, self.state)
 
     def load_state_dict(self, state_dict):
         """torch's, except that the state tensors of float16 and bfloat16 parameters keep the
