@@ -65,17 +65,8 @@ using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, 0));
 using plan_type = decltype(fo::cuda::make_plan(std::declval<lists_type>(), {}));
 using stream_type = cudaStream_t;  // c_unit::on_stream
 
-struct device_free {
-  void operator()(void* p) const { (void)cudaFree(p); }
-};
-/// n values of T in device memory (at least one, so that an empty layout still has an address).
-template <class T>
-std::unique_ptr<T, device_free> device_array(std::size_t n)
-{
-  void* p = nullptr;
-  FUSEDOPT_CUDA_TRY(cudaMalloc(&p, (n > 0 ? n : 1) * sizeof(T)));
-  return std::unique_ptr<T, device_free>(static_cast<T*>(p));
-}
+using ::fusedopt_torch::c_unit::device_array;
+using ::fusedopt_torch::c_unit::device_free;
 using workspace_type = std::unique_ptr<double, device_free>;
 using entries_type = std::unique_ptr<fo::factored_tensor<element>, device_free>;
 #else

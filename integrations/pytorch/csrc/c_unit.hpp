@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -50,6 +51,22 @@ int guarded(char* error, std::size_t size, F&& f)
     return failed(error, size, "fusedopt_torch: unknown error in a unit");
   }
 }
+
+#ifdef CUDART_VERSION  // a CUDA unit (it includes fusedopt.cuh, and so the CUDA runtime, first)
+/// Frees device memory held by a unit's unique_ptr.
+struct device_free {
+  void operator()(void* p) const { (void)cudaFree(p); }
+};
+
+/// n values of T in device memory (at least one, so that an empty layout still has an address).
+template <class T>
+std::unique_ptr<T, device_free> device_array(std::size_t n)
+{
+  void* p = nullptr;
+  FUSEDOPT_CUDA_TRY(cudaMalloc(&p, (n > 0 ? n : 1) * sizeof(T)));
+  return std::unique_ptr<T, device_free>(static_cast<T*>(p));
+}
+#endif
 
 /// f(stream as S) for a CUDA unit (S: cudaStream_t), f() for a host unit (S: void): one call
 /// site for a plan call that takes the stream only on CUDA.

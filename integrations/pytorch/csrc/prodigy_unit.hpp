@@ -80,17 +80,9 @@ using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, nullptr, nullp
 using plan_type = decltype(fo::cuda::make_plan(std::declval<lists_type>(), {}));
 using stream_type = cudaStream_t;  // c_unit::on_stream
 
-struct device_free {
-  void operator()(void* p) const { (void)cudaFree(p); }
-};
-using state_memory = std::unique_ptr<fo::rules::prodigy_state, device_free>;
+using state_memory = std::unique_ptr<fo::rules::prodigy_state, ::fusedopt_torch::c_unit::device_free>;
 
-inline state_memory make_state_memory()
-{
-  void* p = nullptr;
-  FUSEDOPT_CUDA_TRY(cudaMalloc(&p, sizeof(fo::rules::prodigy_state)));
-  return state_memory(static_cast<fo::rules::prodigy_state*>(p));
-}
+inline state_memory make_state_memory() { return ::fusedopt_torch::c_unit::device_array<fo::rules::prodigy_state>(1); }
 #else
 using plan_type = decltype(fo::host::make_plan(std::declval<lists_type>(), {}));
 using stream_type = void;
