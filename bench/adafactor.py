@@ -47,19 +47,20 @@ def small_shapes():
     return [s for _ in range(50) for s in ((256, 256), (512, 256), (256, 512), (1024, 256))]
 
 
-def profile_one_step(device):
+def profile_one_step(device, optimizers):
     gen = torch.Generator(device=device).manual_seed(0)
     params = [torch.randn(s, device=device, generator=gen).requires_grad_() for s in gpt2_shapes()]
     for p in params:
         p.grad = torch.randn(p.shape, device=device, generator=gen)
-    opt = ft.Adafactor(params, lr=1e-2)
-    for _ in range(2):
+    for name in optimizers:
+        opt = ft.Adafactor(params, lr=1e-2) if name == "adafactor" else ft.CAME(params, lr=1e-4)
+        for _ in range(2):
+            opt.step()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
         opt.step()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    opt.step()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
 
 
 def variants_of(optimizer):
@@ -76,12 +77,12 @@ def variants_of(optimizer):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "adafactor.json") if os.environ.get("OUT") else None)
-    parser.add_argument("--profile", action="store_true", help="one fusedopt step between cudaProfilerStart/Stop")
+    parser.add_argument("--profile", action="store_true", help="one fusedopt step of each optimizer between cudaProfilerStart/Stop")
     parser.add_argument("--optimizers", default="adafactor,came")
     args = parser.parse_args()
     device = torch.device("cuda")
     if args.profile:
-        return profile_one_step(device)
+        return profile_one_step(device, args.optimizers.split(","))
     timer = peers.Timer(device)
     copy_bps = peers.copy_bandwidth(timer, device)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, copy_gbps=copy_bps / 1e9, rows=[])

@@ -11,7 +11,7 @@
 /// passes") gets, before every other pass of the step:
 ///  1. the value `prepare_factor(step)(e)` of every element of every factored tensor summed,
 ///     in double, per row and per column of each matrix, in a fixed order (tiles of
-///     `factored_tile` x `factored_tile` elements; within a tile sequentially, tiles in order),
+///     `factored_tile_rows` x `factored_tile_cols` elements; within a tile in a fixed order, tiles in order),
 ///     the same on every backend, so the bits are the host's on the GPU too;
 ///  2. each statistic folded with its sum, `row[k] = fold(row[k], sum, C)`,
 ///     `col[k] = fold(col[k], sum, R)` (the count is the number of elements summed), stored in T;
@@ -34,11 +34,71 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "numeric/dtypes.hpp"
 
 FUSEDOPT_NAMESPACE_BEGIN
 
-/// @brief Rows and columns of the tiles a factored pass sums in (the order of its additions).
-inline constexpr std::int64_t factored_tile = 64;
+/// @brief Rows of the tiles a factored pass sums in (the order of its additions): tall tiles,
+/// so that a column's sum adds few partials in order (a 50257-row embedding: 197).
+inline constexpr std::int64_t factored_tile_rows = 256;
+/// @brief Columns of those tiles.
+inline constexpr std::int64_t factored_tile_cols = 64;
+
+namespace detail {
+/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1, with a multiplication by 1 / d in
+/// double (a 64-bit division costs dozens of instructions on a GPU) corrected to the exact
+/// integers: the product is within 1 of n / d there.
+struct index_divider {
+  std::int64_t d = 1;
+  double inverse = 1.0;
+  FUSEDOPT_HOST_DEVICE static index_divider of(std::int64_t divisor)
+  {
+    return {divisor, 1.0 / static_cast<double>(divisor)};
+  }
+  FUSEDOPT_HOST_DEVICE std::int64_t quotient(std::int64_t n, std::int64_t& remainder) const
+  {
+    auto q = static_cast<std::int64_t>(static_cast<double>(n) * inverse);
+    std::int64_t r = n - q * d;
+    if (r < 0) {
+      --q;
+      r += d;
+    } else if (r >= d) {
+      ++q;
+      r -= d;
+    }
+    remainder = r;
+    return q;
+  }
+};
+
+/// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by Granlund and Montgomery's multiplication:
+/// with l = ceil(log2 d) and magic = floor(2^32 (2^l - d) / d) + 1, n / d = (hi32(n magic) + n)
+/// >> l (exact for n < 2^32 with a 33-bit sum; below 2^31 the sum fits 32 bits). Three
+/// instructions on a GPU; the numbers are made on the host (factored_layout::entries), once.
+struct small_divider {
+  std::uint32_t magic = 1;
+  std::uint32_t shift = 0;
+  /// The divider of d (1 <= d < 2^31).
+  static small_divider of(std::int64_t d)
+  {
+    std::uint32_t l = 0;
+    while ((std::uint64_t{1} << l) < static_cast<std::uint64_t>(d)) { ++l; }
+    auto const m = (((std::uint64_t{1} << l) - static_cast<std::uint64_t>(d)) << 32) / static_cast<std::uint64_t>(d) + 1;
+    return {static_cast<std::uint32_t>(m), l};
+  }
+  FUSEDOPT_HOST_DEVICE std::uint32_t quotient(std::uint32_t n) const
+  {
+#if defined(__CUDA_ARCH__)
+    std::uint32_t const high = __umulhi(n, magic);
+#else
+    auto const high = static_cast<std::uint32_t>((std::uint64_t{n} * magic) >> 32);
+#endif
+    return (high + n) >> shift;
+  }
+};
+/// Tensors of fewer elements take the 32-bit dividers (small_divider).
+inline constexpr std::int64_t small_index_limit = std::int64_t{1} << 31;
+}  // namespace detail
 
 /// @brief One tensor's factored statistics, as the pass and the rules read them. Filled by
 /// factored_layout::entries; caller memory (device memory for the CUDA backend).
@@ -51,13 +111,23 @@ struct factored_tensor {
   T* col = nullptr;            ///< matrices x C column statistics; null: rows only (a vector)
   double* row_total = nullptr; ///< matrices sums of the folded row statistics; null: not kept
   double* partials = nullptr;  ///< the pass's tile partials: matrices x (R ceil(C / tile) + C ceil(R / tile))
+  /// Line factors (a matrix's; written after the totals where the part declares
+  /// prepare_line_factors): matrices x R and matrices x C, in T's arithmetic type; null for a
+  /// vector.
+  opmath_t<T>* row_factor = nullptr;
+  opmath_t<T>* col_factor = nullptr;
+  /// Dividers by C and by R where the tensor has fewer than 2^31 elements (small = true):
+  /// factored_lookup::locate's element position in 32-bit multiplications.
+  bool small = false;
+  detail::small_divider by_cols{};
+  detail::small_divider by_rows{};
   std::int64_t first_tile = 0; ///< tiles of the tensors before this one (the pass's work order)
   std::int64_t first_line = 0; ///< rows and columns of the tensors before this one
   std::int64_t first_matrix = 0;  ///< matrices of the tensors before this one
 
   /// Tiles of one matrix along the rows and along the columns.
-  FUSEDOPT_HOST_DEVICE std::int64_t row_tiles() const { return (rows + factored_tile - 1) / factored_tile; }
-  FUSEDOPT_HOST_DEVICE std::int64_t col_tiles() const { return (cols + factored_tile - 1) / factored_tile; }
+  FUSEDOPT_HOST_DEVICE std::int64_t row_tiles() const { return (rows + factored_tile_rows - 1) / factored_tile_rows; }
+  FUSEDOPT_HOST_DEVICE std::int64_t col_tiles() const { return (cols + factored_tile_cols - 1) / factored_tile_cols; }
   /// Tiles of the whole tensor (0 when it has no statistics).
   FUSEDOPT_HOST_DEVICE std::int64_t tiles() const { return rows > 0 ? matrices * row_tiles() * col_tiles() : 0; }
   /// Statistics of the whole tensor: rows, then columns (when kept).
@@ -89,44 +159,28 @@ struct factored_table {
   std::int64_t matrices = 0;  ///< sum of matrices over tensors with statistics
 };
 
-namespace detail {
-/// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1, with a multiplication by 1 / d in
-/// double (a 64-bit division costs dozens of instructions on a GPU) corrected to the exact
-/// integers: the product is within 1 of n / d there.
-struct index_divider {
-  std::int64_t d = 1;
-  double inverse = 1.0;
-  FUSEDOPT_HOST_DEVICE static index_divider of(std::int64_t divisor)
-  {
-    return {divisor, 1.0 / static_cast<double>(divisor)};
-  }
-  FUSEDOPT_HOST_DEVICE std::int64_t quotient(std::int64_t n, std::int64_t& remainder) const
-  {
-    auto q = static_cast<std::int64_t>(static_cast<double>(n) * inverse);
-    std::int64_t r = n - q * d;
-    if (r < 0) {
-      --q;
-      r += d;
-    } else if (r >= d) {
-      ++q;
-      r -= d;
-    }
-    remainder = r;
-    return q;
-  }
-};
-}  // namespace detail
 
 /// @brief One tensor's statistics as an element reads them: `locate(index)` once per element,
-/// then its row statistic, column statistic and its matrix's row total. Made once per chunk
-/// (a rule's `for_tensor`) from the table.
+/// then its row statistic, column statistic, its matrix's row total and, where the pass's part
+/// declares them, its line factors (`factor(at)`, the row's times the column's). Made once per
+/// chunk (a rule's `for_tensor`) from the table. A tensor of fewer than 2^31 elements (all but
+/// the largest) is located with 32-bit multiplications by the table's magic numbers; larger
+/// ones by a division in double corrected to the exact integers (dozens of instructions on a
+/// GPU, where the passes over factored statistics were bound by instruction issue).
 template <class T>
 struct factored_lookup {
+  using factor_type = opmath_t<T>;
   T const* row = nullptr;
   T const* col = nullptr;
   double const* row_total = nullptr;
+  factor_type const* row_factor = nullptr;
+  factor_type const* col_factor = nullptr;
   std::int64_t rows = 1;
   std::int64_t cols = 1;
+  bool batched = false;  ///< more than one matrix: the matrix of a row needs a division
+  bool small = false;    ///< fewer than 2^31 elements: the 32-bit dividers
+  detail::small_divider small_by_cols{};
+  detail::small_divider small_by_rows{};
   detail::index_divider by_cols{};
   detail::index_divider by_rows{};
 
@@ -138,10 +192,18 @@ struct factored_lookup {
     l.row = entry.row;
     l.col = entry.col;
     l.row_total = entry.row_total;
+    l.row_factor = entry.row_factor;
+    l.col_factor = entry.col_factor;
     l.rows = entry.rows > 0 ? entry.rows : 1;
     l.cols = entry.cols > 0 ? entry.cols : 1;
-    l.by_cols = detail::index_divider::of(l.cols);
-    l.by_rows = detail::index_divider::of(l.rows);
+    l.batched = entry.matrices > 1;
+    l.small = entry.small;
+    l.small_by_cols = entry.by_cols;
+    l.small_by_rows = entry.by_rows;
+    if (!l.small) {
+      l.by_cols = detail::index_divider::of(l.cols);
+      l.by_rows = detail::index_divider::of(l.rows);
+    }
     return l;
   }
   /// True when the tensor has column statistics (a matrix), false for a vector (or none).
@@ -153,10 +215,22 @@ struct factored_lookup {
   };
   FUSEDOPT_HOST_DEVICE position locate(std::int64_t index) const
   {
-    std::int64_t c = 0, r = 0;
-    std::int64_t const q = by_cols.quotient(index, c);  // the row over the whole batch
-    std::int64_t const m = by_rows.quotient(q, r);
+    if (small) {
+      auto const n = static_cast<std::uint32_t>(index);
+      std::uint32_t const q = small_by_cols.quotient(n);  // the row over the whole batch
+      std::uint32_t const c = n - q * static_cast<std::uint32_t>(cols);
+      std::uint32_t const m = batched ? small_by_rows.quotient(q) : 0u;
+      return {q, std::int64_t{m} * cols + c, m};
+    }
+    std::int64_t c = 0, r = 0, m = 0;
+    std::int64_t const q = by_cols.quotient(index, c);
+    if (batched) { m = by_rows.quotient(q, r); }
     return {q, m * cols + c, m};
+  }
+  /// The element's line factor: its row's times its column's (a matrix's, where written).
+  FUSEDOPT_HOST_DEVICE factor_type factor(position const& at) const
+  {
+    return row_factor[at.row_line] * col_factor[at.col_line];
   }
 };
 
@@ -223,11 +297,11 @@ class factored_layout {
   {
     return shapes_[t].matrices * shapes_[t].rows * shapes_[t].cols;
   }
-  /// Doubles of workspace for every tensor's tile partials and row totals.
+  /// Doubles of workspace for every tensor's tile partials, row totals and line factors.
   [[nodiscard]] std::int64_t workspace_doubles() const
   {
     std::int64_t n = 0;
-    for (auto const& s : shapes_) { n += partial_doubles(s) + (s.columns ? s.matrices : 0); }
+    for (auto const& s : shapes_) { n += partial_doubles(s) + (s.columns ? s.matrices * (1 + s.rows + s.cols) : 0); }
     return n;
   }
 
@@ -258,11 +332,20 @@ class factored_layout {
       e.matrices = s.matrices;
       e.row = rows[t];
       e.col = s.columns ? cols[t] : nullptr;
+      e.small = s.matrices * s.rows * s.cols < detail::small_index_limit;
+      if (e.small) {
+        e.by_cols = detail::small_divider::of(s.cols > 0 ? s.cols : 1);
+        e.by_rows = detail::small_divider::of(s.rows);
+      }
       e.partials = workspace + offset;
       offset += partial_doubles(s);
       if (s.columns) {
+        // A factor per double: room for any arithmetic type (float or double).
+        static_assert(sizeof(opmath_t<T>) <= sizeof(double) && alignof(opmath_t<T>) <= alignof(double));
         e.row_total = workspace + offset;
-        offset += s.matrices;
+        e.row_factor = reinterpret_cast<opmath_t<T>*>(workspace + offset + s.matrices);
+        e.col_factor = reinterpret_cast<opmath_t<T>*>(workspace + offset + s.matrices * (1 + s.rows));
+        offset += s.matrices * (1 + s.rows + s.cols);
       }
       tiles += e.tiles();
       lines += e.lines();
@@ -281,7 +364,8 @@ class factored_layout {
     table.num_tensors = static_cast<std::int64_t>(shapes_.size());
     for (auto const& s : shapes_) {
       if (s.rows == 0 || s.matrices == 0) { continue; }
-      table.tiles += s.matrices * ((s.rows + factored_tile - 1) / factored_tile) * ((s.cols + factored_tile - 1) / factored_tile);
+      table.tiles += s.matrices * ((s.rows + factored_tile_rows - 1) / factored_tile_rows) *
+                     ((s.cols + factored_tile_cols - 1) / factored_tile_cols);
       table.lines += s.matrices * (s.rows + (s.columns ? s.cols : 0));
       table.matrices += s.matrices;
     }
@@ -296,8 +380,8 @@ class factored_layout {
   static std::int64_t partial_doubles(shape const& s)
   {
     if (s.rows == 0) { return 0; }
-    std::int64_t const row_tiles = (s.rows + factored_tile - 1) / factored_tile;
-    std::int64_t const col_tiles = (s.cols + factored_tile - 1) / factored_tile;
+    std::int64_t const row_tiles = (s.rows + factored_tile_rows - 1) / factored_tile_rows;
+    std::int64_t const col_tiles = (s.cols + factored_tile_cols - 1) / factored_tile_cols;
     return s.matrices * (s.rows * col_tiles + (s.columns ? s.cols * row_tiles : 0));
   }
   std::vector<shape> shapes_;

@@ -1,7 +1,7 @@
 // Factored passes on the GPU give the host backend's bits (factored.hpp: both backends add in
 // one order): Adafactor and CAME over the same tensors, step by step, on the host backend and
 // on the CUDA backend; shapes of 1-D, 0-D and empty tensors, R > C, R < C, 1 x N, N x 1, around
-// the 64 x 64 tiles, 3-D and 4-D batches, more than 256 rows; default chunks and chunks of 16
+// the 256 x 64 tiles, 3-D and 4-D batches, more than 256 rows; default chunks and chunks of 16
 // elements; the four element types. Both optimizers also take scalar reduction passes (RMS of
 // the parameter and of the update), whose sums the two backends add in different orders
 // (docs/cuda.md): with options under which those sums cannot change a value ("neutral": eps2 and
@@ -33,7 +33,7 @@ using namespace factored_test;
 std::vector<std::vector<std::int64_t>> bit_shapes()
 {
   return {{7},      {},      {0},      {1},       {130, 3},   {3, 130},     {1, 67},
-          {67, 1},  {65, 64}, {64, 65}, {2, 5, 9}, {300, 2},   {3, 70, 66},  {2, 2, 1, 5}};
+          {67, 1},  {65, 64}, {64, 65}, {2, 5, 9}, {300, 2}, {257, 130},   {3, 70, 66},  {2, 2, 1, 5}};
 }
 
 /// Whether two vectors hold the same bytes.

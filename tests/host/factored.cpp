@@ -79,7 +79,7 @@ struct sum_gradients {
 };
 
 struct problem {
-  std::vector<std::vector<std::int64_t>> dims{{3, 70, 130}, {129, 1}, {5}, {1, 200}, {0}, {64, 64}};
+  std::vector<std::vector<std::int64_t>> dims{{3, 70, 130}, {129, 1}, {5}, {1, 200}, {0}, {64, 64}, {2, 260, 70}};
   fo::factored_layout layout;
   std::vector<std::vector<double>> p, g;
   std::vector<double> rows, cols, workspace;
@@ -219,4 +219,25 @@ TEST_CASE("a factored table that does not describe its tensors is rejected befor
   REQUIRE_THROWS_AS(plan.run(pr.rule(), fo::step_info{1}), fo::error);
   CHECK(pr.p == before);
   CHECK(pr.rows == std::vector<double>(pr.rows.size(), -1.0));
+}
+
+TEST_CASE("the 32-bit dividers of element positions are exact", "[factored]")
+{
+  std::vector<std::int64_t> const divisors{1, 2, 3, 5, 7, 63, 64, 65, 768, 2304, 3072, 50257, (1 << 20) + 1,
+                                           1 << 30, (std::int64_t{1} << 31) - 1};
+  std::uint64_t state = 12345;
+  for (auto d : divisors) {
+    auto const divider = fo::detail::small_divider::of(d);
+    std::vector<std::int64_t> ns{0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, (std::int64_t{1} << 31) - 1,
+                                 (std::int64_t{1} << 31) - d, ((std::int64_t{1} << 31) - 1) / d * d - 1};
+    for (int k = 0; k < 2000; ++k) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      ns.push_back(static_cast<std::int64_t>(state >> 33));  // below 2^31
+    }
+    for (auto n : ns) {
+      if (n < 0 || n >= (std::int64_t{1} << 31)) { continue; }
+      INFO("n " << n << " d " << d);
+      REQUIRE(divider.quotient(static_cast<std::uint32_t>(n)) == static_cast<std::uint32_t>(n / d));
+    }
+  }
 }

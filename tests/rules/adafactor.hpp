@@ -2,7 +2,7 @@
 // read again here in double precision, step by step (teacher forcing: each step starts from
 // the parameters and statistics the backend holds): the row and column statistics of tensors
 // of two or more dimensions (the last two factored, the leading ones a batch: 3-D shapes),
-// R > C, R < C, 1 x N, N x 1, shapes around the factored pass's 64 x 64 tiles, vectors
+// R > C, R < C, 1 x N, N x 1, shapes around the factored pass's 256 x 64 tiles, vectors
 // (variance), a scalar and an empty tensor; eps1's None (finfo of the statistics' dtype),
 // weight decay, maximize, the clipping threshold d, the relative step's switch from lr to
 // 1 / sqrt(t), eps2 taking over from a tiny RMS(param). Typed over float, double, half and
@@ -115,10 +115,10 @@ struct reference {
 };
 
 /// Shapes: vectors, a scalar and an empty tensor; matrices R > C, R < C, 1 x N, N x 1, around
-/// the 64 x 64 tiles; 3-D batches.
+/// the 256 x 64 tiles; 3-D batches.
 inline std::vector<std::vector<std::int64_t>> shapes()
 {
-  return {{7}, {}, {0}, {1}, {130, 3}, {3, 130}, {1, 67}, {67, 1}, {65, 64}, {64, 65}, {2, 5, 9}, {3, 70, 66}, {2, 2, 1, 5}};
+  return {{7}, {}, {0}, {1}, {130, 3}, {3, 130}, {1, 67}, {67, 1}, {65, 64}, {64, 65}, {257, 65}, {2, 5, 9}, {3, 70, 66}, {2, 2, 1, 5}};
 }
 
 }  // namespace adafactor_test

@@ -1,7 +1,7 @@
 // CAME against yangluo7/CAME's `CAME.py`, read again here in double precision, step by step
 // (teacher forcing: each step starts from the parameters, exp_avg and statistics the backend
 // holds): the factored second moment and confidence statistics of tensors of two or more
-// dimensions (3-D batches, R > C, R < C, 1 x N, N x 1, around the 64 x 64 tiles), the full
+// dimensions (3-D batches, R > C, R < C, 1 x N, N x 1, around the 256 x 64 tiles), the full
 // exp_avg_sq of vectors, a scalar and an empty tensor; the update clipping by RMS active
 // (gradients tenfold on some steps) and weight decay. Typed over float, double, half and
 // bfloat16 parameters, whose exp_avg and statistics are the arithmetic type (float, double), as
@@ -125,7 +125,7 @@ struct reference {
 
 inline std::vector<std::vector<std::int64_t>> shapes()
 {
-  return {{7}, {}, {0}, {130, 3}, {3, 130}, {1, 67}, {67, 1}, {65, 64}, {2, 5, 9}, {3, 70, 66}};
+  return {{7}, {}, {0}, {130, 3}, {3, 130}, {1, 67}, {67, 1}, {65, 64}, {257, 65}, {2, 5, 9}, {3, 70, 66}};
 }
 
 }  // namespace came_test

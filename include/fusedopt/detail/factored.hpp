@@ -9,10 +9,12 @@
 /// it sees the element as the owner will: the backends run the passes in chain order, a
 /// factored pass after the reduction passes of the parts before its owner (factor_before_v).
 ///
-/// The order (factored.hpp's factored_tile = B): a matrix is cut into tiles of B x B elements
-/// (the last ones smaller). In a tile of h rows and w columns, the partial of column c is
-/// ((0 + v[0][c]) + v[1][c]) + ... + v[h-1][c] and the partial of row r is ((0 + v[r][0]) +
-/// ...) + v[r][w-1], in double. A row's sum is its partials over the column tiles j = 0, 1, ...
+/// The order (factored.hpp's factored_tile_rows = 256, factored_tile_cols = 64): a matrix is cut
+/// into tiles of 256 x 64 elements (the last ones smaller). In a tile of h rows and w columns, the partial of column c is
+/// ((0 + v[0][c]) + v[1][c]) + ... + v[h-1][c], in double; the partial of row r is the lane
+/// tree (lane_tree) of a[l] = v[r][l] + v[r][l + 32], l = 0..31, a missing value (c >= w)
+/// being 0 (the CUDA backend's warp per tile, lane l holding columns l and l + 32, sums a row
+/// by shuffles in this tree). A row's sum is its partials over the column tiles j = 0, 1, ...
 /// added in that order to 0, a column's over the row tiles i = 0, 1, .... A matrix's row total
 /// is a tree over 256 lanes: lane k adds the folded statistics of rows k, k + 256, ... (as
 /// doubles) in order to 0; then lanes k and k + s are added for s = 128, 64, ..., 1.
@@ -39,6 +41,21 @@ namespace detail {
 
 /// Lanes of a matrix's row total (the order above).
 inline constexpr int factored_total_lanes = 256;
+/// Lanes of a tile row's partial (a warp's).
+inline constexpr int factored_row_lanes = 32;
+static_assert(factored_tile_cols == 2 * factored_row_lanes, "a tile row is two columns a lane");
+
+/// The lane tree of N values (N a power of two): lanes k and k + s added for s = N / 2, ..., 1,
+/// the sum in lane 0 (`lane` is overwritten).
+template <int N>
+FUSEDOPT_HOST_DEVICE double lane_tree(double (&lane)[N])
+{
+  static_assert((N & (N - 1)) == 0, "a tree of a power of two lanes");
+  for (int s = N / 2; s > 0; s /= 2) {
+    for (int k = 0; k < s; ++k) { lane[k] += lane[k + s]; }
+  }
+  return lane[0];
+}
 
 /// A part with a factored pass: it has `factors()`.
 template <class R, class = void>
@@ -207,6 +224,58 @@ FUSEDOPT_HOST_DEVICE void fold_statistic(Fold const& fold, T* statistic, double 
 {
   using O = opmath_t<T>;
   *statistic = from_opmath<T>(fold(to_opmath<O>(*statistic), sum, count));
+}
+
+/// Line factors (factored.hpp's factored_tensor::row_factor, col_factor): a factoring part may
+/// declare `prepare_line_factors(step)`, a body with `row(stat, mean) -> O` and `col(stat) ->
+/// O` (O: T's arithmetic type, mean: the matrix's row total / R in double), which the backends
+/// run on each folded statistic of a matrix after its row total, so that the passes after it
+/// read a factor per row and one per column instead of computing them per element (Adafactor's
+/// and CAME's rsqrt of the normalised row and of the column). Parts without them get
+/// no_line_factors, which writes nothing.
+template <class R, class = void>
+struct has_line_factors : std::false_type {};
+template <class R>
+struct has_line_factors<R, std::void_t<decltype(std::declval<R const&>().prepare_line_factors(
+                             std::declval<step_info const&>()))>> : std::true_type {};
+
+struct no_line_factors {};
+
+/// The line factors of factored pass J's owner, or no_line_factors.
+template <int J, class R>
+FUSEDOPT_HOST_DEVICE auto prepare_line_factors(R const& rule, step_info const& step)
+{
+  auto const owner = factor_owner<J>(rule);
+  if constexpr (has_line_factors<decltype(owner)>::value) {
+    return owner.prepare_line_factors(step);
+  } else {
+    (void)owner, (void)step;
+    return no_line_factors{};
+  }
+}
+
+/// A matrix's mean row statistic from its row total (the normaliser the rules and the line
+/// factors divide by).
+FUSEDOPT_HOST_DEVICE double row_mean(double total, std::int64_t rows)
+{
+  return total * (1.0 / static_cast<double>(rows));
+}
+
+/// Row r (of matrix m) or column l (of all the matrices' columns) factor, stored.
+template <class T, class Factors>
+FUSEDOPT_HOST_DEVICE void write_row_factor(Factors const& factors, factored_tensor<T> const& e, std::int64_t line,
+                                           double mean)
+{
+  if constexpr (!std::is_same_v<Factors, no_line_factors>) {
+    e.row_factor[line] = factors.row(to_opmath<opmath_t<T>>(e.row[line]), mean);
+  }
+}
+template <class T, class Factors>
+FUSEDOPT_HOST_DEVICE void write_col_factor(Factors const& factors, factored_tensor<T> const& e, std::int64_t line)
+{
+  if constexpr (!std::is_same_v<Factors, no_line_factors>) {
+    e.col_factor[line] = factors.col(to_opmath<opmath_t<T>>(e.col[line]));
+  }
 }
 
 }  // namespace detail

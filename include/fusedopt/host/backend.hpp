@@ -478,8 +478,8 @@ class plan {
     (void)rule, (void)step, (void)results, (void)before;
   }
 
-  // Tiles, then the fold of every statistic, then the row totals, tensor by tensor; every
-  // addition in the order of detail/factored.hpp, whatever the threads.
+  // Tiles, then the fold of every statistic, then the row totals and line factors, tensor by
+  // tensor; every addition in the order of detail/factored.hpp, whatever the threads.
   template <class Rule, int J>
   void run_factored_pass(Rule const& rule, step_info const& step, reduced const* results) const
   {
@@ -490,6 +490,7 @@ class plan {
     factored_table<T> const table = owner.factors();
     auto const body = detail::prepare_factor_pass<J>(rule, step, results);
     auto const fold = owner.prepare_fold(step);
+    auto const factors = detail::prepare_line_factors<J>(rule, step);
 #if defined(_OPENMP)
     int const threads = options_.threads > 0 ? options_.threads : omp_get_max_threads();
 #endif
@@ -509,7 +510,12 @@ class plan {
 #endif
       for (std::int64_t k = 0; k < lines; ++k) { fold_line(fold, e, k); }
       if (e.row_total != nullptr) {
-        for (std::int64_t m = 0; m < e.matrices; ++m) { e.row_total[m] = row_total(e, m); }
+        for (std::int64_t m = 0; m < e.matrices; ++m) {
+          e.row_total[m] = row_total(e, m);
+          double const mean = detail::row_mean(e.row_total[m], e.rows);
+          for (std::int64_t r = m * e.rows; r < (m + 1) * e.rows; ++r) { detail::write_row_factor(factors, e, r, mean); }
+          for (std::int64_t c = m * e.cols; c < (m + 1) * e.cols; ++c) { detail::write_col_factor(factors, e, c); }
+        }
       }
     }
   }
@@ -518,25 +524,27 @@ class plan {
   static void sum_tile(Body const& body, factored_tensor<T> const& e, void* const* bases, std::int64_t tensor,
                        std::int64_t k)
   {
-    constexpr std::int64_t B = factored_tile;
+    constexpr std::int64_t H = factored_tile_rows, B = factored_tile_cols;
     std::int64_t const per_matrix = e.row_tiles() * e.col_tiles();
     std::int64_t const m = k / per_matrix;
     std::int64_t const i = k % per_matrix / e.col_tiles();
     std::int64_t const j = k % e.col_tiles();
-    std::int64_t const h = std::min(B, e.rows - i * B);
+    std::int64_t const h = std::min(H, e.rows - i * H);
     std::int64_t const w = std::min(B, e.cols - j * B);
-    std::int64_t const first = (m * e.rows + i * B) * e.cols + j * B;
+    std::int64_t const first = (m * e.rows + i * H) * e.cols + j * B;
     auto const tensor_body = detail::body_for_tensor(body, tensor);
     double columns[B] = {};
-    double* const row_out = e.row_partials(m, j) + i * B;
+    double* const row_out = e.row_partials(m, j) + i * H;
+    constexpr int lanes = detail::factored_row_lanes;
     for (std::int64_t r = 0; r < h; ++r) {
-      double sum = 0.0;
-      for (std::int64_t c = 0; c < w; ++c) {
-        double const v = detail::factor_value<Access, Reads>(tensor_body, bases, tensor, first + r * e.cols + c);
-        sum += v;
-        columns[c] += v;
+      double v[B];
+      for (std::int64_t c = 0; c < B; ++c) {
+        v[c] = c < w ? detail::factor_value<Access, Reads>(tensor_body, bases, tensor, first + r * e.cols + c) : 0.0;
       }
-      row_out[r] = sum;
+      for (std::int64_t c = 0; c < w; ++c) { columns[c] += v[c]; }
+      double lane[lanes];
+      for (int l = 0; l < lanes; ++l) { lane[l] = v[l] + v[l + lanes]; }
+      row_out[r] = detail::lane_tree(lane);
     }
     if (e.col != nullptr) {
       double* const col_out = e.col_partials(m, i) + j * B;
@@ -570,10 +578,7 @@ class plan {
     for (std::int64_t r = 0; r < e.rows; ++r) {
       lane[r % lanes] += static_cast<double>(to_opmath<opmath_t<T>>(row[r]));
     }
-    for (int s = lanes / 2; s > 0; s /= 2) {
-      for (int k = 0; k < s; ++k) { lane[k] += lane[k + s]; }
-    }
-    return lane[0];
+    return detail::lane_tree(lane);
   }
 
   // Pass J's results go after those of the passes before it: for each pass, N values per

@@ -92,30 +92,48 @@ struct scale_by_factored_rms {
     return {math::portable_pow(static_cast<double>(s.step.get()), beta2_decay.get())};
   }
 
+  /// The line factors (detail/factored.hpp): torch's v = (row_var col_var) / max(mean of the
+  /// matrix's row_var, eps1) and rsqrt(max(v, eps1^2)), factored as rsqrt(row_var / max(mean,
+  /// eps1)) per row and rsqrt(col_var) per column, their product capped at rsqrt(eps1^2) per
+  /// element: the same value, rounded in other places (within a few roundings of torch's).
+  struct line_factors {
+    double eps1;
+    template <class O>
+    FUSEDOPT_HOST_DEVICE O row(O stat, double mean) const
+    {
+      auto const m = static_cast<O>(mean);
+      O const denominator = m < static_cast<O>(eps1) ? static_cast<O>(eps1) : m;
+      return O(1) / math::sqrt(stat / denominator);
+    }
+    template <class O>
+    FUSEDOPT_HOST_DEVICE O col(O stat) const
+    {
+      return O(1) / math::sqrt(stat);
+    }
+  };
+  FUSEDOPT_HOST_DEVICE line_factors prepare_line_factors(step_info const&) const { return {resolved_eps1()}; }
+
   /// One tensor's direction.
   struct tensor_direction {
     factored_lookup<T> stats;
-    double inverse_rows;  ///< 1 / R: a matrix's mean row statistic from its total
-    double eps1, eps1_squared;
+    double eps1_squared;
+    float cap_float;  ///< rsqrt(eps1^2) in float (the arithmetic of float, half and bfloat16)
+    double cap_double;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       using O = typename E::value_type;
       using S = opmath_t<T>;
-      auto const at = stats.locate(e.index());
-      O v;
       if (stats.factored()) {
-        // torch: (row_var @ col_var) / row_var.mean(-2).clamp_(min=eps1), in T's arithmetic.
-        auto const mean = static_cast<O>(stats.row_total[at.matrix] * inverse_rows);
-        O const denominator = mean < static_cast<O>(eps1) ? static_cast<O>(eps1) : mean;
-        v = static_cast<O>(to_opmath<S>(stats.row[at.row_line])) * static_cast<O>(to_opmath<S>(stats.col[at.col_line])) /
-            denominator;
+        auto const f = static_cast<O>(stats.factor(stats.locate(e.index())));
+        auto const cap = std::is_same_v<O, double> ? static_cast<O>(cap_double) : static_cast<O>(cap_float);
+        e[slot::update] = (f > cap ? cap : f) * e[slot::grad];
       } else {
-        v = static_cast<O>(to_opmath<S>(stats.row[e.index()]));
+        // torch: var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad).
+        auto const v = static_cast<O>(to_opmath<S>(stats.row[e.index()]));
+        O const clamped = v < static_cast<O>(eps1_squared) ? static_cast<O>(eps1_squared) : v;
+        e[slot::update] = O(1) / math::sqrt(clamped) * e[slot::grad];
       }
-      // torch: var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad).
-      O const clamped = v < static_cast<O>(eps1_squared) ? static_cast<O>(eps1_squared) : v;
-      e[slot::update] = O(1) / math::sqrt(clamped) * e[slot::grad];
     }
   };
   struct prepared {
@@ -128,14 +146,18 @@ struct scale_by_factored_rms {
     }
     FUSEDOPT_HOST_DEVICE tensor_direction for_tensor(std::int64_t tensor) const
     {
-      auto const stats = factored_lookup<T>::of(statistics, tensor);
-      return {stats, 1.0 / static_cast<double>(stats.rows), eps1, eps1 * eps1};
+      double const squared = eps1 * eps1;
+      return {factored_lookup<T>::of(statistics, tensor), squared, 1.0f / math::sqrt(static_cast<float>(squared)),
+              1.0 / math::sqrt(squared)};
     }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {statistics, resolved_eps1()}; }
+
+  /// eps1, None (negative) read as finfo(T).eps.
+  FUSEDOPT_HOST_DEVICE double resolved_eps1() const
   {
     double const e1 = eps1.get();
-    return {statistics, e1 < 0 ? detail::finfo_eps<T>() : e1};
+    return e1 < 0 ? detail::finfo_eps<T>() : e1;
   }
 
   template <class Bound>

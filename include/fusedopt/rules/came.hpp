@@ -41,17 +41,27 @@ struct came_fold {
   }
 };
 
-/// CAME's _approx_sq_grad at one element: rsqrt(row / mean(row)) rsqrt(col), the mean over the
-/// matrix's row statistics from their total.
+/// CAME's _approx_sq_grad as line factors (detail/factored.hpp): rsqrt(row / mean(row)) per
+/// row, rsqrt(col) per column; an element's is their product (factored_lookup::factor), the
+/// bits of the reference's product of its two factors.
+struct came_line_factors {
+  template <class O>
+  FUSEDOPT_HOST_DEVICE O row(O stat, double mean) const
+  {
+    return O(1) / math::sqrt(stat / static_cast<O>(mean));
+  }
+  template <class O>
+  FUSEDOPT_HOST_DEVICE O col(O stat) const
+  {
+    return O(1) / math::sqrt(stat);
+  }
+};
+
+/// CAME's _approx_sq_grad at one element of a matrix.
 template <class O, class T>
-FUSEDOPT_HOST_DEVICE O came_approximation(factored_lookup<T> const& stats, double inverse_rows, std::int64_t index)
+FUSEDOPT_HOST_DEVICE O came_approximation(factored_lookup<T> const& stats, std::int64_t index)
 {
-  using S = opmath_t<T>;
-  auto const at = stats.locate(index);
-  auto const mean = static_cast<O>(stats.row_total[at.matrix] * inverse_rows);
-  O const r = O(1) / math::sqrt(static_cast<O>(to_opmath<S>(stats.row[at.row_line])) / mean);
-  O const c = O(1) / math::sqrt(static_cast<O>(to_opmath<S>(stats.col[at.col_line])));
-  return r * c;
+  return static_cast<O>(stats.factor(stats.locate(index)));
 }
 }  // namespace detail
 
@@ -85,17 +95,17 @@ struct scale_by_came_second_moment {
 
   using fold = detail::came_fold;
   FUSEDOPT_HOST_DEVICE fold prepare_fold(step_info const&) const { return {beta2.get()}; }
+  FUSEDOPT_HOST_DEVICE detail::came_line_factors prepare_line_factors(step_info const&) const { return {}; }
 
   struct tensor_direction {
     factored_lookup<T> stats;
-    double inverse_rows;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       using O = typename E::value_type;
       O const g = e[slot::grad];
       if (stats.factored()) {
-        e[slot::update] = detail::came_approximation<O>(stats, inverse_rows, e.index()) * g;
+        e[slot::update] = detail::came_approximation<O>(stats, e.index()) * g;
       } else {
         e[slot::update] = O(1) / math::sqrt(static_cast<O>(to_opmath<opmath_t<T>>(stats.row[e.index()]))) * g;
       }
@@ -110,8 +120,7 @@ struct scale_by_came_second_moment {
     }
     FUSEDOPT_HOST_DEVICE tensor_direction for_tensor(std::int64_t tensor) const
     {
-      auto const stats = factored_lookup<T>::of(statistics, tensor);
-      return {stats, 1.0 / static_cast<double>(stats.rows)};
+      return {factored_lookup<T>::of(statistics, tensor)};
     }
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {statistics}; }
@@ -209,17 +218,18 @@ struct came_confidence {
 
   using fold = detail::came_fold;
   FUSEDOPT_HOST_DEVICE fold prepare_fold(step_info const&) const { return {beta3.get()}; }
+  FUSEDOPT_HOST_DEVICE detail::came_line_factors prepare_line_factors(step_info const&) const { return {}; }
 
   struct tensor_direction {
     factored_lookup<T> stats;
-    double inverse_rows, beta1;
+    double beta1;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       using O = typename E::value_type;
       O& m = e[slot::exp_avg];
       m = momentum(m, e[slot::update], beta1);
-      e[slot::update] = stats.factored() ? detail::came_approximation<O>(stats, inverse_rows, e.index()) * m : m;
+      e[slot::update] = stats.factored() ? detail::came_approximation<O>(stats, e.index()) * m : m;
     }
   };
   struct prepared {
@@ -232,8 +242,7 @@ struct came_confidence {
     }
     FUSEDOPT_HOST_DEVICE tensor_direction for_tensor(std::int64_t tensor) const
     {
-      auto const stats = factored_lookup<T>::of(statistics, tensor);
-      return {stats, 1.0 / static_cast<double>(stats.rows), beta1};
+      return {factored_lookup<T>::of(statistics, tensor), beta1};
     }
   };
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {statistics, beta1.get()}; }

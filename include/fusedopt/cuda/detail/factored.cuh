@@ -1,14 +1,15 @@
 /// @file cuda/detail/factored.cuh
-/// @brief Factored passes on the CUDA backend (factored.hpp): per pass three kernels, in the
+/// @brief Factored passes on the CUDA backend (factored.hpp): per pass three kernels (four with
+/// line factors: factored_factor_kernel, a thread per statistic, after the totals), in the
 /// order of detail/factored.hpp so that the statistics have the host backend's bits:
-/// factored_tiles_kernel (a block per 64 x 64 tile: the values into shared memory, then a
-/// thread per column and one per row add them in order into the tile's partials),
+/// factored_tiles_kernel (a warp per 256 x 64 tile: a lane's two columns added in row order,
+/// each row's partial by the lane tree, exchanged by shuffles),
 /// factored_fold_kernel (a thread per statistic: its partials in tile order, then the rule's
 /// fold) and factored_total_kernel (a block per matrix: the row total's 256-lane tree). The
 /// work of each is numbered over the table (factored_tensor's first_tile, first_line,
 /// first_matrix), whose totals the rule carries, so the grids are sized on the host without
-/// reading the table; a tile's block finds its tensor with all its threads, a fold's thread
-/// and a total's block by binary search.
+/// reading the table; a tile's warp finds its tensor with all its lanes, a fold's thread and
+/// a total's block by binary search.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "../../config.hpp"
 #include "../../detail/access.hpp"
@@ -33,8 +35,7 @@ FUSEDOPT_NAMESPACE_BEGIN
 namespace cuda {
 namespace detail {
 
-/// Threads of a tile block (a tile's 4096 values are 16 a thread) and of a total's block (its
-/// lanes).
+/// Threads of a tiles block (eight warps, a tile each) and of a total's block (its lanes).
 inline constexpr int factored_block_threads = 256;
 static_assert(::fusedopt::detail::factored_total_lanes == factored_block_threads,
               "a row total's lanes are the threads of one block");
@@ -58,21 +59,37 @@ __device__ __forceinline__ std::int64_t factored_owner(factored_table<T> const& 
   return low;
 }
 
-/// The last i in [0, n) with key(i) <= item (keys ascending, key(0) <= item), found by the
-/// whole block: each thread tests its own i, i + blockDim.x, ..., so a table of up to
-/// blockDim.x entries costs one round of loads where a binary search by one thread costs
-/// log2(n) dependent ones (per tile, that wait was a large part of the tiles kernel's time).
-/// Every thread of the block calls it; `found` is a shared slot no other call of the same
-/// round uses.
+/// The last i in [from, n) with key(i) <= item (keys ascending, key(from) <= item), found by a
+/// warp: each lane tests i = from + lane, + 32, ... and a ballot picks the one whose successor
+/// is past `item`. A warp's tiles come in increasing order, so `from` (its last answer) makes
+/// the first round the last one almost always.
 template <class Key>
-__device__ __forceinline__ std::int64_t block_find_last(std::int64_t n, std::int64_t item, Key const& key,
-                                                        std::int64_t* found)
+__device__ __forceinline__ std::int64_t warp_find_last(std::int64_t from, std::int64_t n, std::int64_t item,
+                                                       Key const& key)
 {
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    if (key(i) <= item && (i + 1 == n || key(i + 1) > item)) { *found = i; }
+  int const lane = static_cast<int>(threadIdx.x) & 31;
+  for (std::int64_t base = from; base < n; base += 32) {
+    std::int64_t const i = base + lane;
+    bool const hit = i < n && key(i) <= item && (i + 1 == n || key(i + 1) > item);
+    unsigned const mask = __ballot_sync(0xffffffffu, hit);
+    if (mask != 0) { return base + __ffs(static_cast<int>(mask)) - 1; }
   }
-  __syncthreads();
-  return *found;
+  return n - 1;  // not reached for keys as above
+}
+
+/// One exchange of the row partials' butterfly (detail/factored.hpp's lane tree): a lane holds
+/// N rows' values; lanes `mask` apart swap halves, so that each keeps N / 2 rows, its own value
+/// of them plus its partner's. The lane whose `mask` bit is set keeps the upper half.
+template <int N>
+__device__ __forceinline__ void butterfly_halve(double* a, int mask)
+{
+  bool const upper = (threadIdx.x & mask) != 0;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    double const send = upper ? a[i] : a[i + N / 2];
+    double const keep = upper ? a[i + N / 2] : a[i];
+    a[i] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+  }
 }
 
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
@@ -80,99 +97,108 @@ __device__ __forceinline__ std::int64_t block_find_last(std::int64_t n, std::int
 #  pragma nv_diag_suppress 1407
 #endif
 
-/// The tiles of factored pass J: block b takes tiles b, b + gridDim.x, ... of the table. Each
-/// thread computes the values of 16 elements of the tile (consecutive threads, consecutive
-/// columns: coalesced loads) into registers, then shared memory; then thread c < 64 adds
-/// column c's values in row order and thread 64 + r row r's in column order, and writes the
-/// partials.
+/// The tiles of factored pass J, a warp per tile: warp w of the grid takes tiles w, w + warps,
+/// ... of the table. Lane l holds columns l and l + 32 of the tile; row by row it adds their
+/// values to its two column partials (in row order) and, eight rows at a time, forms each
+/// row's partial by the lane tree of detail/factored.hpp (a value per lane: its two columns'
+/// sum), exchanged by shuffles: no shared memory, no barrier, each lane's loads of eight rows
+/// in flight at once.
 template <class Rule, class Bound, int J, int P, class T>
-FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads)
+FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, 3)
   factored_tiles_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
                         tensor_entry<Bound::num_slots> const* entries, std::int32_t num_entries,
                         factored_table<T> const table)
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   using reads = typename ::fusedopt::detail::factor_traits<Rule, J>::reads;
-  constexpr int B = static_cast<int>(factored_tile);
-  constexpr int threads = factored_block_threads;
-  __shared__ double values[B][B + 1];  // + 1: a row's values in other banks than the next row's
-  __shared__ std::int64_t found[2];     // block_find_last's answers: the tile's tensor and entry
+  constexpr int H = static_cast<int>(factored_tile_rows), B = static_cast<int>(factored_tile_cols);
+  constexpr int group = 8;  // rows whose partials one butterfly forms
+  static_assert(B == 64 && H % group == 0, "a tile row is two columns a lane, its rows groups of eight");
   await_predecessor();
   auto const body = ::fusedopt::detail::prepare_factor_pass<J>(rule, step, results.data());
-  int const tid = static_cast<int>(threadIdx.x);
-  for (std::int64_t k = blockIdx.x; k < table.tiles; k += gridDim.x) {
+  int const lane = static_cast<int>(threadIdx.x) & 31;
+  std::int64_t const warps = std::int64_t{gridDim.x} * (blockDim.x / 32);
+  std::int64_t t = 0, entry = 0;  // the last tile's tensor and plan entry (tiles come in order)
+  for (std::int64_t k = std::int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32; k < table.tiles; k += warps) {
     // The tile's tensor (the last whose first tile is at most k: tensors without tiles share
     // their first with the next one), then its plan entry (entries are in list order, empty
     // tensors left out: the last whose index is at most t).
-    std::int64_t const t = block_find_last(
-      table.num_tensors, k, [&](std::int64_t i) { return table.tensors[i].first_tile; }, &found[0]);
+    t = warp_find_last(t, table.num_tensors, k, [&](std::int64_t i) { return table.tensors[i].first_tile; });
     factored_tensor<T> const e = table.tensors[t];
-    tensor_entry<Bound::num_slots> const& te = entries[block_find_last(
-      num_entries, t, [&](std::int64_t i) { return std::int64_t{entries[i].index}; }, &found[1])];
+    entry = warp_find_last(entry, num_entries, t, [&](std::int64_t i) { return std::int64_t{entries[i].index}; });
+    tensor_entry<Bound::num_slots> const& te = entries[entry];
     std::int64_t const local = k - e.first_tile;
     std::int64_t const per_matrix = e.row_tiles() * e.col_tiles();
     std::int64_t const m = local / per_matrix;
     std::int64_t const i = local % per_matrix / e.col_tiles();
     std::int64_t const j = local % e.col_tiles();
-    int const h = static_cast<int>(e.rows - i * B < B ? e.rows - i * B : B);
+    int const h = static_cast<int>(e.rows - i * H < H ? e.rows - i * H : H);
     int const w = static_cast<int>(e.cols - j * B < B ? e.cols - j * B : B);
-    std::int64_t const first = (m * e.rows + i * B) * e.cols + j * B;
+    std::int64_t const first = (m * e.rows + i * H) * e.cols + j * B;
     auto const tensor_body = ::fusedopt::detail::body_for_tensor(body, t);
     void* bases[Bound::num_slots];
 #pragma unroll
     for (std::size_t s = 0; s < Bound::num_slots; ++s) { bases[s] = te.bases[s]; }
-    // Thread tid takes column tid % B of rows tid / B, + 4, + 8, ...: all 16 loads are issued
-    // before the first store to shared memory, so 16 are in flight per thread, not one (the
-    // tile's bandwidth is bound by the loads in flight per SM).
-    constexpr int per_thread = B * B / threads;
-    constexpr int row_step = threads / B;
-    static_assert(B * B % threads == 0 && threads % B == 0, "a tile is whole rows of threads");
-    int const c = tid % B, r0 = tid / B;
-    double loaded[per_thread];
+    auto const value = [&](int r, int c) {
+      return r < h && c < w ? ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t, first + r * e.cols + c)
+                            : 0.0;
+    };
+    double col0 = 0.0, col1 = 0.0;
+    double* const row_out = e.row_partials(m, j) + i * H;
+    for (int r0 = 0; r0 < h; r0 += group) {
+      double v0[group], v1[group];
 #pragma unroll
-    for (int q = 0; q < per_thread; ++q) {
-      int const r = r0 + q * row_step;
-      loaded[q] = r < h && c < w ? ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t,
-                                                                                     first + r * e.cols + c)
-                                 : 0.0;
-    }
+      for (int q = 0; q < group; ++q) {
+        v0[q] = value(r0 + q, lane);
+        v1[q] = value(r0 + q, lane + 32);
+      }
+      double a[group];
 #pragma unroll
-    for (int q = 0; q < per_thread; ++q) { values[r0 + q * row_step][c] = loaded[q]; }
-    __syncthreads();
-    if (tid < B) {
-      if (tid < w && e.col != nullptr) {
-        double sum = 0.0;
-        for (int r = 0; r < h; ++r) { sum += values[r][tid]; }
-        e.col_partials(m, i)[j * B + tid] = sum;
+      for (int q = 0; q < group; ++q) {
+        if (r0 + q < h) {  // the column partials add the tile's rows only, from 0
+          col0 += v0[q];
+          col1 += v1[q];
+        }
+        a[q] = v0[q] + v1[q];
       }
-    } else if (tid < 2 * B) {
-      int const r = tid - B;
-      if (r < h) {
-        double sum = 0.0;
-        for (int c = 0; c < w; ++c) { sum += values[r][c]; }
-        e.row_partials(m, j)[i * B + r] = sum;
-      }
+      // The lane tree's exchanges 16, 8, 4 leave row 4 bit4 + 2 bit3 + bit2 of the lane in a[0];
+      // 2 and 1 finish its sum.
+      butterfly_halve<group>(a, 16);
+      butterfly_halve<group / 2>(a, 8);
+      butterfly_halve<group / 4>(a, 4);
+      double sum = a[0];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      int const r = r0 + (lane >> 2);
+      if ((lane & 3) == 0 && r < h) { row_out[r] = sum; }
     }
-    __syncthreads();  // the values are read before the next tile overwrites them
+    if (e.col != nullptr) {
+      double* const col_out = e.col_partials(m, i) + j * B;
+      if (lane < w) { col_out[lane] = col0; }
+      if (lane + 32 < w) { col_out[lane + 32] = col1; }
+    }
   }
 }
 
-/// ((0 + x[0]) + x[stride]) + ... + x[(count - 1) stride]: the additions in order, the loads
-/// sixteen at a time ahead of them (a column of a tall matrix has hundreds of partials: one load
-/// in flight per addition would make the fold wait on memory count times).
-__device__ __forceinline__ double sum_in_order(double const* x, std::int64_t stride, std::int64_t count)
+/// ((0 + x[0]) + x[stride]) + ... + x[(count - 1) stride], each x as a double (T's arithmetic
+/// value): the additions in order, the loads sixteen at a time ahead of them (a column of a
+/// tall matrix has hundreds of partials, a row total a lane hundreds of rows: one load in
+/// flight per addition would make the sum wait on memory count times).
+template <class T>
+__device__ __forceinline__ double sum_in_order(T const* x, std::int64_t stride, std::int64_t count)
 {
   constexpr int ahead = 16;
+  auto const load = [&](std::int64_t k) { return static_cast<double>(to_opmath<opmath_t<T>>(x[k * stride])); };
   double sum = 0.0;
   std::int64_t k = 0;
   for (; k + ahead <= count; k += ahead) {
     double loaded[ahead];
 #pragma unroll
-    for (int q = 0; q < ahead; ++q) { loaded[q] = x[(k + q) * stride]; }
+    for (int q = 0; q < ahead; ++q) { loaded[q] = load(k + q); }
 #pragma unroll
     for (int q = 0; q < ahead; ++q) { sum += loaded[q]; }
   }
-  for (; k < count; ++k) { sum += x[k * stride]; }
+  for (; k < count; ++k) { sum += load(k); }
   return sum;
 }
 
@@ -220,10 +246,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads) factored_total_ke
     factored_tensor<T> const e = table.tensors[t];
     if (e.row_total == nullptr) { continue; }  // the same for the whole block
     std::int64_t const m = g - e.first_matrix;
-    T const* const row = e.row + m * e.rows;
-    double sum = 0.0;
-    for (std::int64_t r = tid; r < e.rows; r += lanes) { sum += static_cast<double>(to_opmath<opmath_t<T>>(row[r])); }
-    lane[tid] = sum;
+    lane[tid] = tid < e.rows ? sum_in_order(e.row + m * e.rows + tid, lanes, (e.rows - tid + lanes - 1) / lanes) : 0.0;
     __syncthreads();
     for (int s = lanes / 2; s > 0; s /= 2) {
       if (tid < s) { lane[tid] += lane[tid + s]; }
@@ -231,6 +254,29 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads) factored_total_ke
     }
     if (tid == 0) { e.row_total[m] = lane[0]; }
     __syncthreads();  // lane[0] is read before the next matrix overwrites it
+  }
+}
+
+/// The line factors (detail/factored.hpp), after the totals: thread g of the grid takes
+/// statistics g, g + threads, ... of the table, as the fold does; those of matrices (tensors
+/// with a row total) get their factor.
+template <class T, class Factors>
+FUSEDOPT_KERNEL void factored_factor_kernel(Factors const factors, factored_table<T> const table)
+{
+  await_predecessor();
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t g = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < table.lines; g += stride) {
+    std::int64_t const t =
+      factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_line; });
+    factored_tensor<T> const e = table.tensors[t];
+    if (e.row_total == nullptr) { continue; }  // a vector: no factors
+    std::int64_t const k = g - e.first_line;
+    std::int64_t const row_lines = e.matrices * e.rows;
+    if (k < row_lines) {
+      ::fusedopt::detail::write_row_factor(factors, e, k, ::fusedopt::detail::row_mean(e.row_total[k / e.rows], e.rows));
+    } else {
+      ::fusedopt::detail::write_col_factor(factors, e, k - row_lines);
+    }
   }
 }
 
@@ -261,7 +307,8 @@ void launch_factored_pass(Rule const& rule, step_info const& step, pass_results<
                 "fusedopt: this rule is larger than a kernel's 4 KB of parameters");
   std::int64_t const cap = max_blocks > 0 ? max_blocks : std::int64_t{1} << 20;
   if (table.tiles > 0) {
-    launch_kernel(&factored_tiles_kernel<Rule, Bound, J, P, T>, dim3(factored_grid(table.tiles, cap)),
+    constexpr std::int64_t warps = factored_block_threads / 32;  // a tile each
+    launch_kernel(&factored_tiles_kernel<Rule, Bound, J, P, T>, dim3(factored_grid((table.tiles + warps - 1) / warps, cap)),
                   dim3(factored_block_threads), stream, programmatic, rule, step, results, entries, num_entries,
                   table);
   }
@@ -273,6 +320,13 @@ void launch_factored_pass(Rule const& rule, step_info const& step, pass_results<
   if (table.matrices > 0) {
     launch_kernel(&factored_total_kernel<T>, dim3(factored_grid(table.matrices, cap)), dim3(factored_block_threads),
                   stream, programmatic, table);
+    auto const factors = ::fusedopt::detail::prepare_line_factors<J>(rule, step);
+    if constexpr (!std::is_same_v<decltype(factors), ::fusedopt::detail::no_line_factors const>) {
+      constexpr std::int64_t threads = 256;
+      launch_kernel(&factored_factor_kernel<T, std::remove_const_t<decltype(factors)>>,
+                    dim3(factored_grid((table.lines + threads - 1) / threads, cap)), dim3(static_cast<unsigned>(threads)),
+                    stream, programmatic, factors, table);
+    }
   }
 }
 
