@@ -1,10 +1,17 @@
 """What the tests of the ctypes-unit optimizers share (test_adafactor.py, test_came.py,
-test_prodigy.py): twin parameters, gradients, the relative difference they are judged by, one
-step captured in a CUDA graph and replayed beside an eager optimizer, and a step under capture
-refused without capturable=True. (bench/adafactor.py and bench/library_rules.py load those test
+test_prodigy.py): parameters and their twins, gradients, the relative difference they are judged
+by, steps of an optimizer and its reference compared after each, one step captured in a CUDA
+graph and replayed beside an eager optimizer, and a step under capture refused without
+capturable=True. (bench/adafactor.py and bench/library_rules.py load those test
 files for their references with this folder on sys.path.)"""
 import pytest
 import torch
+
+
+def make_params(device, dtype=torch.float32, shapes=(), seed=0):
+    """Parameters of `shapes`, standard normal from `seed` (the same values on every device)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
 
 
 def twin_of(params):
@@ -24,6 +31,27 @@ def relative(a, b):
         return 0.0
     a, b = a.detach().double().cpu(), b.detach().double().cpu()
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def step_both(opt, ref, ours, theirs, steps, first=1, *, differences, tolerances):
+    """`steps` steps of `opt` over `ours` and of the reference `ref` over `theirs` on the same
+    gradients (new tensors every step, ten times larger every fourth), compared after each by
+    `differences(opt, ref, ours, theirs)` -> (parameters', state's worst relative difference),
+    each within its bound of tolerances[dtype] times the step number; the worst differences."""
+    worst = [0.0, 0.0]
+    tolerance = tolerances[ours[0].dtype]
+    for step in range(first, first + steps):
+        opt.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        scale = 10.0 if step % 4 == 0 else 1.0  # larger gradients: clipping and eps bounds move
+        set_grads(ours, step, scale)
+        set_grads(theirs, step, scale)
+        opt.step()
+        ref.step()
+        d = differences(opt, ref, ours, theirs)
+        worst = [max(w, x) for w, x in zip(worst, d)]
+        assert d[0] <= tolerance[0] * step and d[1] <= tolerance[1] * step, (step, d)
+    return worst
 
 
 def replay_beside_eager(graphed, eager, steps, check):

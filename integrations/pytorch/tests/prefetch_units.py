@@ -4,8 +4,8 @@ ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py) and the 
 optimizers' of test_in_backward.py (one first step each, on a small model, in threads), and
 Muon's, Adafactor's, CAME's and Prodigy's (test_muon.py, test_adafactor.py, test_came.py, test_prodigy.py,
 bench/muon.py). `prefetch_units.py muon`: Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only;
-`prefetch_units.py factored`: Adafactor's and CAME's only (no core extension). Prints what failed;
-exit status 1 if anything did."""
+`prefetch_units.py adafactor came prodigy` (any of the three): those units only, without the
+core extension. Prints what failed; exit status 1 if anything did."""
 
 import concurrent.futures
 import sys
@@ -21,24 +21,23 @@ CLASSES = [ft.Rprop, ft.ASGD, ft.AdEMAMix, ft.Adan, ft.ADOPT, ft.StableAdamW, ft
 
 def main():
     start = time.time()
-    factored_only = sys.argv[1:] == ["factored"]
-    if not factored_only:
+    only = set(sys.argv[1:]) if sys.argv[1:] and set(sys.argv[1:]) <= {"adafactor", "came", "prodigy"} else None
+    if only is None:
         ft.extension()
         print(f"core {time.time() - start:.1f} s", flush=True)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    muon_only = sys.argv[1:] == ["muon"] or factored_only
+    muon_only = sys.argv[1:] == ["muon"] or only is not None
     jobs = [] if muon_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
     jobs += [] if muon_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
     # (what, device, dtype, the unit's compile call with (backend, dtype, archs))
     unit_jobs = [(f"Muon NS {ns}", d, t, lambda backend, dtype, archs, ns=ns: _muon_unit.unit(backend, dtype, ns, archs))
                  for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"), ("bfloat16", "bfloat16"))]
-    if factored_only:
-        unit_jobs = []
     unit_jobs += [("Adafactor", d, t, _adafactor_unit.unit) for d in devices for t in ("float32", "bfloat16")]
     unit_jobs += [("CAME", d, t, _came_unit.unit) for d in devices for t in ("float32", "float64", "bfloat16")]
-    unit_jobs += [] if factored_only else [
-        ("Prodigy", d, t, lambda backend, dtype, archs: _prodigy_unit.unit(backend, dtype, True, archs))
-        for d in devices for t in ("float32", "float64", "bfloat16")]
+    unit_jobs += [("Prodigy", d, t, lambda backend, dtype, archs: _prodigy_unit.unit(backend, dtype, True, archs))
+                  for d in devices for t in ("float32", "float64", "bfloat16")]
+    if only is not None:
+        unit_jobs = [job for job in unit_jobs if job[0].lower() in only]
 
     def build(job):
         try:
@@ -69,7 +68,7 @@ def main():
     builtins = [lambda ps: ft.AdamW(ps), lambda ps: ft.Adam(ps, amsgrad=True), lambda ps: ft.SGD(ps, momentum=0.9, nesterov=True),
                 lambda ps: ft.Lion(ps), lambda ps: ft.LAMB(ps, max_grad_norm=0.0)]
     if muon_only:
-        builtins = [] if factored_only else builtins[:1]
+        builtins = [] if only is not None else builtins[:1]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         steps = pool.map(first_step, [(b, d) for b in builtins for d in devices])
         units = pool.map(build_unit, unit_jobs)

@@ -10,24 +10,21 @@ the tensor in either order. The worst differences measured are printed with -s. 
 must be equal.
 """
 import copy
+import functools
 
 import pytest
 import torch
 
 import fusedopt_torch as ft
 from fusedopt_torch.adafactor import Adafactor
+import optimizer_testing
 from optimizer_testing import assert_refused_under_capture, relative, replay_beside_eager, set_grads, twin_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # a matrix around the 64 x 64 tiles, a vector, a 3-D batch, one element, a scalar, R > C over
 # several row tiles, a 4-D batch of 1 x 5 matrices
 SHAPES = [(64, 33), (7,), (3, 5, 9), (1,), (), (300, 2), (2, 2, 1, 5)]
-TOLERANCE_PER_STEP = {torch.float32: 16 * 2.0 ** -24, torch.bfloat16: 8 * 2.0 ** -8}
-
-
-def make_params(device, dtype=torch.float32, shapes=SHAPES, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
+TOLERANCE_PER_STEP = {torch.float32: (16 * 2.0 ** -24,) * 2, torch.bfloat16: (8 * 2.0 ** -8,) * 2}  # parameters, state
 
 
 def differences(opt, ref, ours, theirs):
@@ -46,24 +43,8 @@ def differences(opt, ref, ours, theirs):
     return worst_param, worst_state
 
 
-def step_both(opt, ref, ours, theirs, steps, first=1):
-    """`steps` steps of both optimizers on the same gradients (new tensors every step), compared
-    after each; the worst differences."""
-    worst = [0.0, 0.0]
-    tolerance = TOLERANCE_PER_STEP[ours[0].dtype]
-    for step in range(first, first + steps):
-        opt.zero_grad(set_to_none=True)
-        ref.zero_grad(set_to_none=True)
-        scale = 10.0 if step % 4 == 0 else 1.0  # larger gradients: the clipping and eps2 move
-        set_grads(ours, step, scale)
-        set_grads(theirs, step, scale)
-        opt.step()
-        ref.step()
-        d = differences(opt, ref, ours, theirs)
-        worst = [max(w, x) for w, x in zip(worst, d)]
-        assert d[0] <= tolerance * step and d[1] <= tolerance * step, (step, d)
-    return worst
-
+make_params = functools.partial(optimizer_testing.make_params, shapes=SHAPES)
+step_both = functools.partial(optimizer_testing.step_both, differences=differences, tolerances=TOLERANCE_PER_STEP)
 
 OPTIONS = [dict(),  # torch's defaults
            dict(lr=0.5, weight_decay=0.1, maximize=True, eps=(1e-3, 1e-3)),  # rho_t = 1 / sqrt(t) from step 5
@@ -80,7 +61,7 @@ def test_ten_steps_against_torch(device, options):
     worst = step_both(opt, ref, ours, theirs, 10)
     assert opt.plan_builds() == 1  # one plan; zero_grad(set_to_none=True)'s new gradients are rebound
     print(f"\nAdafactor float32 on {device} {options}: parameters within {worst[0]:.2e}, statistics within "
-          f"{worst[1]:.2e} of each tensor's largest magnitude (bound {TOLERANCE_PER_STEP[torch.float32]:.2e} a step)")
+          f"{worst[1]:.2e} of each tensor's largest magnitude (bound {TOLERANCE_PER_STEP[torch.float32][0]:.2e} a step)")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -124,7 +105,7 @@ def test_a_parameter_without_gradient_is_skipped(device):
         if step in (2, 3):
             assert torch.equal(ours[step - 2], before[step - 2])
         d = differences(opt, ref, ours, theirs)
-        assert d[0] <= tolerance * step and d[1] <= tolerance * step, (step, d)
+        assert d[0] <= tolerance[0] * step and d[1] <= tolerance[1] * step, (step, d)
     # The counts differ (5, 5, 6): the group steps in plans of one count each.
     assert sorted(int(opt.state[p]["step"]) for p in ours) == [5, 5, 6]
 
@@ -137,7 +118,7 @@ def test_bfloat16_parameters(device):
     worst = step_both(opt, ref, ours, theirs, 3)
     assert all(s.dtype == torch.bfloat16 for st in opt.state.values() for k, s in st.items() if k != "step")
     print(f"\nAdafactor bfloat16 on {device}: parameters within {worst[0]:.2e}, statistics within {worst[1]:.2e} "
-          f"(bound {TOLERANCE_PER_STEP[torch.bfloat16]:.2e} a step)")
+          f"(bound {TOLERANCE_PER_STEP[torch.bfloat16][0]:.2e} a step)")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -17,12 +17,14 @@ correctly rounded. The worst differences measured are printed with -s. 'step' co
 equal; 'RMS' (the reference's, never read by its algorithm) is not kept by fusedopt_torch.CAME.
 """
 import copy
+import functools
 
 import pytest
 import torch
 
 import fusedopt_torch as ft
 from fusedopt_torch.came import CAME
+import optimizer_testing
 from optimizer_testing import assert_refused_under_capture, relative, replay_beside_eager, set_grads, twin_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -108,11 +110,6 @@ class ReferenceCAME(torch.optim.Optimizer):
                 p.add_(-(update * lr))
 
 
-def make_params(device, dtype=torch.float32, shapes=SHAPES, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
-
-
 def differences(opt, ref, ours, theirs):
     """The worst relative differences of the parameters and of the state; the state's keys (but
     'RMS'), shapes, dtypes and step counts must be the reference's."""
@@ -128,24 +125,8 @@ def differences(opt, ref, ours, theirs):
     return worst_param, worst_state
 
 
-def step_both(opt, ref, ours, theirs, steps, first=1):
-    """`steps` steps of both optimizers on the same gradients (new tensors every step), compared
-    after each; the worst differences."""
-    worst = [0.0, 0.0]
-    tolerance = TOLERANCE_PER_STEP[ours[0].dtype]
-    for step in range(first, first + steps):
-        opt.zero_grad(set_to_none=True)
-        ref.zero_grad(set_to_none=True)
-        scale = 10.0 if step % 4 == 0 else 1.0
-        set_grads(ours, step, scale)
-        set_grads(theirs, step, scale)
-        opt.step()
-        ref.step()
-        d = differences(opt, ref, ours, theirs)
-        worst = [max(w, x) for w, x in zip(worst, d)]
-        assert d[0] <= tolerance[0] * step and d[1] <= tolerance[1] * step, (step, d)
-    return worst
-
+make_params = functools.partial(optimizer_testing.make_params, shapes=SHAPES)
+step_both = functools.partial(optimizer_testing.step_both, differences=differences, tolerances=TOLERANCE_PER_STEP)
 
 OPTIONS = [dict(lr=2e-4, weight_decay=1e-2),  # the README's
            dict(lr=0.05, weight_decay=0.1, clip_threshold=0.5, betas=(0.8, 0.99, 0.999), eps=(1e-20, 1e-10)),

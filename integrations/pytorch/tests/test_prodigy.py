@@ -18,12 +18,14 @@ Two comparisons:
 The worst differences measured are printed with -s.
 """
 import copy
+import functools
 import math
 
 import pytest
 import torch
 
 from fusedopt_torch.prodigy import Prodigy
+import optimizer_testing
 from optimizer_testing import assert_refused_under_capture, relative, replay_beside_eager, twin_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -32,6 +34,7 @@ SHAPES = [(64, 33), (7,), (3, 5, 9), (1,)]
 TOLERANCE = {torch.float32: 16 * 2.0 ** -24, torch.bfloat16: 8 * 2.0 ** -8}
 SCALAR_TOLERANCE = {torch.float32: 1e-6, torch.bfloat16: 8 * 2.0 ** -8}
 STEPS = 12
+make_params = functools.partial(optimizer_testing.make_params, shapes=SHAPES)
 
 OPTIONS = [dict(),  # the reference's defaults
            dict(weight_decay=0.1),  # decoupled
@@ -86,11 +89,6 @@ def reference_step(params, grads, states, scalars, k, o):
         else:
             p.addcdiv_(grad, denom, value=-dlr * d)
     return d, d_max, global_d_numerator
-
-
-def make_params(device, dtype=torch.float32, shapes=SHAPES, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen).to(device=device, dtype=dtype).requires_grad_() for s in shapes]
 
 
 def detached_copy(t):
