@@ -202,28 +202,20 @@ __device__ __forceinline__ double sum_in_order(T const* x, std::int64_t stride, 
   return sum;
 }
 
-/// Every statistic of the table, a thread each (grid-stride): line(e, k) for statistic k of
-/// tensor entry e, its row statistics first (k < matrices R), then its column statistics.
-template <class T, class Line>
-__device__ __forceinline__ void for_each_line(factored_table<T> const& table, Line const& line)
-{
-  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
-  for (std::int64_t g = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < table.lines; g += stride) {
-    std::int64_t const t =
-      factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_line; });
-    factored_tensor<T> const e = table.tensors[t];
-    line(e, g - e.first_line);
-  }
-}
-
-/// The fold of factored pass J: each statistic's partials added in tile order, then the rule's
-/// fold, stored.
+/// The fold of factored pass J: thread g of the grid takes statistics g, g + threads, ... of
+/// the table (a tensor's row statistics, then its column statistics): its partials added in
+/// tile order, then the rule's fold, stored.
 template <class Rule, int J, class T>
 FUSEDOPT_KERNEL void factored_fold_kernel(Rule const rule, step_info const step, factored_table<T> const table)
 {
   await_predecessor();
   auto const fold = ::fusedopt::detail::factor_owner<J>(rule).prepare_fold(step);
-  for_each_line(table, [&](factored_tensor<T> const& e, std::int64_t k) {
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t g = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < table.lines; g += stride) {
+    std::int64_t const t =
+      factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_line; });
+    factored_tensor<T> const e = table.tensors[t];
+    std::int64_t const k = g - e.first_line;
     std::int64_t const row_lines = e.matrices * e.rows;
     if (k < row_lines) {
       std::int64_t const m = k / e.rows, r = k % e.rows;
@@ -235,7 +227,7 @@ FUSEDOPT_KERNEL void factored_fold_kernel(Rule const rule, step_info const step,
       double const sum = sum_in_order(e.col_partials(m, 0) + c, e.cols, e.row_tiles());
       ::fusedopt::detail::fold_statistic(fold, e.col + l, sum, e.rows);
     }
-  });
+  }
 }
 
 /// The row totals: block b takes matrices b, b + gridDim.x, ... of the table (those of tensors
@@ -265,21 +257,27 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads) factored_total_ke
   }
 }
 
-/// The line factors (detail/factored.hpp), after the totals: those of matrices (tensors with a
-/// row total) written, a thread per statistic as in the fold.
+/// The line factors (detail/factored.hpp), after the totals: thread g of the grid takes
+/// statistics g, g + threads, ... of the table, as the fold does; those of matrices (tensors
+/// with a row total) get their factor.
 template <class T, class Factors>
 FUSEDOPT_KERNEL void factored_factor_kernel(Factors const factors, factored_table<T> const table)
 {
   await_predecessor();
-  for_each_line(table, [&](factored_tensor<T> const& e, std::int64_t k) {
-    if (e.row_total == nullptr) { return; }  // a vector: no factors
+  std::int64_t const stride = std::int64_t{gridDim.x} * blockDim.x;
+  for (std::int64_t g = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < table.lines; g += stride) {
+    std::int64_t const t =
+      factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_line; });
+    factored_tensor<T> const e = table.tensors[t];
+    if (e.row_total == nullptr) { continue; }  // a vector: no factors
+    std::int64_t const k = g - e.first_line;
     std::int64_t const row_lines = e.matrices * e.rows;
     if (k < row_lines) {
       ::fusedopt::detail::write_row_factor(factors, e, k, ::fusedopt::detail::row_mean(e.row_total[k / e.rows], e.rows));
     } else {
       ::fusedopt::detail::write_col_factor(factors, e, k - row_lines);
     }
-  });
+  }
 }
 
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
@@ -323,10 +321,9 @@ void launch_factored_pass(Rule const& rule, step_info const& step, pass_results<
     launch_kernel(&factored_total_kernel<T>, dim3(factored_grid(table.matrices, cap)), dim3(factored_block_threads),
                   stream, programmatic, table);
     auto const factors = ::fusedopt::detail::prepare_line_factors<J>(rule, step);
-    using factors_type = std::decay_t<decltype(factors)>;
-    if constexpr (!std::is_same_v<factors_type, ::fusedopt::detail::no_line_factors>) {
+    if constexpr (!std::is_same_v<decltype(factors), ::fusedopt::detail::no_line_factors const>) {
       constexpr std::int64_t threads = 256;
-      launch_kernel(&factored_factor_kernel<T, factors_type>,
+      launch_kernel(&factored_factor_kernel<T, std::remove_const_t<decltype(factors)>>,
                     dim3(factored_grid((table.lines + threads - 1) / threads, cap)), dim3(static_cast<unsigned>(threads)),
                     stream, programmatic, factors, table);
     }
