@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The optimizer step inside backward (issue 46) on a GPT-2-small-shaped model (transformers'
 GPT2LMHeadModel, 124M parameters; --model 1b: 1.01B, d 2048, 18 layers; float32 parameters,
-bfloat16 autocast, batch 8 x 512 tokens by default: --batch, --tokens),
+bfloat16 autocast, batch 8 x 512 tokens by default: --batch, --tokens; --checkpointing: transformers'
+activation checkpointing, so that the gradients, not the activations, make the peak),
 in one process on the GPU machine, one iteration = forward + backward + the step:
 
   ordinary          fusedopt_torch.AdamW: backward(); step(); zero_grad(set_to_none=True)
@@ -14,7 +15,8 @@ states), peak memory of an iteration (torch.cuda.max_memory_allocated after a re
 gradients' bytes for scale. (That the two fusedopt modes step the same bits is
 integrations/pytorch/tests/test_in_backward.py's.)
 
-Usage: python3 bench/in_backward.py [--model gpt2-small|1b] [--iterations 20] [--batch 8] [--tokens 512] [--out FILE]
+Usage: python3 bench/in_backward.py [--model gpt2-small|1b] [--iterations 20] [--batch 8] [--tokens 512]
+                                    [--checkpointing] [--out FILE]
 """
 
 import argparse
@@ -37,16 +39,20 @@ import fusedopt_torch as ft  # noqa: E402
 MODELS = {"gpt2-small": dict(n_layer=12, n_embd=768, n_head=12), "1b": dict(n_layer=18, n_embd=2048, n_head=16)}
 
 
-def make_model(name, seed=0):
+def make_model(name, checkpointing=False, seed=0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     config = GPT2Config(n_positions=1024, vocab_size=50257, **MODELS[name])
-    return GPT2LMHeadModel(config).cuda()
+    model = GPT2LMHeadModel(config).cuda()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(use_reentrant=False))
+    model.train()
+    return model
 
 
-def run(mode, iterations, tokens, name):
-    model = make_model(name)
+def run(mode, iterations, tokens, name, checkpointing=False):
+    model = make_model(name, checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     step = None
     hooks = []  # removed at the end: hooks live in C++, where the collector does not see their cycles
@@ -95,13 +101,14 @@ def main():
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, 50257, (args.batch, args.tokens), device="cuda", generator=gen)
     rows = {}
     for mode in ("ordinary", "in_backward", "torch_per_param"):
-        model, rows[mode] = run(mode, args.iterations, tokens, args.model)
+        model, rows[mode] = run(mode, args.iterations, tokens, args.model, args.checkpointing)
         r = rows[mode]
         print(f"{mode:16s} iteration {r['iteration_ms']:7.2f} ms (min {r['iteration_ms_min']:.2f}), peak "
               f"{r['peak_mib']:8.1f} MiB (gradients {r['grad_mib']:.1f} MiB)", flush=True)
@@ -117,7 +124,7 @@ def main():
         print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.0f}% of the gradients' bytes, iteration "
               f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=args.model, batch=args.batch,
-                  tokens=args.tokens, rows=rows)
+                  tokens=args.tokens, checkpointing=args.checkpointing, rows=rows)
     out = args.out or (os.path.join(os.environ["OUT"], "in_backward.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:

@@ -3,7 +3,7 @@
 process, on W1-W4 (bench/torch_peers.py's workloads, float32; issue 42):
 
   fusedopt     the fusedopt_torch class (fusedopt_torch/library_rules.py): one fused launch per
-               step, plus one reduction pass for StableAdamW and CAdamW
+               step, plus one reduction pass for StableAdamW and CAdamW (CWDAdamW: none)
   reference    the reference algorithm one tensor at a time (the classes of
                integrations/pytorch/tests/test_library_rules.py, written from the official
                repositories; torch.optim.Rprop with foreach=False for Rprop)
@@ -46,12 +46,12 @@ import fusedopt_torch as ft  # noqa: E402
 # and s (16 B), its update reads param, grad, s and both moments and writes param, s and the
 # moments (36 B).
 BYTES = {"Rprop": 28, "ASGD": 20, "AdEMAMix": 36, "Adan": 44, "ADOPT": 28, "StableAdamW": 28 + 8, "CAdamW": 28 + 12,
-         "ScheduleFreeAdamW": 28, "ScheduleFreeSGD": 20, "Prodigy": 16 + 36}
+         "CWDAdamW": 28, "ScheduleFreeAdamW": 28, "ScheduleFreeSGD": 20, "Prodigy": 16 + 36}
 TORCH_PEERS = {"Rprop": torch.optim.Rprop, "ASGD": torch.optim.ASGD}
 OPTIONS = {"Rprop": dict(lr=1e-3), "ASGD": dict(lr=1e-3), "Prodigy": dict(lr=1.0),
            "AdEMAMix": dict(lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, weight_decay=0.01),
            "Adan": dict(lr=1e-3, weight_decay=0.02), "ADOPT": dict(lr=1e-3), "StableAdamW": dict(lr=1e-3),
-           "CAdamW": dict(lr=1e-3), "ScheduleFreeAdamW": dict(lr=1e-3, warmup_steps=100),
+           "CAdamW": dict(lr=1e-3), "CWDAdamW": dict(lr=1e-3, weight_decay=0.1), "ScheduleFreeAdamW": dict(lr=1e-3, warmup_steps=100),
            "ScheduleFreeSGD": dict(lr=1e-2, warmup_steps=100)}
 
 

@@ -44,6 +44,16 @@ inline constexpr std::int64_t factored_tile_rows = 256;
 /// @brief Columns of those tiles.
 inline constexpr std::int64_t factored_tile_cols = 64;
 
+/// @brief The CUDA chunk length (cuda::options::chunk_elements) that rules reading factored
+/// statistics run fastest with: their per-tensor setup (each chunk's factored_lookup and the
+/// rule's roots and divisions in double, Adafactor's RMS step size) is paid by every thread of
+/// every chunk, and the default chunk of 2048 elements gives a thread 8 elements to spread it
+/// over. H200, GPT-2 small (bench/adafactor.py, 2026-11-29): Adafactor 1329 -> 1098 us, CAME
+/// 2838 -> 2429 us from 2048 to 16384 (8192: within 2%; 65536: 200 small matrices 1.8x
+/// slower, too few chunks to fill the GPU). Set it in the plan's options:
+/// `cuda::options o; o.chunk_elements = factored_chunk_elements;`.
+inline constexpr std::int64_t factored_chunk_elements = 16384;
+
 namespace detail {
 /// q = n / d and r = n % d for 0 <= n < 2^48 and d >= 1, with a multiplication by 1 / d in
 /// double (a 64-bit division costs dozens of instructions on a GPU) corrected to the exact
@@ -209,9 +219,10 @@ struct factored_lookup {
   /// True when the tensor has column statistics (a matrix), false for a vector (or none).
   FUSEDOPT_HOST_DEVICE bool factored() const { return col != nullptr; }
 
-  /// Element `index`'s statistics: its row's, its column's, its matrix's row total.
+  /// Element `index`'s statistics: its row's, its column's, its matrix's row total, and its
+  /// column within its row.
   struct position {
-    std::int64_t row_line, col_line, matrix;
+    std::int64_t row_line, col_line, matrix, col;
   };
   FUSEDOPT_HOST_DEVICE position locate(std::int64_t index) const
   {
@@ -220,18 +231,42 @@ struct factored_lookup {
       std::uint32_t const q = small_by_cols.quotient(n);  // the row over the whole batch
       std::uint32_t const c = n - q * static_cast<std::uint32_t>(cols);
       std::uint32_t const m = batched ? small_by_rows.quotient(q) : 0u;
-      return {q, std::int64_t{m} * cols + c, m};
+      return {q, std::int64_t{m} * cols + c, m, c};
     }
     std::int64_t c = 0, r = 0, m = 0;
     std::int64_t const q = by_cols.quotient(index, c);
     if (batched) { m = by_rows.quotient(q, r); }
-    return {q, m * cols + c, m};
+    return {q, m * cols + c, m, c};
   }
   /// The element's line factor: its row's times its column's (a matrix's, where written).
   FUSEDOPT_HOST_DEVICE factor_type factor(position const& at) const
   {
     return row_factor[at.row_line] * col_factor[at.col_line];
   }
+  /// factor(locate(e.index())), the element located once per run of consecutive elements
+  /// (element::vector_lane(): the CUDA backend's vectors): lane 0 finds its row's factor and
+  /// its column line, and the other lanes of a run within that row only load their column's
+  /// factor; a run that crosses a row's end is located element by element. The same bits.
+  /// Needs the lookup to be the one body object a run goes through (a rule's for_tensor body).
+  template <class E>
+  FUSEDOPT_HOST_DEVICE factor_type factor_of(E const& e) const
+  {
+    int const lane = e.vector_lane();
+    if (lane == 0 || !run_in_row_) {
+      position const at = locate(e.index());
+      if (lane == 0) { run_in_row_ = at.col + e.vector_width() <= cols; }
+      run_row_factor_ = row_factor[at.row_line];
+      run_first_col_ = at.col_line - lane;
+    }
+    return run_row_factor_ * col_factor[run_first_col_ + lane];
+  }
+
+ private:
+  // factor_of's run: its first element's column line, its row's factor, whether it ends in
+  // that row.
+  mutable std::int64_t run_first_col_ = 0;
+  mutable factor_type run_row_factor_{};
+  mutable bool run_in_row_ = false;
 };
 
 /// @brief Builds a factored_table's entries from the tensors' shapes (host code, once, when the

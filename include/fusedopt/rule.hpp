@@ -105,6 +105,23 @@ class element<O, slots<Memory...>, slots<Registers...>> {
   }
   FUSEDOPT_HOST_DEVICE void set_tensor(std::int64_t t) { tensor_ = t; }
 
+  /// @brief This element's place in the run of consecutive elements the backend gives the same
+  /// body one after the other: the element is lane vector_lane() of vector_width() elements,
+  /// indices index() - vector_lane() to index() - vector_lane() + vector_width() - 1 of its
+  /// tensor, run in lane order through one body object before the next run. A body may work
+  /// out what the run shares once, at lane 0, and keep it in `mutable` members for the other
+  /// lanes (factored_lookup::factor_of: an element's row, found once per vector). Width 1 (each
+  /// element alone) unless the backend says otherwise: the CUDA backend's vector path sets its
+  /// vector width (as compile-time constants, after unrolling).
+  FUSEDOPT_HOST_DEVICE int vector_lane() const { return vector_lane_; }
+  FUSEDOPT_HOST_DEVICE int vector_width() const { return vector_width_; }
+  /// @brief Sets vector_lane() and vector_width(); for backends.
+  FUSEDOPT_HOST_DEVICE void set_vector_lane(int lane, int width)
+  {
+    vector_lane_ = lane;
+    vector_width_ = width;
+  }
+
   /// @brief Raw access by position (memory slots first, in binding order); for backends.
   FUSEDOPT_HOST_DEVICE O& at(std::size_t i) { return values_[i]; }
   FUSEDOPT_HOST_DEVICE O const& at(std::size_t i) const { return values_[i]; }
@@ -113,6 +130,8 @@ class element<O, slots<Memory...>, slots<Registers...>> {
   O values_[count > 0 ? count : 1];
   std::int64_t tensor_ = 0;
   std::int64_t index_ = 0;
+  int vector_lane_ = 0;
+  int vector_width_ = 1;
 };
 
 namespace detail {

@@ -241,3 +241,56 @@ TEST_CASE("the 32-bit dividers of element positions are exact", "[factored]")
     }
   }
 }
+
+TEST_CASE("an element's line factor found once per run of elements is the one found alone", "[factored]")
+{
+  // factored_lookup::factor_of: lane 0 of a run locates its row; the other lanes reuse it while
+  // the run stays in that row. Runs of 1 to 8 elements from every offset, over shapes whose
+  // rows end inside runs (columns not a multiple of the width, one-column and one-row
+  // matrices, batches), the lookup reused from run to run as a backend's tensor body is.
+  struct shape {
+    std::int64_t matrices, rows, cols;
+  };
+  std::vector<shape> const shapes{{1, 3, 5}, {2, 4, 8}, {3, 5, 3}, {1, 1, 7}, {2, 3, 1}, {1, 6, 4}};
+  fo::factored_layout layout;
+  for (auto const& s : shapes) { layout.add(s.matrices, s.rows, s.cols, true); }
+  std::vector<std::vector<double>> stats(2 * shapes.size());
+  std::vector<double*> rows, cols;
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    stats[2 * t].resize(static_cast<std::size_t>(layout.row_elements(t)));
+    stats[2 * t + 1].resize(static_cast<std::size_t>(layout.col_elements(t)));
+    rows.push_back(stats[2 * t].data());
+    cols.push_back(stats[2 * t + 1].data());
+  }
+  std::vector<double> workspace(static_cast<std::size_t>(layout.workspace_doubles()));
+  auto const entries = layout.entries<double>(rows, cols, workspace.data());
+  auto const table = layout.table<double>(entries.data());
+  using element_type = fo::element<double, fo::slots<fo::slot::grad_t>, fo::slots<>>;
+  for (std::size_t t = 0; t < shapes.size(); ++t) {
+    shape const s = shapes[t];
+    auto const& entry = entries[t];
+    for (std::int64_t k = 0; k < s.matrices * s.rows; ++k) { entry.row_factor[k] = static_cast<double>(k + 1); }
+    for (std::int64_t k = 0; k < s.matrices * s.cols; ++k) { entry.col_factor[k] = 1000.0 * static_cast<double>(k + 1); }
+    std::int64_t const elements = s.matrices * s.rows * s.cols;
+    for (int width : {1, 2, 4, 8}) {
+      for (int head = 0; head < width; ++head) {
+        auto const lookup = fo::factored_lookup<double>::of(table, static_cast<std::int64_t>(t));
+        for (std::int64_t first = head; first + width <= elements; first += width) {
+          for (int lane = 0; lane < width; ++lane) {
+            std::int64_t const i = first + lane;
+            element_type e;
+            e.set_position(static_cast<std::int64_t>(t), i);
+            e.set_vector_lane(lane, width);
+            std::int64_t const row_line = i / s.cols;
+            std::int64_t const col_line = row_line / s.rows * s.cols + i % s.cols;
+            INFO("tensor " << t << " width " << width << " head " << head << " element " << i);
+            REQUIRE(lookup.factor_of(e) == entry.row_factor[row_line] * entry.col_factor[col_line]);
+            // A lookup made for the element alone (a body formed per element) agrees too.
+            REQUIRE(fo::factored_lookup<double>::of(table, static_cast<std::int64_t>(t)).factor_of(e) ==
+                    entry.row_factor[row_line] * entry.col_factor[col_line]);
+          }
+        }
+      }
+    }
+  }
+}

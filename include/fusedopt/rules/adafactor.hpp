@@ -125,7 +125,7 @@ struct scale_by_factored_rms {
       using O = typename E::value_type;
       using S = opmath_t<T>;
       if (stats.factored()) {
-        auto const f = static_cast<O>(stats.factor(stats.locate(e.index())));
+        auto const f = static_cast<O>(stats.factor_of(e));
         auto const cap = std::is_same_v<O, double> ? static_cast<O>(cap_double) : static_cast<O>(cap_float);
         e[slot::update] = (f > cap ? cap : f) * e[slot::grad];
       } else {

@@ -57,11 +57,11 @@ struct came_line_factors {
   }
 };
 
-/// CAME's _approx_sq_grad at one element of a matrix.
-template <class O, class T>
-FUSEDOPT_HOST_DEVICE O came_approximation(factored_lookup<T> const& stats, std::int64_t index)
+/// CAME's _approx_sq_grad at element e of a matrix.
+template <class O, class T, class E>
+FUSEDOPT_HOST_DEVICE O came_approximation(factored_lookup<T> const& stats, E const& e)
 {
-  return static_cast<O>(stats.factor(stats.locate(index)));
+  return static_cast<O>(stats.factor_of(e));
 }
 }  // namespace detail
 
@@ -105,7 +105,7 @@ struct scale_by_came_second_moment {
       using O = typename E::value_type;
       O const g = e[slot::grad];
       if (stats.factored()) {
-        e[slot::update] = detail::came_approximation<O>(stats, e.index()) * g;
+        e[slot::update] = detail::came_approximation<O>(stats, e) * g;
       } else {
         e[slot::update] = O(1) / math::sqrt(static_cast<O>(to_opmath<opmath_t<T>>(stats.row[e.index()]))) * g;
       }
@@ -229,7 +229,7 @@ struct came_confidence {
       using O = typename E::value_type;
       O& m = e[slot::exp_avg];
       m = momentum(m, e[slot::update], beta1);
-      e[slot::update] = stats.factored() ? detail::came_approximation<O>(stats, e.index()) * m : m;
+      e[slot::update] = stats.factored() ? detail::came_approximation<O>(stats, e) * m : m;
     }
   };
   struct prepared {

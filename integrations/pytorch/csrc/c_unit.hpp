@@ -58,6 +58,15 @@ struct device_free {
   void operator()(void* p) const { (void)cudaFree(p); }
 };
 
+/// A CUDA plan's options for a rule with factored passes (Adafactor's, CAME's): longer chunks
+/// (fusedopt::factored_chunk_elements).
+inline ::fusedopt::cuda::options factored_rule_options()
+{
+  ::fusedopt::cuda::options o;
+  o.chunk_elements = ::fusedopt::factored_chunk_elements;
+  return o;
+}
+
 /// n values of T in device memory (at least one, so that an empty layout still has an address).
 template <class T>
 std::unique_ptr<T, device_free> device_array(std::size_t n)

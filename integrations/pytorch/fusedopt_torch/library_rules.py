@@ -16,13 +16,16 @@ import torch
 
 from .rules import rule
 
-__all__ = ["Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "ScheduleFreeAdamW", "ScheduleFreeSGD"]
+__all__ = ["Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "CWDAdamW", "ScheduleFreeAdamW",
+           "ScheduleFreeSGD"]
 
 
-def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None):
+def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, overrides=None):
     """A rule class running `cpp_type` (a fusedopt::rules type with one member per hyperparameter,
-    of the same name); `wrap` turns that rule `r` into another expression (a modifier)."""
-    assignments = "".join(f"r.{h} = {h}; " for h in hypers)
+    of the same name, set to the hyperparameter or to the C++ expression `overrides` gives); `wrap`
+    turns that rule `r` into another expression (a modifier), which may name any hyperparameter."""
+    overrides = overrides or {}
+    assignments = "".join(f"r.{h} = {overrides.get(h, h)}; " for h in hypers)
     made = wrap.format(r="r") if wrap else "r"
     expression = f"[&] {{ {cpp_type} r; {assignments}return {made}; }}()"
     return rule(name, hypers=hypers, states=states, rule=expression, elementwise=elementwise)
@@ -248,6 +251,30 @@ class CAdamW(_CAdamWRule):
                  capturable=False, fused=None, **kwargs):
         _check("CAdamW", lr, kwargs, capturable)
         b1, b2 = _betas(betas)
+        super().__init__(params, lr=lr, beta1=b1, beta2=b2, eps=float(eps),
+                         weight_decay=float(weight_decay), maximize=bool(maximize), capturable=capturable,
+                         fused=fused)
+
+
+_CWDAdamWRule = _library_rule(
+    "_CWDAdamWRule", "fo::rules::adamw",
+    hypers=dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2, maximize=False),
+    states=dict(exp_avg=0.0, exp_avg_sq=0.0), elementwise=True, overrides=dict(weight_decay="0.0"),
+    wrap="fo::rules::cautious_weight_decay<fo::rules::adamw>({r}, weight_decay)")
+
+
+class CWDAdamW(_CWDAdamWRule):
+    """AdamW with Cautious Weight Decay (Chen et al. 2025, arXiv 2510.12402): torch.optim.AdamW's
+    step, its decoupled decay ``param *= 1 - lr weight_decay`` applied only where the update and
+    the parameter agree in sign (update x param >= 0). Elementwise: one fused launch, AdamW's
+    bytes."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, maximize=False,
+                 capturable=False, fused=None, **kwargs):
+        _check("CWDAdamW", lr, kwargs, capturable)
+        b1, b2 = _betas(betas)
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         super().__init__(params, lr=lr, beta1=b1, beta2=b2, eps=float(eps),
                          weight_decay=float(weight_decay), maximize=bool(maximize), capturable=capturable,
                          fused=fused)

@@ -209,6 +209,30 @@ class CAdamWReference(Reference):
         return dict(self.state[i])
 
 
+class CWDAdamWReference(Reference):
+    """AdamW with Cautious Weight Decay (arXiv 2510.12402, Algorithm 1 on torch's AdamW): the
+    decoupled decay applied only where the update and the parameter agree in sign."""
+
+    def update(self, p, grad, s, step):
+        o = self.options
+        lr, (beta1, beta2), eps, wd = o["lr"], o.get("betas", (0.9, 0.999)), o.get("eps", 1e-8), o.get("weight_decay", 1e-2)
+        if o.get("maximize", False):
+            grad = -grad
+        if not s:
+            s.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        s["exp_avg"].lerp_(grad, 1 - beta1)
+        s["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1 = 1 - beta1 ** step
+        bias_correction2 = 1 - beta2 ** step
+        denom = (s["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(eps)
+        update = s["exp_avg"] / bias_correction1 / denom
+        p.copy_(torch.where(update * p >= 0, p * (1 - lr * wd), p))
+        p.add_(update, alpha=-lr)
+
+    def states(self, i):
+        return dict(self.state[i])
+
+
 class ScheduleFreeAdamWReference(Reference):
     """facebookresearch/schedule_free, adamw_schedulefree.py (AdamWScheduleFree.step)."""
 
@@ -316,6 +340,8 @@ CASES = {
     "stable_adamw_decouple_lr": (ft.StableAdamW, StableAdamWReference,
                                  dict(lr=1e-2, weight_decay=1e-3, decouple_lr=True, max_lr=2e-2, betas=(0.8, 0.9))),
     "cadamw": (ft.CAdamW, CAdamWReference, dict(lr=1e-2)),
+    "cwd_adamw": (ft.CWDAdamW, CWDAdamWReference, dict(lr=1e-2, weight_decay=0.5)),
+    "cwd_adamw_maximize": (ft.CWDAdamW, CWDAdamWReference, dict(lr=1e-2, weight_decay=0.1, maximize=True)),
     "schedule_free_adamw": (ft.ScheduleFreeAdamW, ScheduleFreeAdamWReference,
                             dict(lr=1e-2, warmup_steps=5, weight_decay=0.01)),
     "schedule_free_adamw_r": (ft.ScheduleFreeAdamW, ScheduleFreeAdamWReference,
@@ -362,7 +388,7 @@ def test_against_reference(case, device):
 
 
 @pytest.mark.parametrize("case", ["asgd_averaging", "ademamix", "adan", "adopt", "rprop", "stable_adamw", "cadamw",
-                                  "schedule_free_adamw"])
+                                  "cwd_adamw", "schedule_free_adamw"])
 def test_state_dict_round_trip(case):
     device = DEVICES[-1]
     cls, _, options = CASES[case]
@@ -388,7 +414,8 @@ def test_state_dict_round_trip(case):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("case", ["asgd_averaging", "ademamix_schedulers", "adan_no_prox", "adopt", "rprop", "stable_adamw",
-                                  "cadamw", "schedule_free_adamw", "schedule_free_adamw_r", "schedule_free_sgd"])
+                                  "cadamw", "cwd_adamw", "schedule_free_adamw", "schedule_free_adamw_r",
+                                  "schedule_free_sgd"])
 def test_cuda_graph(case):
     cls, _, options = CASES[case]
     pc, pd = make_params("cuda"), make_params("cuda")
@@ -424,8 +451,8 @@ def test_cuda_graph(case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["ademamix", "adan", "adopt", "rprop", "stable_adamw", "cadamw", "schedule_free_adamw",
-                                  "schedule_free_sgd"])
+@pytest.mark.parametrize("case", ["ademamix", "adan", "adopt", "rprop", "stable_adamw", "cadamw", "cwd_adamw",
+                                  "schedule_free_adamw", "schedule_free_sgd"])
 def test_bfloat16_params(case, device):
     cls, make_reference, options = CASES[case]
     params = make_params(device, torch.bfloat16)

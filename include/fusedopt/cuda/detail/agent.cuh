@@ -105,6 +105,7 @@ __device__ __forceinline__ auto vector_iteration(Form const& form, ForTensor con
     for (int j = 0; j < W; ++j) {
       typename Access::element_type e;
       e.set_position(index, it.first + (it.v0 + u * Threads + it.tid) * W + j);
+      e.set_vector_lane(j, W);
       (to_register<K, Access>(e, ::fusedopt::detail::pack_get<K>(tile).p[u].v[j]), ...);
       Access::clear_registers(e);
       body(e, acc...);
