@@ -16,7 +16,7 @@ gradients' bytes for scale. (That the two fusedopt modes step the same bits is
 integrations/pytorch/tests/test_in_backward.py's.)
 
 Usage: python3 bench/in_backward.py [--model gpt2-small|1b] [--iterations 20] [--batch 8] [--tokens 512]
-                                    [--checkpointing] [--out FILE]
+                                    [--checkpointing] [--no-autocast-cache] [--out FILE]
 """
 
 import argparse

@@ -47,10 +47,10 @@ inline constexpr std::int64_t factored_tile_cols = 64;
 /// @brief The CUDA chunk length (cuda::options::chunk_elements) that rules reading factored
 /// statistics run fastest with: their per-tensor setup (each chunk's factored_lookup and the
 /// rule's roots and divisions in double, Adafactor's RMS step size) is paid by every thread of
-/// every chunk, and the default chunk of 2048 elements gives a thread 8 elements to spread it
-/// over. H200, GPT-2 small (bench/adafactor.py, 2026-11-29): Adafactor 1329 -> 1098 us, CAME
-/// 2838 -> 2429 us from 2048 to 16384 (8192: within 2%; 65536: 200 small matrices 1.8x
-/// slower, too few chunks to fill the GPU). Set it in the plan's options:
+/// every chunk, and the default chunk of 2048 elements gives a thread 8 (the H200's 256-thread
+/// update) or 16 elements to spread it over. H200, GPT-2 small (bench/adafactor.py, 2026-11-29,
+/// one run): Adafactor 1329 -> 1098 us, CAME 2838 -> 2429 us from 2048 to 16384 (8192: within
+/// 2%; 65536: 200 small matrices 1.8x slower, too few chunks to fill the GPU). Set it in the plan's options:
 /// `cuda::options o; o.chunk_elements = factored_chunk_elements;`.
 inline constexpr std::int64_t factored_chunk_elements = 16384;
 
@@ -170,9 +170,10 @@ struct factored_table {
 };
 
 
-/// @brief One tensor's statistics as an element reads them: `locate(index)` once per element,
-/// then its row statistic, column statistic, its matrix's row total and, where the pass's part
-/// declares them, its line factors (`factor(at)`, the row's times the column's). Made once per
+/// @brief One tensor's statistics as an element reads them: `locate(index)`, then its row
+/// statistic, column statistic, its matrix's row total and, where the pass's part declares
+/// them, its line factors (`factor(at)`, the row's times the column's; `factor_of(e)`, the same
+/// with the element located once per vector). Made once per
 /// chunk (a rule's `for_tensor`) from the table. A tensor of fewer than 2^31 elements (all but
 /// the largest) is located with 32-bit multiplications by the table's magic numbers; larger
 /// ones by a division in double corrected to the exact integers (dozens of instructions on a
@@ -247,7 +248,9 @@ struct factored_lookup {
   /// (element::vector_lane(): the CUDA backend's vectors): lane 0 finds its row's factor and
   /// its column line, and the other lanes of a run within that row only load their column's
   /// factor; a run that crosses a row's end is located element by element. The same bits.
-  /// Needs the lookup to be the one body object a run goes through (a rule's for_tensor body).
+  /// Call it on the one lookup a run goes through (a rule's for_tensor body) for every lane of
+  /// the run, unconditionally, lane 0 first: a lane reached without its run's lane 0 reads the
+  /// row another run left. A lookup made for one element alone locates it.
   template <class E>
   FUSEDOPT_HOST_DEVICE factor_type factor_of(E const& e) const
   {
@@ -263,7 +266,8 @@ struct factored_lookup {
 
  private:
   // factor_of's run: its first element's column line, its row's factor, whether it ends in
-  // that row.
+  // that row. (With them the lookup is no longer an aggregate; it stays trivially copyable,
+  // which is what the rules' bodies need: it is made by of() only.)
   mutable std::int64_t run_first_col_ = 0;
   mutable factor_type run_row_factor_{};
   mutable bool run_in_row_ = false;

@@ -110,9 +110,10 @@ class element<O, slots<Memory...>, slots<Registers...>> {
   /// indices index() - vector_lane() to index() - vector_lane() + vector_width() - 1 of its
   /// tensor, run in lane order through one body object before the next run. A body may work
   /// out what the run shares once, at lane 0, and keep it in `mutable` members for the other
-  /// lanes (factored_lookup::factor_of: an element's row, found once per vector). Width 1 (each
-  /// element alone) unless the backend says otherwise: the CUDA backend's vector path sets its
-  /// vector width (as compile-time constants, after unrolling).
+  /// lanes (factored_lookup::factor_of: an element's row, found once per vector), if it runs
+  /// that work for every lane, unconditionally, lane 0 first. Width 1 (each element alone)
+  /// unless the backend says otherwise: the CUDA backend's vector path sets its vector width
+  /// (as compile-time constants, after unrolling).
   FUSEDOPT_HOST_DEVICE int vector_lane() const { return vector_lane_; }
   FUSEDOPT_HOST_DEVICE int vector_width() const { return vector_width_; }
   /// @brief Sets vector_lane() and vector_width(); for backends.

@@ -263,7 +263,12 @@ TEST_CASE("an element's line factor found once per run of elements is the one fo
     cols.push_back(stats[2 * t + 1].data());
   }
   std::vector<double> workspace(static_cast<std::size_t>(layout.workspace_doubles()));
-  auto const entries = layout.entries<double>(rows, cols, workspace.data());
+  auto entries = layout.entries<double>(rows, cols, workspace.data());
+  bool const large = GENERATE(false, true);
+  // Tensors of 2^31 elements or more are located by index_divider: the same runs through it.
+  if (large) {
+    for (auto& entry : entries) { entry.small = false; }
+  }
   auto const table = layout.table<double>(entries.data());
   using element_type = fo::element<double, fo::slots<fo::slot::grad_t>, fo::slots<>>;
   for (std::size_t t = 0; t < shapes.size(); ++t) {
@@ -283,7 +288,7 @@ TEST_CASE("an element's line factor found once per run of elements is the one fo
             e.set_vector_lane(lane, width);
             std::int64_t const row_line = i / s.cols;
             std::int64_t const col_line = row_line / s.rows * s.cols + i % s.cols;
-            INFO("tensor " << t << " width " << width << " head " << head << " element " << i);
+            INFO("tensor " << t << " width " << width << " head " << head << " element " << i << " large " << large);
             REQUIRE(lookup.factor_of(e) == entry.row_factor[row_line] * entry.col_factor[col_line]);
             // A lookup made for the element alone (a body formed per element) agrees too.
             REQUIRE(fo::factored_lookup<double>::of(table, static_cast<std::int64_t>(t)).factor_of(e) ==

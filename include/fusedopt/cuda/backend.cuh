@@ -65,9 +65,10 @@ enum class memory_speed {
 struct options {
   /// Metadata transport; force one to test or compare them.
   transport metadata = transport::automatic;
-  /// Tuning override for benchmarks and tests: elements of one tensor per chunk, a block's work
-  /// in the update and a warp's in a reduction pass (rounded up to a multiple of the vector
-  /// width); 0 takes the tuning policy's default.
+  /// Tuning override: elements of one tensor per chunk, a block's work in the update and a
+  /// warp's in a reduction pass (rounded up to a multiple of the vector width); 0 takes the
+  /// tuning policy's default (2048). Rules reading factored statistics (Adafactor, CAME) run
+  /// faster with fusedopt::factored_chunk_elements (factored.hpp).
   std::int64_t chunk_elements = 0;
   /// Tuning override for benchmarks and tests: the L2 eviction priority of tensor data.
   l2_eviction eviction = l2_eviction::automatic;

@@ -140,7 +140,8 @@ FUSEDOPT_TORCH_C_EXPORT void* fusedopt_adafactor_make(void* const* params, void 
       FUSEDOPT_CUDA_TRY(cudaMemcpyAsync(device_entries.get(), entries.data(), count * sizeof(entries[0]),
                                         cudaMemcpyHostToDevice, on));
     }
-    auto plan = fo::cuda::make_plan(lists, ::fusedopt_torch::c_unit::factored_rule_options(), on);  // synchronises `on`: the table has landed
+    // synchronises `on`: the table has landed
+    auto plan = fo::cuda::make_plan(lists, ::fusedopt_torch::c_unit::factored_rule_options(), on);
     auto const table = layout.table<element>(device_entries.get());
     made.reset(new holder{std::move(workspace), std::move(device_entries), table, std::move(plan),
                           std::vector<grad_pointer>(count)});

@@ -41,7 +41,6 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -196,7 +195,7 @@ struct group_data {
   // MoE experts without tokens come and go. A change of membership then swaps the kept plans in
   // and rebinds them, where building new ones would retire the old (a CUDA plan's destruction
   // frees its tables, which synchronises the device). Keyed by the membership (one char per
-  // parameter), at most kept_limit(parameters) sets.
+  // parameter), at most kept_limit sets.
   struct kept_plans {
     std::vector<bucket> buckets;
     std::vector<void const*> param_ptrs, grad_ptrs;
@@ -204,12 +203,8 @@ struct group_data {
   std::map<std::vector<char>, kept_plans> kept;
 };
 
-/// At most this many memberships' plans are kept per group of n parameters (group_data::kept):
-/// two per parameter, and at least 64, so that every bucket of the step inside backward (one
-/// membership each, at most one per parameter) stays kept however many a model has (a
-/// 1B-parameter GPT-2 in 32 MiB buckets has about 55); with a fixed 64, a model of more buckets
-/// would destroy and rebuild plans at every backward, each destruction synchronising the device.
-inline std::size_t kept_limit(std::size_t n) { return std::max<std::size_t>(64, 2 * n); }
+/// At most this many memberships' plans are kept per group (group_data::kept).
+constexpr std::size_t kept_limit = 64;
 
 /// Checks that `t` (the gradient or a state of parameter `p`) has p's device, shape and strides,
 /// and p's dtype (or `dtype` where given: a user rule's float32 state).
@@ -647,7 +642,7 @@ class engine {
     if (keep && d.built && d.grad_ptrs.size() == n) {
       std::vector<char> members(n);
       for (std::size_t i = 0; i < n; ++i) { members[i] = d.grad_ptrs[i] != nullptr; }
-      if (d.kept.size() >= kept_limit(n)) { retire(d.kept.begin()->second.buckets); d.kept.erase(d.kept.begin()); }
+      if (d.kept.size() >= kept_limit) { retire(d.kept.begin()->second.buckets); d.kept.erase(d.kept.begin()); }
       d.kept[std::move(members)] = group_data::kept_plans{std::move(d.buckets), d.param_ptrs, d.grad_ptrs};
     } else {
       retire(d.buckets);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <fusedopt/error.hpp>
+#include <fusedopt/factored.hpp>
 #include <fusedopt/tensor_list.hpp>
 
 #include <cstddef>

@@ -186,7 +186,8 @@ FUSEDOPT_TORCH_C_EXPORT void* fusedopt_came_make(void* const* params, void const
     std::vector<fo::factored_tensor<state>> second_entries, confidence_entries;
     auto second = statistics_of(second_layout, sq_rows, sq_cols, second_entries, on);
     auto confidence = statistics_of(confidence_layout, res_rows, res_cols, confidence_entries, on);
-    auto plan = fo::cuda::make_plan(lists, ::fusedopt_torch::c_unit::factored_rule_options(), on);  // synchronises `on`: the tables have landed
+    // synchronises `on`: the tables have landed
+    auto plan = fo::cuda::make_plan(lists, ::fusedopt_torch::c_unit::factored_rule_options(), on);
 #else
     (void)stream;
     auto second = statistics_of(second_layout, sq_rows, sq_cols);

@@ -25,6 +25,8 @@ def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, overri
     of the same name, set to the hyperparameter or to the C++ expression `overrides` gives); `wrap`
     turns that rule `r` into another expression (a modifier), which may name any hyperparameter."""
     overrides = overrides or {}
+    if set(overrides) - set(hypers):
+        raise ValueError(f"{name}: overrides of unknown hyperparameters {sorted(set(overrides) - set(hypers))}")
     assignments = "".join(f"r.{h} = {overrides.get(h, h)}; " for h in hypers)
     made = wrap.format(r="r") if wrap else "r"
     expression = f"[&] {{ {cpp_type} r; {assignments}return {made}; }}()"

@@ -529,5 +529,9 @@ def test_bad_arguments():
         ft.ScheduleFreeSGD(ps, momentum=1.0)
     with pytest.raises(TypeError, match="unexpected"):
         ft.CAdamW(ps, amsgrad=True)
+    with pytest.raises(ValueError, match="weight_decay"):
+        ft.CWDAdamW(ps, weight_decay=-0.1)
+    with pytest.raises(TypeError, match="unexpected"):
+        ft.CWDAdamW(ps, amsgrad=True)
     with pytest.raises(NotImplementedError, match="differentiable"):
         ft.StableAdamW(ps, differentiable=True)
