@@ -185,22 +185,28 @@ class StableAdamWReference(Reference):
         return dict(self.state[i])
 
 
+def adamw_direction(options, grad, s, step):
+    """torch.optim.AdamW's update before the learning rate, m_hat / (sqrt(v_hat) + eps), its
+    moments in `s` (created at the first step) advanced."""
+    (beta1, beta2), eps = options.get("betas", (0.9, 0.999)), options.get("eps", 1e-8)
+    if not s:
+        s.update(exp_avg=torch.zeros_like(grad), exp_avg_sq=torch.zeros_like(grad))
+    s["exp_avg"].lerp_(grad, 1 - beta1)
+    s["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    denom = (s["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(eps)
+    return s["exp_avg"] / bias_correction1 / denom
+
+
 class CAdamWReference(Reference):
     """C-AdamW (kyleliang919/C-Optim, c_adamw.py): torch's AdamW update masked where it disagrees in
     sign with the gradient, scaled by 1 / max(mean of the mask, 1e-3) per tensor."""
 
     def update(self, p, grad, s, step):
-        o = self.options
-        lr, (beta1, beta2), eps, wd = o["lr"], o.get("betas", (0.9, 0.999)), o.get("eps", 1e-8), o.get("weight_decay", 1e-2)
-        if not s:
-            s.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        lr, wd = self.options["lr"], self.options.get("weight_decay", 1e-2)
+        update = adamw_direction(self.options, grad, s, step)
         p.mul_(1 - lr * wd)
-        s["exp_avg"].lerp_(grad, 1 - beta1)
-        s["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
-        denom = (s["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(eps)
-        update = s["exp_avg"] / bias_correction1 / denom
         mask = (update * grad > 0).to(grad.dtype)
         mask = mask / mask.mean().clamp_(min=1e-3)
         p.add_(update * mask, alpha=-lr)
@@ -209,28 +215,17 @@ class CAdamWReference(Reference):
         return dict(self.state[i])
 
 
-class CWDAdamWReference(Reference):
+class CWDAdamWReference(CAdamWReference):
     """AdamW with Cautious Weight Decay (arXiv 2510.12402, Algorithm 1 on torch's AdamW): the
     decoupled decay applied only where the update and the parameter agree in sign."""
 
     def update(self, p, grad, s, step):
-        o = self.options
-        lr, (beta1, beta2), eps, wd = o["lr"], o.get("betas", (0.9, 0.999)), o.get("eps", 1e-8), o.get("weight_decay", 1e-2)
-        if o.get("maximize", False):
+        lr, wd = self.options["lr"], self.options.get("weight_decay", 1e-2)
+        if self.options.get("maximize", False):
             grad = -grad
-        if not s:
-            s.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-        s["exp_avg"].lerp_(grad, 1 - beta1)
-        s["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1 ** step
-        bias_correction2 = 1 - beta2 ** step
-        denom = (s["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(eps)
-        update = s["exp_avg"] / bias_correction1 / denom
+        update = adamw_direction(self.options, grad, s, step)
         p.copy_(torch.where(update * p >= 0, p * (1 - lr * wd), p))
         p.add_(update, alpha=-lr)
-
-    def states(self, i):
-        return dict(self.state[i])
 
 
 class ScheduleFreeAdamWReference(Reference):
