@@ -50,8 +50,8 @@ inline constexpr std::int64_t factored_tile_cols = 64;
 /// every chunk, and the default chunk of 2048 elements gives a thread 8 (the H200's 256-thread
 /// update) or 16 elements to spread it over. H200, GPT-2 small (bench/adafactor.py, 2026-11-29,
 /// one run): Adafactor 1329 -> 1098 us, CAME 2838 -> 2429 us from 2048 to 16384 (8192: within
-/// 2%; 65536: 200 small matrices 1.8x slower, too few chunks to fill the GPU). Set it in the plan's options:
-/// `cuda::options o; o.chunk_elements = factored_chunk_elements;`.
+/// 2%; 65536: 200 small matrices 1.8x slower, too few chunks to fill the GPU). Set it in the
+/// plan's options: `cuda::options o; o.chunk_elements = factored_chunk_elements;`.
 inline constexpr std::int64_t factored_chunk_elements = 16384;
 
 namespace detail {
@@ -173,11 +173,11 @@ struct factored_table {
 /// @brief One tensor's statistics as an element reads them: `locate(index)`, then its row
 /// statistic, column statistic, its matrix's row total and, where the pass's part declares
 /// them, its line factors (`factor(at)`, the row's times the column's; `factor_of(e)`, the same
-/// with the element located once per vector). Made once per
-/// chunk (a rule's `for_tensor`) from the table. A tensor of fewer than 2^31 elements (all but
-/// the largest) is located with 32-bit multiplications by the table's magic numbers; larger
-/// ones by a division in double corrected to the exact integers (dozens of instructions on a
-/// GPU, where the passes over factored statistics were bound by instruction issue).
+/// with the element located once per vector). Made once per chunk (a rule's `for_tensor`) from
+/// the table. A tensor of fewer than 2^31 elements (all but the largest) is located with 32-bit
+/// multiplications by the table's magic numbers; larger ones by a division in double corrected
+/// to the exact integers (dozens of instructions on a GPU, where the passes over factored
+/// statistics were bound by instruction issue).
 template <class T>
 struct factored_lookup {
   using factor_type = opmath_t<T>;
