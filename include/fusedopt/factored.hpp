@@ -11,8 +11,8 @@
 /// passes") gets, before every other pass of the step:
 ///  1. the value `prepare_factor(step)(e)` of every element of every factored tensor summed,
 ///     in double, per row and per column of each matrix, in a fixed order (tiles of
-///     `factored_tile_rows` x `factored_tile_cols` elements; within a tile in a fixed order, tiles in order),
-///     the same on every backend, so the bits are the host's on the GPU too;
+///     `factored_tile_rows` x `factored_tile_cols` elements; within a tile in a fixed order,
+///     tiles in order), the same on every backend, so the bits are the host's on the GPU too;
 ///  2. each statistic folded with its sum, `row[k] = fold(row[k], sum, C)`,
 ///     `col[k] = fold(col[k], sum, R)` (the count is the number of elements summed), stored in T;
 ///  3. per matrix, the sum of its R folded row statistics, in double (`row_total`; the

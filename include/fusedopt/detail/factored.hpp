@@ -10,14 +10,15 @@
 /// factored pass after the reduction passes of the parts before its owner (factor_before_v).
 ///
 /// The order (factored.hpp's factored_tile_rows = 256, factored_tile_cols = 64): a matrix is cut
-/// into tiles of 256 x 64 elements (the last ones smaller). In a tile of h rows and w columns, the partial of column c is
-/// ((0 + v[0][c]) + v[1][c]) + ... + v[h-1][c], in double; the partial of row r is the lane
-/// tree (lane_tree) of a[l] = v[r][l] + v[r][l + 32], l = 0..31, a missing value (c >= w)
-/// being 0 (the CUDA backend's warp per tile, lane l holding columns l and l + 32, sums a row
-/// by shuffles in this tree). A row's sum is its partials over the column tiles j = 0, 1, ...
-/// added in that order to 0, a column's over the row tiles i = 0, 1, .... A matrix's row total
-/// is a tree over 256 lanes: lane k adds the folded statistics of rows k, k + 256, ... (as
-/// doubles) in order to 0; then lanes k and k + s are added for s = 128, 64, ..., 1.
+/// into tiles of 256 x 64 elements (the last ones smaller). In a tile of h rows and w columns,
+/// the partial of column c is ((0 + v[0][c]) + v[1][c]) + ... + v[h-1][c], in double; the
+/// partial of row r is the lane tree (lane_tree) of a[l] = v[r][l] + v[r][l + 32], l = 0..31,
+/// a missing value (c >= w) being 0 (the CUDA backend's warp per tile, lane l holding columns l
+/// and l + 32, sums a row by shuffles in this tree). A row's sum is its partials over the
+/// column tiles j = 0, 1, ... added in that order to 0, a column's over the row tiles i = 0, 1,
+/// .... A matrix's row total is a tree over 256 lanes: lane k adds the folded statistics of rows
+/// k, k + 256, ... (as doubles) in order to 0; then lanes k and k + s are added for s = 128, 64,
+/// ..., 1.
 #pragma once
 
 #include <cstddef>

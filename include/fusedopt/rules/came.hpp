@@ -42,7 +42,7 @@ struct came_fold {
 };
 
 /// CAME's _approx_sq_grad as line factors (detail/factored.hpp): rsqrt(row / mean(row)) per
-/// row, rsqrt(col) per column; an element's is their product (factored_lookup::factor), the
+/// row, rsqrt(col) per column; an element's is their product (factored_lookup::factor_of), the
 /// bits of the reference's product of its two factors.
 struct came_line_factors {
   template <class O>
@@ -57,12 +57,6 @@ struct came_line_factors {
   }
 };
 
-/// CAME's _approx_sq_grad at element e of a matrix.
-template <class O, class T, class E>
-FUSEDOPT_HOST_DEVICE O came_approximation(factored_lookup<T> const& stats, E const& e)
-{
-  return static_cast<O>(stats.factor_of(e));
-}
 }  // namespace detail
 
 namespace rules {
@@ -105,7 +99,7 @@ struct scale_by_came_second_moment {
       using O = typename E::value_type;
       O const g = e[slot::grad];
       if (stats.factored()) {
-        e[slot::update] = detail::came_approximation<O>(stats, e) * g;
+        e[slot::update] = static_cast<O>(stats.factor_of(e)) * g;  // CAME's _approx_sq_grad
       } else {
         e[slot::update] = O(1) / math::sqrt(static_cast<O>(to_opmath<opmath_t<T>>(stats.row[e.index()]))) * g;
       }
@@ -229,7 +223,7 @@ struct came_confidence {
       using O = typename E::value_type;
       O& m = e[slot::exp_avg];
       m = momentum(m, e[slot::update], beta1);
-      e[slot::update] = stats.factored() ? detail::came_approximation<O>(stats, e) * m : m;
+      e[slot::update] = stats.factored() ? static_cast<O>(stats.factor_of(e)) * m : m;
     }
   };
   struct prepared {

@@ -26,9 +26,9 @@ def main():
         ft.extension()
         print(f"core {time.time() - start:.1f} s", flush=True)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    muon_only = sys.argv[1:] == ["muon"] or only is not None
-    jobs = [] if muon_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
-    jobs += [] if muon_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
+    units_only = sys.argv[1:] == ["muon"] or only is not None  # no library-rule classes
+    jobs = [] if units_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
+    jobs += [] if units_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
     # (what, device, dtype, the unit's compile call with (backend, dtype, archs))
     unit_jobs = [(f"Muon NS {ns}", d, t, lambda backend, dtype, archs, ns=ns: _muon_unit.unit(backend, dtype, ns, archs))
                  for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"), ("bfloat16", "bfloat16"))]
@@ -67,7 +67,7 @@ def main():
 
     builtins = [lambda ps: ft.AdamW(ps), lambda ps: ft.Adam(ps, amsgrad=True), lambda ps: ft.SGD(ps, momentum=0.9, nesterov=True),
                 lambda ps: ft.Lion(ps), lambda ps: ft.LAMB(ps, max_grad_norm=0.0)]
-    if muon_only:
+    if units_only:
         builtins = [] if only is not None else builtins[:1]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         steps = pool.map(first_step, [(b, d) for b in builtins for d in devices])

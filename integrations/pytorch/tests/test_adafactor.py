@@ -21,7 +21,7 @@ import optimizer_testing
 from optimizer_testing import assert_refused_under_capture, relative, replay_beside_eager, set_grads, twin_of
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-# a matrix around the 64 x 64 tiles, a vector, a 3-D batch, one element, a scalar, R > C over
+# a matrix around the 64-column tiles, a vector, a 3-D batch, one element, a scalar, R > C over
 # several row tiles, a 4-D batch of 1 x 5 matrices
 SHAPES = [(64, 33), (7,), (3, 5, 9), (1,), (), (300, 2), (2, 2, 1, 5)]
 TOLERANCE_PER_STEP = {torch.float32: (16 * 2.0 ** -24,) * 2, torch.bfloat16: (8 * 2.0 ** -8,) * 2}  # parameters, state
