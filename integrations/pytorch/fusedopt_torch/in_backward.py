@@ -60,7 +60,9 @@ def _optimizer_params(optimizer):
 def _step_members(optimizer, params, members):
     """One ``optimizer.step()`` over `members` alone: step() steps every parameter that has a
     gradient, so the gradients of the others among `params` (not yet complete, or accumulating
-    from earlier micro-batches) are hidden from it meanwhile and put back after."""
+    from earlier micro-batches) are hidden from it meanwhile and put back after. `params` need
+    only hold those that may have a gradient (StepInBackward passes the ones whose gradients
+    predate the backward)."""
     in_bucket = {id(p) for p in members}
     hidden = [(p, p.grad) for p in params if p.grad is not None and id(p) not in in_bucket]
     for p, _ in hidden:
@@ -121,6 +123,11 @@ class StepInBackward:
         self.bucket_bytes = int(bucket_bytes)
         self.buckets = 0
         self._pending, self._pending_bytes = [], 0
+        # The parameters whose gradients predate the current backward (earlier micro-batches'),
+        # found at its first hook: the only gradients besides a bucket's that a step there must
+        # hide. Scanning every parameter at every bucket instead cost O(parameters x buckets)
+        # Python per backward (a 1B model: about 12 000 .grad reads in 55 buckets).
+        self._earlier = []
         self._accumulating = False
         self._flush_queued = False
         self._handles = []
@@ -156,6 +163,7 @@ class StepInBackward:
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             self._flush_queued = True
             self.buckets = 0
+            self._earlier = [q for q in self._params if q is not p and q.grad is not None]
         self._pending.append(p)
         self._pending_bytes += p.grad.numel() * p.grad.element_size()
         if self._pending_bytes >= self.bucket_bytes:
@@ -170,9 +178,11 @@ class StepInBackward:
             return
         opt = self.optimizer
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        _step_members(opt, self._params, pending)
+        _step_members(opt, self._earlier, pending)
         for p in pending:
             p.grad = None
+        if self._earlier:
+            self._earlier = [q for q in self._earlier if q.grad is not None]
         self.buckets += 1
 
 
