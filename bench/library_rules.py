@@ -40,12 +40,12 @@ import fusedopt_torch as ft  # noqa: E402
 
 # Bytes per float32 element: param read and written (8), grad read (4), each state read and
 # written (8); a reduction pass reads what it needs once more (StableAdamW: grad and exp_avg_sq;
-# CAdamW: grad and both moments, the direction AdamW has before its mask: the decoupled decay's
-# param is loaded there for nothing, and the compiler drops the load, as 44 B would give 103%).
+# CAdamW: grad and exp_avg, whose sign its mask compares: the compiler drops the loads the
+# count does not need, exp_avg_sq's and the decoupled decay's param).
 # ASGD: param and ax read and written, grad read. Prodigy: its reduction pass reads grad, p0, param
 # and s (16 B), its update reads param, grad, s and both moments and writes param, s and the
 # moments (36 B).
-BYTES = {"Rprop": 28, "ASGD": 20, "AdEMAMix": 36, "Adan": 44, "ADOPT": 28, "StableAdamW": 28 + 8, "CAdamW": 28 + 12,
+BYTES = {"Rprop": 28, "ASGD": 20, "AdEMAMix": 36, "Adan": 44, "ADOPT": 28, "StableAdamW": 28 + 8, "CAdamW": 28 + 8,
          "CWDAdamW": 28, "ScheduleFreeAdamW": 28, "ScheduleFreeSGD": 20, "Prodigy": 16 + 36}
 TORCH_PEERS = {"Rprop": torch.optim.Rprop, "ASGD": torch.optim.ASGD}
 OPTIONS = {"Rprop": dict(lr=1e-3), "ASGD": dict(lr=1e-3), "Prodigy": dict(lr=1.0),

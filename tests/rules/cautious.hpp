@@ -127,6 +127,21 @@ FUSEDOPT_RULE_TEST("cautious adamw matches AdamW with the cautious mask step by 
                                });
 }
 
+FUSEDOPT_RULE_TEST("cautious adamw comparing exp_avg matches C-Optim's C-AdamW step by step", "[optimizers][cautious]")
+{
+  // The reference decides the mask by exp_avg's sign (undecided where rounding could flip it),
+  // which is what this form compares.
+  using T = TestType;
+  namespace af = adam_family;
+  breadth::cautious_adamw_reference const ref{af::lr, af::beta1, af::beta2, af::eps, 0.1, false, true, false};
+  fo::rules::cautious<fo::rules::adamw, fo::rules::cautious_sign_of::exp_avg> const rule{
+    adam_family::rule<fo::rules::adamw>(0.1, false)};
+  cautious_trajectory<T, true>(rule, "adamw exp_avg sign",
+                               [&](std::int64_t t, auto const& p, auto const& g, auto& m, auto& v, auto& candidates) {
+                                 return ref.step<T>(t, p, g, m, v, candidates);
+                               });
+}
+
 FUSEDOPT_RULE_TEST("cautious lion matches Lion with the cautious mask step by step", "[optimizers][cautious]")
 {
   using T = TestType;

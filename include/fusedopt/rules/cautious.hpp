@@ -7,14 +7,17 @@
 /// Both act on the direction a rule produces in `update` before its learning-rate block
 /// scales it (update then points along the gradient: the step is -lr update):
 /// - `cautious_mask` keeps update only where it agrees in sign with the gradient (update *
-///   grad > 0) and scales what it keeps by 1 / max(mean of the mask, 1e-3), the mean taken over
-///   each tensor: a reduction pass (per-tensor counts), as LAMB's trust ratio;
+///   grad > 0; `basic_cautious_mask<cautious_sign_of::exp_avg>`: exp_avg * grad > 0, as
+///   C-Optim's and timm's C-AdamW) and scales what it keeps by 1 / max(mean of the mask,
+///   1e-3), the mean taken over each tensor: a reduction pass (per-tensor counts), as LAMB's
+///   trust ratio;
 /// - `cautious_decay` decays the parameter only where update and parameter agree in sign
 ///   (update * param >= 0): param *= 1 - lr weight_decay there. Elementwise.
 /// `cautious{rule}` and `cautious_weight_decay{rule, weight_decay}` insert them into `rule`'s
 /// chain in front of its first learning-rate block (scale_by_scheduled_lr, or a block for which
-/// rules::is_learning_rate_block is specialised), so `cautious{adamw{...}}` is C-AdamW and
-/// `cautious{lion{...}}` C-Lion; give the rule itself a weight_decay of 0 under
+/// rules::is_learning_rate_block is specialised), so `cautious{adamw{...}}` is C-AdamW (up to
+/// the sign of an update that rounds to zero: `cautious<adamw, cautious_sign_of::exp_avg>` is
+/// C-Optim's form) and `cautious{lion{...}}` C-Lion; give the rule itself a weight_decay of 0 under
 /// cautious_weight_decay.
 #pragma once
 
@@ -102,24 +105,47 @@ using with_block_before_lr_t = typename insert_before_lr<chain_of_t<Rule>, Block
 
 namespace rules {
 
-/// @brief C-AdamW's mask on any direction: update *= (update * grad > 0) / max(mean, min_mean),
-/// mean being the fraction of the tensor's elements kept (1e-3 is C-Optim's and timm's clamp;
-/// the paper's first form divided by (kept + 1) / numel). The counts come from a reduction pass
-/// that runs the chain up to this block on registers (it reads what the parts before it read).
-struct cautious_mask {
+/// @brief What cautious_mask compares in sign with the gradient: the rule's `update`
+/// (C-Lion's form, and any rule's), or the new first moment `exp_avg` (C-Optim's and timm's
+/// C-AdamW: `exp_avg * grad > 0`). For Adam-like rules the two differ only where the update
+/// rounds to zero or is not finite (its denominator is positive), and `exp_avg` lets the
+/// reduction pass skip the second moment: its load, square root and division (C-AdamW's pass
+/// reads grad and exp_avg, 8 bytes an element where `update` needs 12).
+enum class cautious_sign_of { update, exp_avg };
+
+/// @brief C-AdamW's mask on any direction: update *= (x * grad > 0) / max(mean, min_mean), x
+/// the `SignOf` value, mean being the fraction of the tensor's elements kept (1e-3 is C-Optim's
+/// and timm's clamp; the paper's first form divided by (kept + 1) / numel). The counts come
+/// from a reduction pass that runs the chain up to this block on registers (it reads what the
+/// parts before it read, less what the count does not need).
+template <cautious_sign_of SignOf = cautious_sign_of::update>
+struct basic_cautious_mask {
   scalar<double> min_mean{1e-3};
 
   /// Accumulator 0: elements kept; accumulator 1: elements (per tensor).
   using reduction = fusedopt::reduction<reduce_op::sum, reduce_op::sum>;
-  using reads = slots<slot::grad_t>;
+  using reads = std::conditional_t<SignOf == cautious_sign_of::exp_avg, slots<slot::grad_t, slot::exp_avg_t>,
+                                   slots<slot::grad_t>>;
   using writes = slots<>;
+
+  /// Whether the element's sign agrees with its gradient's (x * grad > 0).
+  template <class E>
+  FUSEDOPT_HOST_DEVICE static bool agrees(E& e)
+  {
+    using T = typename E::value_type;
+    if constexpr (SignOf == cautious_sign_of::exp_avg) {
+      return static_cast<T>(e[slot::exp_avg]) * e[slot::grad] > T(0);
+    } else {
+      return e[slot::update] * e[slot::grad] > T(0);
+    }
+  }
 
   struct count {
     template <class E, class Acc>
     FUSEDOPT_HOST_DEVICE void operator()(E& e, Acc& acc) const
     {
       using A = std::remove_reference_t<decltype(acc[0])>;
-      acc[0] += e[slot::update] * e[slot::grad] > 0 ? A(1) : A(0);
+      acc[0] += agrees(e) ? A(1) : A(0);
       acc[1] += A(1);
     }
   };
@@ -132,7 +158,7 @@ struct cautious_mask {
     {
       using T = typename E::value_type;
       T const u = e[slot::update];
-      e[slot::update] = u * e[slot::grad] > T(0) ? u * static_cast<T>(scale) : T(0);
+      e[slot::update] = agrees(e) ? u * static_cast<T>(scale) : T(0);
     }
   };
 
@@ -162,6 +188,9 @@ struct cautious_mask {
   }
 };
 
+/// @brief C-AdamW's mask comparing the update (cautious_sign_of::update).
+using cautious_mask = basic_cautious_mask<>;
+
 /// @brief Cautious Weight Decay: param *= 1 - lr * weight_decay where update * param >= 0 (the
 /// paper's mask 1[u x >= 0]), param unchanged elsewhere. Placed before the learning-rate block,
 /// where update is the direction u of the step x -= lr (u + weight_decay mask x).
@@ -190,12 +219,15 @@ struct cautious_decay {
   }
 };
 
-/// @brief `rule` with cautious_mask in front of its learning-rate block (C-AdamW for
-/// `cautious{adamw{...}}`). One reduction pass more than `rule`: it reads what the parts of
-/// the rule before the mask read (for AdamW with weight decay: param, grad, exp_avg,
-/// exp_avg_sq) and stores nothing.
-template <class Rule>
-struct cautious : chained<cautious<Rule>, detail::with_block_before_lr_t<Rule, cautious_mask>> {
+/// @brief `rule` with basic_cautious_mask<SignOf> in front of its learning-rate block
+/// (`cautious{adamw{...}}`; C-Optim's C-AdamW exactly: `cautious<adamw,
+/// cautious_sign_of::exp_avg>`). One reduction pass more than `rule`, which runs the rule's
+/// parts before the mask on registers and stores nothing: it loads what the mask's value needs
+/// (C-AdamW comparing the update: grad, exp_avg, exp_avg_sq; comparing exp_avg: grad and
+/// exp_avg).
+template <class Rule, cautious_sign_of SignOf = cautious_sign_of::update>
+struct cautious : chained<cautious<Rule, SignOf>, detail::with_block_before_lr_t<Rule, basic_cautious_mask<SignOf>>> {
+  using mask = basic_cautious_mask<SignOf>;
   Rule rule{};
   scalar<double> min_mean{1e-3};  ///< lower clamp of the mask's mean
 
@@ -203,10 +235,9 @@ struct cautious : chained<cautious<Rule>, detail::with_block_before_lr_t<Rule, c
   /// @brief Wraps `r` (CTAD: `rules::cautious{rules::adamw{...}}`).
   FUSEDOPT_HOST_DEVICE constexpr explicit cautious(Rule r, scalar<double> clamp = 1e-3) : rule(r), min_mean(clamp) {}
 
-  FUSEDOPT_HOST_DEVICE detail::with_block_before_lr_t<Rule, cautious_mask> as_chain() const
+  FUSEDOPT_HOST_DEVICE detail::with_block_before_lr_t<Rule, mask> as_chain() const
   {
-    return detail::insert_before_lr<detail::chain_of_t<Rule>, cautious_mask>::insert(detail::chain_of(rule),
-                                                                                      cautious_mask{min_mean});
+    return detail::insert_before_lr<detail::chain_of_t<Rule>, mask>::insert(detail::chain_of(rule), mask{min_mean});
   }
 };
 

@@ -240,14 +240,14 @@ class StableAdamW(_StableAdamWRule):
 _CAdamWRule = _library_rule(
     "_CAdamWRule", "fo::rules::adamw",
     hypers=dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=1e-2, maximize=False),
-    states=dict(exp_avg=0.0, exp_avg_sq=0.0), elementwise=False, wrap="fo::rules::cautious<fo::rules::adamw>({r})")
+    states=dict(exp_avg=0.0, exp_avg_sq=0.0), elementwise=False, wrap="fo::rules::cautious<fo::rules::adamw, fo::rules::cautious_sign_of::exp_avg>({r})")
 
 
 class CAdamW(_CAdamWRule):
     """C-AdamW (Cautious AdamW: kyleliang919/C-Optim, timm's ``cadamw``): torch.optim.AdamW's
-    update kept only where it agrees in sign with the gradient, scaled per tensor by
-    1 / max(mean of the mask, 1e-3). One counting pass (no host synchronisation); not for
-    DTensor shards."""
+    update kept only where exp_avg agrees in sign with the gradient (C-Optim's ``exp_avg * grad
+    > 0``), scaled per tensor by 1 / max(mean of the mask, 1e-3). One counting pass over grad
+    and exp_avg (no host synchronisation); not for DTensor shards."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, maximize=False,
                  capturable=False, fused=None, **kwargs):

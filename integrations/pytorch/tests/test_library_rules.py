@@ -200,14 +200,14 @@ def adamw_direction(options, grad, s, step):
 
 
 class CAdamWReference(Reference):
-    """C-AdamW (kyleliang919/C-Optim, c_adamw.py): torch's AdamW update masked where it disagrees in
-    sign with the gradient, scaled by 1 / max(mean of the mask, 1e-3) per tensor."""
+    """C-AdamW (kyleliang919/C-Optim, c_adamw.py): torch's AdamW update masked where exp_avg
+    disagrees in sign with the gradient, scaled by 1 / max(mean of the mask, 1e-3) per tensor."""
 
     def update(self, p, grad, s, step):
         lr, wd = self.options["lr"], self.options.get("weight_decay", 1e-2)
         update = adamw_direction(self.options, grad, s, step)
         p.mul_(1 - lr * wd)
-        mask = (update * grad > 0).to(grad.dtype)
+        mask = (s["exp_avg"] * grad > 0).to(grad.dtype)
         mask = mask / mask.mean().clamp_(min=1e-3)
         p.add_(update * mask, alpha=-lr)
 

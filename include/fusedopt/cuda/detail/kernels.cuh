@@ -113,12 +113,18 @@ __device__ __forceinline__ accumulator<double, Reduction::size> fold_strided(acc
 
 /// Blocks per SM the update kernel's registers must allow: the persistent grid of a rule that
 /// stores quantized states counts on its shape's blocks per SM fitting at once
-/// (Policy::quantized_update; a policy needs it only for such rules).
+/// (Policy::quantized_update; a policy needs it only for such rules); the fast shape's over
+/// 4-byte slots alone (plain_fast_min_blocks_per_sm) keeps enough warps on an SM to hide
+/// memory's latency. Not where a slot is 8 bytes (double), whose vectors take twice the
+/// registers (or, all double, blocks of 512 threads: three would leave 40 registers a thread,
+/// and they spilled), nor 16-bit, whose 128-thread blocks it does not hold back.
 template <class Policy, class Rule, class Bound, bool FastMemory>
 constexpr int update_min_blocks()
 {
   if constexpr (::fusedopt::detail::access<Rule, Bound>::stores_quantized) {
     return quantized_blocks_per_sm_v<Policy, ::fusedopt::detail::access<Rule, Bound>, FastMemory>;
+  } else if constexpr (FastMemory && vector_width<Bound>::value == 4 && vector_width<Bound>::widest == 4) {
+    return plain_fast_min_blocks_v<Policy>;
   } else {
     return Policy::min_blocks_per_sm;
   }

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "../../config.hpp"
 
@@ -58,6 +59,14 @@ constexpr bool operator==(plain_shape const& a, plain_shape const& b)
   return a.block_threads == b.block_threads && a.bytes_per_slot == b.bytes_per_slot;
 }
 
+/// Policy::plain_fast_min_blocks_per_sm, or min_blocks_per_sm for a policy without it (a
+/// policy of one's own written before it).
+template <class Policy, class = void>
+inline constexpr int plain_fast_min_blocks_v = Policy::min_blocks_per_sm;
+template <class Policy>
+inline constexpr int plain_fast_min_blocks_v<Policy, std::void_t<decltype(Policy::plain_fast_min_blocks_per_sm)>> =
+  Policy::plain_fast_min_blocks_per_sm;
+
 /// @brief The default policy, measured on the H100 (sm_90). Not part of the stable API:
 /// benchmarks override the run-time values through `cuda::options`; a policy of one's own is
 /// a struct with the same members.
@@ -104,6 +113,16 @@ struct default_policy {
   static constexpr std::int64_t evict_first_below_bytes = std::int64_t{1} << 29;
   /// Second argument of __launch_bounds__: blocks per SM the register allocation must allow.
   static constexpr int min_blocks_per_sm = 1;
+  /// The same for the fast shape's update (plain_fast_update) where every slot is 4 bytes
+  /// (float: vectors of four, blocks of 256 threads): 3 blocks hold ptxas to 80 registers a
+  /// thread. Without the bound, rules of many slots or much
+  /// per-step arithmetic took what they liked and ran 2 blocks per SM (Adan: 82 registers,
+  /// ADOPT: 66, its allocation of 72 one step over 4 blocks' 64): on an H200 Adan ran W2 / W4 at
+  /// 90.0 / 90.8% of the copy and 97.3 / 98.5% with the bound, ADOPT 92.5 / 93.7% and 97.6 /
+  /// 99.0%, AdamW (56 registers) unchanged; 4 blocks was no better (docs/tuning.md, "The fast
+  /// shape's launch bounds"). Other bindings keep min_blocks_per_sm (kernels.cuh,
+  /// update_min_blocks: double slots spilled under it).
+  static constexpr int plain_fast_min_blocks_per_sm = 3;
   /// Elements of one tensor a block updates per chunk (a multiple of every vector width).
   static constexpr std::int64_t chunk_elements = 2048;
   /// Threads of a finalize block, which folds the chunk partials of one row of the bound
