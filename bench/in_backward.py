@@ -11,12 +11,14 @@ in one process on the GPU machine, one iteration = forward + backward + the step
                     zeroed in a post-accumulate-grad hook
 
 Per mode: median iteration time over --iterations (after two warm-up iterations that create the
-states), peak memory of an iteration (torch.cuda.max_memory_allocated after a reset), and the
+states), the optimizer's host time per iteration (step() and zero_grad(), or the hooks' bucket
+steps: on autograd's thread, where they delay backward's next launches), peak memory of an iteration (torch.cuda.max_memory_allocated after a reset), and the
 gradients' bytes for scale. (That the two fusedopt modes step the same bits is
 integrations/pytorch/tests/test_in_backward.py's.)
 
 Usage: python3 bench/in_backward.py [--model gpt2-small|1b] [--iterations 20] [--batch 8] [--tokens 512]
-                                    [--checkpointing] [--no-autocast-cache] [--out FILE]
+                                    [--checkpointing] [--no-autocast-cache] [--profile N]
+                                    [--out FILE]
 """
 
 import argparse
@@ -51,20 +53,31 @@ def make_model(name, checkpointing=False, seed=0):
     return model
 
 
-def run(mode, iterations, tokens, name, checkpointing=False, cache=True):
+def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile=0):
     model = make_model(name, checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
-    step = None
+    step = opt = None
+    host = [0.0]  # seconds of host time in the optimizer's calls (step(), or the hooks' bucket steps)
+
+    def timed(call):
+        def wrapper():
+            start = time.perf_counter()
+            call()
+            host[0] += time.perf_counter() - start
+        return wrapper
     hooks = []  # removed at the end: hooks live in C++, where the collector does not see their cycles
     if mode == "ordinary":
         opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
 
+        @timed
         def step():
             opt.step()
             opt.zero_grad(set_to_none=True)
     elif mode == "in_backward":
         opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
-        hooks.append(ft.step_in_backward(opt, bucket_bytes=32 << 20))
+        stepper = ft.step_in_backward(opt, bucket_bytes=32 << 20)
+        stepper._flush = timed(stepper._flush)  # the hooks call it through the instance
+        hooks.append(stepper)
     else:
         per_param = {p: torch.optim.AdamW([p], lr=1e-4, weight_decay=0.1, fused=True) for p in params}
 
@@ -74,27 +87,58 @@ def run(mode, iterations, tokens, name, checkpointing=False, cache=True):
 
         for p in params:
             hooks.append(p.register_post_accumulate_grad_hook(hook))
-    times, peaks = [], []
-    for k in range(iterations + 2):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
+    def iteration():
         with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
             loss = model(tokens, labels=tokens).loss
         loss.backward()
         if step is not None:
             step()
+
+    times, peaks = [], []
+    engine_before = None
+    gc.disable()  # the collector runs between iterations, not inside one (its pauses are not the modes')
+    for k in range(iterations + 2):
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        if k == 2:
+            host[0] = 0.0
+            engine_before = opt._engine.host_times() if opt is not None else None
+        start = time.perf_counter()
+        iteration()
         torch.cuda.synchronize()
         if k >= 2:
             times.append(time.perf_counter() - start)
             peaks.append(torch.cuda.max_memory_allocated())
+    gc.enable()
+    if profile and mode == "in_backward":
+        # Backward on this thread (not autograd's device threads), so that the profiler sees the hooks.
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        with torch.autograd.set_multithreading_enabled(False):
+            profiler.enable()
+            for _ in range(profile):
+                iteration()
+            torch.cuda.synchronize()
+            profiler.disable()
+        print(f"-- cProfile of {profile} in_backward iterations (backward on the main thread), by own time:")
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     for h in hooks:
         h.remove()
     row = dict(iteration_ms=statistics.median(times) * 1e3, iteration_ms_min=min(times) * 1e3,
+               optimizer_host_ms=host[0] / iterations * 1e3, iterations_ms=[round(t * 1e3, 2) for t in times],
                peak_mib=max(peaks) / 2**20, grad_mib=grad_bytes / 2**20)
     if mode != "torch_per_param":  # plans built over all iterations (none after the first ones)
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_reuses=opt.plan_reuses())
+        # The engine's own clocks (csrc/binding.cpp, host_times) over the timed iterations: its
+        # steps (one per bucket inside backward) and the C++ host time of each phase, per iteration.
+        after = opt._engine.host_times()
+        row["engine_steps_per_iteration"] = (after["steps"] - engine_before["steps"]) / iterations
+        row["engine_host_ms_per_iteration"] = {k[:-3]: round((after[k] - engine_before[k]) / iterations / 1e6, 3)
+                                               for k in after if k.endswith("_ns")}
     return model, row
 
 
@@ -108,17 +152,24 @@ def main():
     parser.add_argument("--no-autocast-cache", dest="cache", action="store_false",
                         help="autocast without its cache of bfloat16 weight copies (which holds 2 bytes per "
                              "parameter from forward to the end of autocast)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after the timing, N in_backward iterations under cProfile (backward on the main thread)")
     parser.add_argument("--out")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, 50257, (args.batch, args.tokens), device="cuda", generator=gen)
     rows = {}
     for mode in ("ordinary", "in_backward", "torch_per_param"):
-        model, rows[mode] = run(mode, args.iterations, tokens, args.model, args.checkpointing, args.cache)
+        model, rows[mode] = run(mode, args.iterations, tokens, args.model, args.checkpointing, args.cache,
+                                args.profile)
         r = rows[mode]
-        print(f"{mode:16s} iteration {r['iteration_ms']:7.2f} ms (min {r['iteration_ms_min']:.2f}), peak "
+        print(f"{mode:16s} iteration {r['iteration_ms']:7.2f} ms (min {r['iteration_ms_min']:.2f}; optimizer's host "
+              f"time {r['optimizer_host_ms']:.2f} ms), peak "
               f"{r['peak_mib']:8.1f} MiB (gradients {r['grad_mib']:.1f} MiB)"
               + (f", plans built {r['plan_rebuilds']}, reused {r['plan_reuses']}" if "plan_rebuilds" in r else ""), flush=True)
+        if "engine_host_ms_per_iteration" in r:
+            print(f"  engine: {r['engine_steps_per_iteration']:.1f} steps an iteration, C++ host ms an iteration "
+                  + ", ".join(f"{k} {v}" for k, v in r["engine_host_ms_per_iteration"].items()), flush=True)
         del model
         gc.collect()  # the hooks make cycles (parameter -> hook -> optimizer -> parameter)
         torch.cuda.empty_cache()

@@ -136,9 +136,12 @@ struct scale_by_factored_rms {
       }
     }
   };
+  /// The step's constants, made once per prepare() (a block on CUDA), not per tensor or chunk.
   struct prepared {
     factored_table<T> statistics;
-    double eps1;
+    double eps1_squared;
+    float cap_float;
+    double cap_double;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
@@ -146,12 +149,15 @@ struct scale_by_factored_rms {
     }
     FUSEDOPT_HOST_DEVICE tensor_direction for_tensor(std::int64_t tensor) const
     {
-      double const squared = eps1 * eps1;
-      return {factored_lookup<T>::of(statistics, tensor), squared, 1.0f / math::sqrt(static_cast<float>(squared)),
-              1.0 / math::sqrt(squared)};
+      return {factored_lookup<T>::of(statistics, tensor), eps1_squared, cap_float, cap_double};
     }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {statistics, resolved_eps1()}; }
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const
+  {
+    double const e1 = resolved_eps1();
+    double const squared = e1 * e1;
+    return {statistics, squared, 1.0f / math::sqrt(static_cast<float>(squared)), 1.0 / math::sqrt(squared)};
+  }
 
   /// eps1, None (negative) read as finfo(T).eps.
   FUSEDOPT_HOST_DEVICE double resolved_eps1() const
