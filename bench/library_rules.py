@@ -7,9 +7,14 @@ process, on W1-W4 (bench/torch_peers.py's workloads, float32; issue 42):
   reference    the reference algorithm one tensor at a time (the classes of
                integrations/pytorch/tests/test_library_rules.py, written from the official
                repositories; torch.optim.Rprop with foreach=False for Rprop)
-  foreach      torch.optim.Rprop / ASGD with foreach=True (those two only: the others' references
-               are single-tensor loops here; their foreach and torch.compile variants are not
-               measured)
+  foreach      torch.optim.Rprop / ASGD with foreach=True; for Adan, ADOPT and Schedule-Free
+               AdamW / SGD, whose official repositories also have a multi-tensor form, that form
+               (the references' step_foreach: torch._foreach_* over every tensor; the others'
+               official code is a single-tensor loop)
+  compiled     with --compile: the reference's step under torch.compile (default options, after
+               three warm-up calls that compile it), on W1, W2 and W4 (W3's 2000 tensors make a
+               graph of tens of thousands of operations); a failure to compile is recorded in
+               the row, not raised
 
 Rprop's and ASGD's references are torch.optim's own (foreach=False); Prodigy's is
 konstmish/prodigy's step as tests/test_prodigy.py writes it (two `.item()` per tensor; it also
@@ -19,7 +24,7 @@ Per row: GPU time per step (median of rounds, CUDA events behind a sleep kernel:
 Timer), host time per step() call, and fusedopt's fraction of a device-to-device copy measured
 in the same run at the bytes it must move per element, counting every pass (BYTES below).
 
-Usage: python3 bench/library_rules.py [--workloads W1,W2,W3,W4] [--optimizers a,b] [--out FILE]
+Usage: python3 bench/library_rules.py [--workloads W1,W2,W3,W4] [--optimizers a,b] [--compile] [--out FILE]
 """
 
 import argparse
@@ -71,20 +76,42 @@ def prodigy_reference_step(prodigy, params, options):
     return step
 
 
-def reference_step(refs, name, params, options):
+def reference_steps(refs, name, params, options):
+    """The reference's step functions over `params` (their .grad): "reference", and "foreach"
+    where the reference class has a multi-tensor form. Each has its own state, over the same
+    parameters."""
     cls = getattr(refs, f"{name}Reference")
-    ref = cls([], **options)
-    ref.params = [p.detach() for p in params]
-    ref.state = [dict() for _ in params]
-    ref.clone_grads = False
     grads = [p.grad for p in params]
-    return lambda: ref.step(grads)
+    steps = {}
+    for variant in ("reference", "foreach"):
+        if variant == "foreach" and not hasattr(cls, "step_foreach"):
+            continue
+        ref = cls([], **options)
+        ref.params = [p.detach() for p in params]
+        ref.state = [dict() for _ in params]
+        ref.clone_grads = False
+        step = ref.step_foreach if variant == "foreach" else ref.step
+        steps[variant] = lambda step=step: step(grads)
+    return steps
+
+
+def compiled(step):
+    """torch.compile(step), compiled by three calls (a second one may recompile with the step
+    count dynamic); a string saying why where it does not compile."""
+    try:
+        fn = torch.compile(step)
+        for _ in range(3):
+            fn()
+        return fn
+    except Exception as e:  # noqa: BLE001 (a peer that does not compile is a row, not a crash)
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="W1,W2,W3,W4")
     parser.add_argument("--optimizers", default=",".join(BYTES))
+    parser.add_argument("--compile", action="store_true", help="also the reference under torch.compile (W1, W2, W4)")
     parser.add_argument("--out")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -113,17 +140,34 @@ def main():
             elif name == "Prodigy":
                 peers_of["reference"] = prodigy_reference_step(prodigy, params, options)
             else:
-                peers_of["reference"] = reference_step(refs, name, params, options)
+                peers_of.update(reference_steps(refs, name, params, options))
+            if args.compile and w != "W3":
+                # The single-tensor reference (torch.optim's own for Rprop and ASGD), compiled.
+                if name in TORCH_PEERS:
+                    eager = TORCH_PEERS[name](params, foreach=False, **options).step
+                elif name == "Prodigy":
+                    eager = prodigy_reference_step(prodigy, params, options)
+                else:
+                    eager = reference_steps(refs, name, params, options)["reference"]
+                fn = compiled(eager)
+                if isinstance(fn, str):
+                    row["compiled_error"] = fn
+                else:
+                    peers_of["compiled"] = fn
             for variant, step in peers_of.items():
                 step()
                 row[variant] = peers.timed(timer, step, copy_bps, n, BYTES[name])
                 row[f"speedup_vs_{variant}"] = row[variant]["gpu_us"] / row["fusedopt"]["gpu_us"]
+            if args.compile:
+                torch._dynamo.reset()  # each optimizer's graphs apart
             del peers_of, params
             torch.cuda.empty_cache()
             rows.append(row)
             f = row["fusedopt"]
             text = " | ".join(f"{v} {row[v]['gpu_us']:9.1f} us ({row[f'speedup_vs_{v}']:.1f}x)"
-                              for v in ("reference", "foreach") if v in row)
+                              for v in ("reference", "foreach", "compiled") if v in row)
+            if "compiled_error" in row:
+                text += f" | compiled: {row['compiled_error']}"
             print(f"{w} {name:18s} fusedopt {f['gpu_us']:9.1f} us ({f['pct_copy']:5.1f}% copy, host "
                   f"{f['host_us']:.0f} us) | {text}", flush=True)
     result = dict(device=torch.cuda.get_device_name(), copy_gbps=copy_bps / 1e9, rows=rows)

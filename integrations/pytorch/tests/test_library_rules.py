@@ -55,6 +55,21 @@ class Reference:
         for p, g, s in zip(self.params, grads, self.state):
             self.update(p, g.clone() if self.clone_grads else g, s, self.k)
 
+    # Where the official repository also has a multi-tensor form (torch._foreach_* over every
+    # tensor), the subclass's step_foreach is it, written from that form with the same
+    # operations in the same order as update(): bench/library_rules.py times it beside the
+    # single-tensor loop, test_foreach_reference checks that it steps the same values.
+
+    def foreach_grads(self, grads):
+        return [g.clone() for g in grads] if self.clone_grads else list(grads)
+
+    def foreach_states(self, make):
+        """Each tensor's state dict, made by make(p, s) where it is empty; the dicts in order."""
+        for p, s in zip(self.params, self.state):
+            if not s:
+                make(p, s)
+        return self.state
+
 
 class AdEMAMixReference(Reference):
     """apple/ml-ademamix, pytorch/ademamix.py."""
@@ -127,6 +142,46 @@ class AdanReference(Reference):
             p.div_(1 + lr * wd)
         neg.zero_().add_(grad, alpha=-1.0)
 
+    def step_foreach(self, grads):
+        """sail-sg/Adan, adan.py (_multi_tensor_adan, max_grad_norm = 0)."""
+        self.k += 1
+        step, o, grads = self.k, self.options, self.foreach_grads(grads)
+        lr, (beta1, beta2, beta3), eps = o["lr"], o.get("betas", (0.98, 0.92, 0.99)), o.get("eps", 1e-8)
+        wd, no_prox = o.get("weight_decay", 0.0), o.get("no_prox", False)
+        states = self.foreach_states(lambda p, s: s.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p),
+                                                           exp_avg_diff=torch.zeros_like(p)))
+        for s, g in zip(states, grads):
+            if "neg_pre_grad" not in s or step == 1:
+                s["neg_pre_grad"] = g.clone().mul_(-1.0)
+        params = self.params
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        diffs, neg = [s["exp_avg_diff"] for s in states], [s["neg_pre_grad"] for s in states]
+        bias_correction1 = 1.0 - beta1 ** step
+        bias_correction2 = 1.0 - beta2 ** step
+        bias_correction3_sqrt = math.sqrt(1.0 - beta3 ** step)
+        torch._foreach_add_(neg, grads)
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+        torch._foreach_mul_(diffs, beta2)
+        torch._foreach_add_(diffs, neg, alpha=1 - beta2)
+        torch._foreach_mul_(neg, beta2)
+        torch._foreach_add_(neg, grads)
+        torch._foreach_mul_(exp_avg_sqs, beta3)
+        torch._foreach_addcmul_(exp_avg_sqs, neg, neg, value=1 - beta3)
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, bias_correction3_sqrt)
+        torch._foreach_add_(denom, eps)
+        step_size_diff = lr * beta2 / bias_correction2
+        step_size = lr / bias_correction1
+        if no_prox:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        torch._foreach_addcdiv_(params, exp_avgs, denom, value=-step_size)
+        torch._foreach_addcdiv_(params, diffs, denom, value=-step_size_diff)
+        if not no_prox:
+            torch._foreach_div_(params, 1 + lr * wd)
+        torch._foreach_zero_(neg)
+        torch._foreach_add_(neg, grads, alpha=-1.0)
+
     def states(self, i):
         return dict(self.state[i])
 
@@ -157,6 +212,35 @@ class ADOPTReference(Reference):
         s["exp_avg"].lerp_(normed, 1 - beta1)
         p.add_(s["exp_avg"], alpha=-lr)
         s["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+    def step_foreach(self, grads):
+        """iShohei220/adopt, adopt.py (_multi_tensor_adopt of the version with clip_lambda)."""
+        self.k += 1
+        o, grads, params = self.options, self.foreach_grads(grads), self.params
+        lr, (beta1, beta2), eps = o["lr"], o.get("betas", (0.9, 0.9999)), o.get("eps", 1e-6)
+        wd, decouple = o.get("weight_decay", 0.0), o.get("decouple", False)
+        clip_lambda = o.get("clip_lambda", lambda t: t ** 0.25)
+        states = self.foreach_states(lambda p, s: s.update(exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)))
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        t = self.k - 1
+        if wd != 0 and not decouple:
+            grads = torch._foreach_add(grads, params, alpha=wd)
+        if t == 0:
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads)
+            return
+        if wd != 0 and decouple:
+            torch._foreach_add_(params, params, alpha=-lr * wd)
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_clamp_min_(denom, eps)
+        normed = torch._foreach_div(grads, denom)
+        if clip_lambda is not None:
+            clip = clip_lambda(t)
+            torch._foreach_clamp_min_(normed, -clip)
+            torch._foreach_clamp_max_(normed, clip)
+        torch._foreach_lerp_(exp_avgs, normed, 1 - beta1)
+        torch._foreach_add_(params, exp_avgs, alpha=-lr)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
 
     def states(self, i):
         return dict(self.state[i])
@@ -231,20 +315,27 @@ class CWDAdamWReference(CAdamWReference):
 class ScheduleFreeAdamWReference(Reference):
     """facebookresearch/schedule_free, adamw_schedulefree.py (AdamWScheduleFree.step)."""
 
-    def step(self, grads):
+    def schedule(self):
+        """This step's lr and ckp1 (the group's scalars advanced, as the reference's step does)."""
         o = self.options
-        lr0, (beta1, beta2), eps, decay = o["lr"], o.get("betas", (0.9, 0.999)), o.get("eps", 1e-8), o.get("weight_decay", 0.0)
         warmup_steps, r, weight_lr_power = o.get("warmup_steps", 0), o.get("r", 0.0), o.get("weight_lr_power", 2.0)
         if self.k == 0:
             self.lr_max, self.weight_sum = -1.0, 0.0
         k = self.k
         sched = (k + 1) / warmup_steps if k < warmup_steps else 1.0
-        bias_correction2 = 1 - beta2 ** (k + 1)
-        lr = lr0 * sched
+        lr = o["lr"] * sched
         self.lr_max = max(lr, self.lr_max)
         weight = ((k + 1) ** r) * (self.lr_max ** weight_lr_power)
         self.weight_sum = self.weight_sum + weight
         ckp1 = weight / self.weight_sum if self.weight_sum else 0.0
+        return lr, ckp1
+
+    def step(self, grads):
+        o = self.options
+        (beta1, beta2), eps, decay = o.get("betas", (0.9, 0.999)), o.get("eps", 1e-8), o.get("weight_decay", 0.0)
+        k = self.k
+        bias_correction2 = 1 - beta2 ** (k + 1)
+        lr, ckp1 = self.schedule()
         adaptive_y_lr = lr * (beta1 * (1 - ckp1) - 1)
         for y, grad, s in zip(self.params, grads, self.state):
             grad = grad.clone() if self.clone_grads else grad
@@ -257,6 +348,27 @@ class ScheduleFreeAdamWReference(Reference):
             y.lerp_(end=s["z"], weight=ckp1)
             y.add_(grad_normalized, alpha=adaptive_y_lr)
             s["z"].sub_(grad_normalized, alpha=lr)
+        self.k = k + 1
+
+    def step_foreach(self, grads):
+        """adamw_schedulefree.py's foreach branch (the reference's default)."""
+        o = self.options
+        (beta1, beta2), eps, decay = o.get("betas", (0.9, 0.999)), o.get("eps", 1e-8), o.get("weight_decay", 0.0)
+        k, grads, y = self.k, self.foreach_grads(grads), self.params
+        bias_correction2 = 1 - beta2 ** (k + 1)
+        lr, ckp1 = self.schedule()
+        states = self.foreach_states(lambda p, s: s.update(z=p.clone(), exp_avg_sq=torch.zeros_like(p)))
+        z, exp_avg_sqs = [s["z"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        denom = torch._foreach_div(exp_avg_sqs, bias_correction2)
+        torch._foreach_sqrt_(denom)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_div_(grads, denom)
+        torch._foreach_add_(grads, y, alpha=decay)
+        torch._foreach_lerp_(y, z, weight=ckp1)
+        torch._foreach_add_(y, grads, alpha=lr * (beta1 * (1 - ckp1) - 1))
+        torch._foreach_sub_(z, grads, alpha=lr)
         self.k = k + 1
 
     def eval(self, beta1):
@@ -272,17 +384,9 @@ class ScheduleFreeSGDReference(ScheduleFreeAdamWReference):
 
     def step(self, grads):
         o = self.options
-        lr0, momentum, wd = o["lr"], o.get("momentum", 0.9), o.get("weight_decay", 0.0)
-        warmup_steps, r, weight_lr_power = o.get("warmup_steps", 0), o.get("r", 0.0), o.get("weight_lr_power", 2.0)
-        if self.k == 0:
-            self.lr_max, self.weight_sum = -1.0, 0.0
+        momentum, wd = o.get("momentum", 0.9), o.get("weight_decay", 0.0)
         k = self.k
-        sched = (k + 1) / warmup_steps if k < warmup_steps else 1.0
-        lr = lr0 * sched
-        self.lr_max = max(lr, self.lr_max)
-        weight = ((k + 1) ** r) * (self.lr_max ** weight_lr_power)
-        self.weight_sum = self.weight_sum + weight
-        ckp1 = weight / self.weight_sum if self.weight_sum else 0.0
+        lr, ckp1 = self.schedule()
         for y, grad, s in zip(self.params, grads, self.state):
             grad = grad.clone() if self.clone_grads else grad
             if not s:
@@ -292,6 +396,20 @@ class ScheduleFreeSGDReference(ScheduleFreeAdamWReference):
             y.lerp_(end=s["z"], weight=ckp1)
             y.add_(grad, alpha=lr * (momentum * (1 - ckp1) - 1))
             s["z"].sub_(grad, alpha=lr)
+        self.k = k + 1
+
+    def step_foreach(self, grads):
+        """sgd_schedulefree.py's foreach branch (the reference's default)."""
+        o = self.options
+        momentum, wd = o.get("momentum", 0.9), o.get("weight_decay", 0.0)
+        k, grads, y = self.k, self.foreach_grads(grads), self.params
+        lr, ckp1 = self.schedule()
+        z = [s["z"] for s in self.foreach_states(lambda p, s: s.update(z=p.clone()))]
+        if wd != 0:
+            torch._foreach_add_(grads, y, alpha=wd)
+        torch._foreach_lerp_(y, z, weight=ckp1)
+        torch._foreach_add_(y, grads, alpha=lr * (momentum * (1 - ckp1) - 1))
+        torch._foreach_sub_(z, grads, alpha=lr)
         self.k = k + 1
 
 
@@ -343,6 +461,29 @@ CASES = {
                               dict(lr=1e-2, r=0.5, weight_lr_power=1.0)),
     "schedule_free_sgd": (ft.ScheduleFreeSGD, ScheduleFreeSGDReference, dict(lr=0.1, warmup_steps=3, weight_decay=0.01)),
 }
+
+
+FOREACH_CASES = sorted(case for case, (_, make, _) in CASES.items() if hasattr(make, "step_foreach"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", FOREACH_CASES)
+def test_foreach_reference(case, device):
+    """A reference's multi-tensor form (bench/library_rules.py's reference_foreach) steps the
+    values of its single-tensor loop: the same operations, batched."""
+    _, make_reference, options = CASES[case]
+    params = make_params(device)
+    loop, batched = make_reference(params, **options), make_reference(params, **options)
+    for step in range(STEPS):
+        grads = grads_of(params, step)
+        loop.step(grads)
+        batched.step_foreach(grads)
+    # Within roundings rather than bit for bit: the foreach kernels may contract a * b + c into
+    # an FMA where the single-tensor kernels do not.
+    for i, (p, q) in enumerate(zip(batched.params, loop.params)):
+        assert_close_to(p, q, f"{case} param {i}", STEPS)
+        for key, value in loop.states(i).items():
+            assert_close_to(batched.states(i)[key], value, f"{case} state {key} of param {i}", STEPS)
 
 
 def assert_close_to(actual, expected, name, steps):
