@@ -17,7 +17,7 @@ gradients' bytes for scale. (That the two fusedopt modes step the same bits is
 integrations/pytorch/tests/test_in_backward.py's.)
 
 Usage: python3 bench/in_backward.py [--model gpt2-small|1b] [--iterations 20] [--batch 8] [--tokens 512]
-                                    [--checkpointing] [--no-autocast-cache] [--profile N]
+                                    [--checkpointing] [--untied] [--no-autocast-cache] [--profile N]
                                     [--out FILE]
 """
 
@@ -41,11 +41,11 @@ import fusedopt_torch as ft  # noqa: E402
 MODELS = {"gpt2-small": dict(n_layer=12, n_embd=768, n_head=12), "1b": dict(n_layer=18, n_embd=2048, n_head=16)}
 
 
-def make_model(name, checkpointing=False, seed=0):
+def make_model(name, checkpointing=False, untied=False, seed=0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(n_positions=1024, vocab_size=50257, **MODELS[name])
+    config = GPT2Config(n_positions=1024, vocab_size=50257, tie_word_embeddings=not untied, **MODELS[name])
     model = GPT2LMHeadModel(config).cuda()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(use_reentrant=False))
@@ -53,8 +53,8 @@ def make_model(name, checkpointing=False, seed=0):
     return model
 
 
-def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile=0):
-    model = make_model(name, checkpointing)
+def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile=0, untied=False):
+    model = make_model(name, checkpointing, untied)
     params = [p for p in model.parameters() if p.requires_grad]
     step = opt = None
     host = [0.0]  # seconds of host time in the optimizer's calls (step(), or the hooks' bucket steps)
@@ -149,6 +149,9 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--untied", action="store_true",
+                        help="lm_head its own parameter (Llama's layout), not the embedding's: a tied embedding's "
+                             "gradient is summed over both uses and held from the start of backward to its end")
     parser.add_argument("--no-autocast-cache", dest="cache", action="store_false",
                         help="autocast without its cache of bfloat16 weight copies (which holds 2 bytes per "
                              "parameter from forward to the end of autocast)")
@@ -161,7 +164,7 @@ def main():
     rows = {}
     for mode in ("ordinary", "in_backward", "torch_per_param"):
         model, rows[mode] = run(mode, args.iterations, tokens, args.model, args.checkpointing, args.cache,
-                                args.profile)
+                                args.profile, args.untied)
         r = rows[mode]
         print(f"{mode:16s} iteration {r['iteration_ms']:7.2f} ms (min {r['iteration_ms_min']:.2f}; optimizer's host "
               f"time {r['optimizer_host_ms']:.2f} ms), peak "
@@ -179,10 +182,11 @@ def main():
         r = rows[mode]
         r["memory_saved_of_gradients"] = (base["peak_mib"] - r["peak_mib"]) / base["grad_mib"]
         r["time_vs_ordinary"] = r["iteration_ms"] / base["iteration_ms"]
-        print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.0f}% of the gradients' bytes, iteration "
+        print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.1f}% of the gradients' bytes, iteration "
               f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=args.model, batch=args.batch,
-                  tokens=args.tokens, checkpointing=args.checkpointing, autocast_cache=args.cache, rows=rows)
+                  tokens=args.tokens, checkpointing=args.checkpointing, autocast_cache=args.cache, untied=args.untied,
+                  rows=rows)
     out = args.out or (os.path.join(os.environ["OUT"], "in_backward.json") if os.environ.get("OUT") else None)
     if out:
         with open(out, "w") as f:
