@@ -171,7 +171,8 @@ using v_state = std::pair<fo::slot::exp_avg_sq_t, fo::unsigned_q8>;
 
 }  // namespace
 
-TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion: the host backend's bits on every transport",
+TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum, Lion and AdEMAMix: the host backend's bits on every "
+          "transport",
           "[cuda][quantized]")
 {
   auto const how = GENERATE(fo::cuda::transport::device_table, fo::cuda::transport::param_4k,
@@ -212,6 +213,17 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum and Lion:
     lion.lr = 1e-3;
     lion.weight_decay = 0.5;
     check_host_equals_cuda<float, m_state>([&](float*) { return lion; }, how, false, aligned, memory, max_blocks);
+  }
+  SECTION("AdEMAMix, its three EMAs 8-bit")
+  {
+    fo::rules::ademamix ademamix;
+    ademamix.lr = 1e-2;
+    ademamix.alpha = 5.0;
+    ademamix.alpha_warmup = 4;
+    ademamix.beta3_warmup = 3;
+    ademamix.weight_decay = 0.01;
+    check_host_equals_cuda<float, m_state, std::pair<fo::slot::exp_avg_slow_t, fo::signed_q8>, v_state>(
+      [&](float*) { return ademamix; }, how, false, aligned, memory, max_blocks);
   }
   SECTION("AdamW over bf16 parameters and gradients, a NaN gradient skipped")
   {

@@ -393,8 +393,8 @@ using state = std::pair<Slot, Q>;
 
 }  // namespace
 
-TEST_CASE("Adam, AdamW, SGD momentum, Lion, LAMB and clip + AdamW on 8-bit states: the fp32 step on the "
-          "dequantized states, requantized",
+TEST_CASE("Adam, AdamW, SGD momentum, Lion, LAMB, clip + AdamW and AdEMAMix on 8-bit states: the fp32 step on "
+          "the dequantized states, requantized",
           "[quantized][optimizers]")
 {
   std::vector<std::int64_t> const sizes = {3, 256, 1000, 513};
@@ -444,6 +444,18 @@ TEST_CASE("Adam, AdamW, SGD momentum, Lion, LAMB and clip + AdamW on 8-bit state
     fo::rules::adamw adamw;
     adamw.lr = 1e-2;
     check_against_fp32(fo::chain(clip, adamw), sizes, 5, m_state{}, v_state{});
+  }
+  SECTION("AdEMAMix (its three EMAs 8-bit, both schedulers running)")
+  {
+    // bitsandbytes' AdEMAMix8bit's layout: both first-moment EMAs signed, the second moment
+    // unsigned.
+    fo::rules::ademamix ademamix;
+    ademamix.lr = 1e-2;
+    ademamix.alpha = 5.0;
+    ademamix.alpha_warmup = 4;
+    ademamix.beta3_warmup = 3;
+    ademamix.weight_decay = 0.01;
+    check_against_fp32(ademamix, sizes, 5, m_state{}, state<fo::slot::exp_avg_slow_t, fo::signed_q8>{}, v_state{});
   }
 }
 
@@ -627,6 +639,16 @@ TEST_CASE("8-bit AdamW moves at most 16.1 bytes per element with fp32 params, 10
   CHECK(fp32 <= 16.1);
   CHECK(bf16 <= 10.1);
   CHECK(fo::bytes_per_element_v<fo::rules::adamw, fp32_lists> == 16);  // codes only
+}
+
+TEST_CASE("8-bit AdEMAMix moves 18.1 bytes per element with fp32 params (36 with fp32 states)", "[quantized][bytes]")
+{
+  using lists = decltype(fo::bind(fo::slot::param = fo::tensor_list<float>{}, fo::slot::grad = fo::tensor_list<float const>{},
+                                  fo::slot::exp_avg = fo::tensor_list<fo::signed_q8>{},
+                                  fo::slot::exp_avg_slow = fo::tensor_list<fo::signed_q8>{},
+                                  fo::slot::exp_avg_sq = fo::tensor_list<fo::unsigned_q8>{}));
+  // 4 + 4 + 3 x 1 read, 4 + 3 x 1 written, six scales per 256
+  CHECK(fo::memory_traffic<fo::rules::ademamix, lists>::exact_bytes == 18.0 + 6 * 4.0 / 256);
 }
 
 TEST_CASE("binding checks quantized tensors' memory by their whole storage, and its alignment", "[quantized][bind]")
