@@ -469,7 +469,7 @@ FOREACH_CASES = sorted(case for case, (_, make, _) in CASES.items() if hasattr(m
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", FOREACH_CASES)
 def test_foreach_reference(case, device):
-    """A reference's multi-tensor form (bench/library_rules.py's reference_foreach) steps the
+    """A reference's multi-tensor form (bench/library_rules.py's foreach row) steps the
     values of its single-tensor loop: the same operations, batched."""
     _, make_reference, options = CASES[case]
     params = make_params(device)
