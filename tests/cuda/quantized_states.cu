@@ -216,14 +216,8 @@ TEST_CASE("8-bit Adam, AdamW (also over bf16 parameters), SGD momentum, Lion and
   }
   SECTION("AdEMAMix, its three EMAs 8-bit")
   {
-    fo::rules::ademamix ademamix;
-    ademamix.lr = 1e-2;
-    ademamix.alpha = 5.0;
-    ademamix.alpha_warmup = 4;
-    ademamix.beta3_warmup = 3;
-    ademamix.weight_decay = 0.01;
     check_host_equals_cuda<float, m_state, std::pair<fo::slot::exp_avg_slow_t, fo::signed_q8>, v_state>(
-      [&](float*) { return ademamix; }, how, false, aligned, memory, max_blocks);
+      [&](float*) { return fusedopt_test::scheduled_ademamix(); }, how, false, aligned, memory, max_blocks);
   }
   SECTION("AdamW over bf16 parameters and gradients, a NaN gradient skipped")
   {

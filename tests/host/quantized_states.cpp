@@ -447,15 +447,8 @@ TEST_CASE("Adam, AdamW, SGD momentum, Lion, LAMB, clip + AdamW and AdEMAMix on 8
   }
   SECTION("AdEMAMix (its three EMAs 8-bit, both schedulers running)")
   {
-    // bitsandbytes' AdEMAMix8bit's layout: both first-moment EMAs signed, the second moment
-    // unsigned.
-    fo::rules::ademamix ademamix;
-    ademamix.lr = 1e-2;
-    ademamix.alpha = 5.0;
-    ademamix.alpha_warmup = 4;
-    ademamix.beta3_warmup = 3;
-    ademamix.weight_decay = 0.01;
-    check_against_fp32(ademamix, sizes, 5, m_state{}, state<fo::slot::exp_avg_slow_t, fo::signed_q8>{}, v_state{});
+    check_against_fp32(fusedopt_test::scheduled_ademamix(), sizes, 5, m_state{},
+                       state<fo::slot::exp_avg_slow_t, fo::signed_q8>{}, v_state{});
   }
 }
 

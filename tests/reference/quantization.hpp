@@ -236,4 +236,17 @@ inline std::vector<float> mixed_values(std::int64_t n, std::uint64_t seed, bool 
   return out;
 }
 
+/// AdEMAMix as both files step it on 8-bit states (bitsandbytes' AdEMAMix8bit's layout: exp_avg
+/// and exp_avg_slow signed, exp_avg_sq unsigned), both schedulers running within the steps.
+inline fusedopt::rules::ademamix scheduled_ademamix()
+{
+  fusedopt::rules::ademamix ademamix;
+  ademamix.lr = 1e-2;
+  ademamix.alpha = 5.0;
+  ademamix.alpha_warmup = 4;
+  ademamix.beta3_warmup = 3;
+  ademamix.weight_decay = 0.01;
+  return ademamix;
+}
+
 }  // namespace fusedopt_test
