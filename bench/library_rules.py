@@ -76,23 +76,24 @@ def prodigy_reference_step(prodigy, params, options):
     return step
 
 
-def reference_steps(refs, name, params, options):
-    """The reference's step functions over `params` (their .grad): "reference", and "foreach"
-    where the reference class has a multi-tensor form. Each has its own state, over the same
-    parameters."""
+def reference_step(refs, prodigy, name, params, options, foreach=False):
+    """A fresh reference's step over `params` (their .grad), with its own state: the
+    single-tensor loop, or with `foreach` its multi-tensor form (None where it has none).
+    torch.optim's own class for Rprop and ASGD, tests/test_prodigy.py's step for Prodigy, the
+    classes of tests/test_library_rules.py for the others."""
+    if name in TORCH_PEERS:
+        return TORCH_PEERS[name](params, foreach=foreach, **options).step
+    if name == "Prodigy":
+        return None if foreach else prodigy_reference_step(prodigy, params, options)
     cls = getattr(refs, f"{name}Reference")
-    grads = [p.grad for p in params]
-    steps = {}
-    for variant in ("reference", "foreach"):
-        if variant == "foreach" and not hasattr(cls, "step_foreach"):
-            continue
-        ref = cls([], **options)
-        ref.params = [p.detach() for p in params]
-        ref.state = [dict() for _ in params]
-        ref.clone_grads = False
-        step = ref.step_foreach if variant == "foreach" else ref.step
-        steps[variant] = lambda step=step: step(grads)
-    return steps
+    if foreach and not hasattr(cls, "step_foreach"):
+        return None
+    ref = cls([], **options)
+    ref.params = [p.detach() for p in params]
+    ref.state = [dict() for _ in params]
+    ref.clone_grads = False
+    step, grads = ref.step_foreach if foreach else ref.step, [p.grad for p in params]
+    return lambda: step(grads)
 
 
 def compiled(step):
@@ -132,24 +133,12 @@ def main():
             opt.step()  # compiles (or loads) the unit, creates the states
             row["fusedopt"] = peers.timed(timer, opt.step, copy_bps, n, BYTES[name])
             del opt
-            peers_of = {}
-            if name in TORCH_PEERS:
-                for variant, foreach in (("reference", False), ("foreach", True)):
-                    peer = TORCH_PEERS[name](params, foreach=foreach, **options)
-                    peers_of[variant] = peer.step
-            elif name == "Prodigy":
-                peers_of["reference"] = prodigy_reference_step(prodigy, params, options)
-            else:
-                peers_of.update(reference_steps(refs, name, params, options))
+            peers_of = {"reference": reference_step(refs, prodigy, name, params, options)}
+            foreach = reference_step(refs, prodigy, name, params, options, foreach=True)
+            if foreach is not None:
+                peers_of["foreach"] = foreach
             if args.compile and w != "W3":
-                # The single-tensor reference (torch.optim's own for Rprop and ASGD), compiled.
-                if name in TORCH_PEERS:
-                    eager = TORCH_PEERS[name](params, foreach=False, **options).step
-                elif name == "Prodigy":
-                    eager = prodigy_reference_step(prodigy, params, options)
-                else:
-                    eager = reference_steps(refs, name, params, options)["reference"]
-                fn = compiled(eager)
+                fn = compiled(reference_step(refs, prodigy, name, params, options))  # a fresh one
                 if isinstance(fn, str):
                     row["compiled_error"] = fn
                 else:
