@@ -232,7 +232,8 @@ struct factored_lookup {
       std::uint32_t const q = small_by_cols.quotient(n);  // the row over the whole batch
       std::uint32_t const c = n - q * static_cast<std::uint32_t>(cols);
       std::uint32_t const m = batched ? small_by_rows.quotient(q) : 0u;
-      return {q, std::int64_t{m} * cols + c, m, c};
+      // m C + c < matrices C <= the tensor's elements < 2^31: in 32 bits.
+      return {q, m * static_cast<std::uint32_t>(cols) + c, m, c};
     }
     std::int64_t c = 0, r = 0, m = 0;
     std::int64_t const q = by_cols.quotient(index, c);

@@ -139,38 +139,52 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, 3)
     void* bases[Bound::num_slots];
 #pragma unroll
     for (std::size_t s = 0; s < Bound::num_slots; ++s) { bases[s] = te.bases[s]; }
-    auto const value = [&](int r, int c) {
-      return r < h && c < w ? ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t, first + r * e.cols + c)
-                            : 0.0;
+    // Element (r, lane) of the tile is `row_at` for row r (advanced by a row's length, not
+    // multiplied per row).
+    std::int64_t row_at = first + lane;
+    bool const in0 = lane < w, in1 = lane + 32 < w;
+    auto const value = [&](bool in, std::int64_t at) {
+      return in ? ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t, at) : 0.0;
     };
     double col0 = 0.0, col1 = 0.0;
     double* const row_out = e.row_partials(m, j) + i * H;
-    for (int r0 = 0; r0 < h; r0 += group) {
-      double v0[group], v1[group];
+    // A whole tile (most of them) runs without a bounds test per element.
+    auto const rows_of = [&](auto whole) {
+      constexpr bool full = decltype(whole)::value;
+      for (int r0 = 0; r0 < (full ? H : h); r0 += group) {
+        double v0[group], v1[group];
 #pragma unroll
-      for (int q = 0; q < group; ++q) {
-        v0[q] = value(r0 + q, lane);
-        v1[q] = value(r0 + q, lane + 32);
-      }
-      double a[group];
+        for (int q = 0; q < group; ++q) {
+          bool const row_in = full || r0 + q < h;
+          v0[q] = value(row_in && (full || in0), row_at);
+          v1[q] = value(row_in && (full || in1), row_at + 32);
+          row_at += e.cols;
+        }
+        double a[group];
 #pragma unroll
-      for (int q = 0; q < group; ++q) {
-        if (r0 + q < h) {  // the column partials add the tile's rows only, from 0
+        for (int q = 0; q < group; ++q) {
+          // The rows past the tile's end add 0.0: a column partial starts at +0.0 and so is
+          // never -0.0, and x + 0.0 is x (NaN stays NaN): the partial of the tile's rows only.
           col0 += v0[q];
           col1 += v1[q];
+          a[q] = v0[q] + v1[q];
         }
-        a[q] = v0[q] + v1[q];
+        // The lane tree's exchanges 16, 8, 4 leave row 4 bit4 + 2 bit3 + bit2 of the lane in a[0];
+        // 2 and 1 finish its sum.
+        butterfly_halve<group>(a, 16);
+        butterfly_halve<group / 2>(a, 8);
+        butterfly_halve<group / 4>(a, 4);
+        double sum = a[0];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        int const r = r0 + (lane >> 2);
+        if ((lane & 3) == 0 && (full || r < h)) { row_out[r] = sum; }
       }
-      // The lane tree's exchanges 16, 8, 4 leave row 4 bit4 + 2 bit3 + bit2 of the lane in a[0];
-      // 2 and 1 finish its sum.
-      butterfly_halve<group>(a, 16);
-      butterfly_halve<group / 2>(a, 8);
-      butterfly_halve<group / 4>(a, 4);
-      double sum = a[0];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      int const r = r0 + (lane >> 2);
-      if ((lane & 3) == 0 && r < h) { row_out[r] = sum; }
+    };
+    if (h == H && w == B) {
+      rows_of(std::true_type{});
+    } else {
+      rows_of(std::false_type{});
     }
     if (e.col != nullptr) {
       double* const col_out = e.col_partials(m, i) + j * B;
