@@ -278,9 +278,10 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
       // chunk, and no FP64 work unless a sum overflowed or an input is not finite.
       if (!::fusedopt::detail::sums_finite<reduction>(acc)) {
         wide = identities<reduction, double>();
-        process_chunk<Policy, paccess, width, unroll, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index),
-                                                             tensor, chunk.begin, chunk.count, cache_policy, lane,
-                                                             wide);
+        // One vector a lane: a lane's vectors come in the same order with any unrolling (the
+        // bits of the sums), and this rare path then holds fewer loads in registers.
+        process_chunk<Policy, paccess, width, 1, lanes>(::fusedopt::detail::body_for_tensor(body, tensor.index), tensor,
+                                                        chunk.begin, chunk.count, cache_policy, lane, wide);
       }
     }
     accumulator<double, n> const total = warp_fold<reduction>(wide);
