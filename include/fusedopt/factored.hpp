@@ -121,9 +121,10 @@ struct factored_tensor {
   T* col = nullptr;            ///< matrices x C column statistics; null: rows only (a vector)
   double* row_total = nullptr; ///< matrices sums of the folded row statistics; null: not kept
   double* partials = nullptr;  ///< the pass's tile partials: matrices x (R ceil(C / tile) + C ceil(R / tile))
-  /// Line factors (a matrix's; written after the totals where the part declares
-  /// prepare_line_factors): matrices x R and matrices x C, in T's arithmetic type; null for a
-  /// vector.
+  /// Line factors (written after the totals where the part declares prepare_line_factors):
+  /// matrices x R and matrices x C, in T's arithmetic type. A vector's (row statistics only)
+  /// are a factor per row, its elements' own (the part's vector(stat)), and column factors of
+  /// 1, so that the passes read a vector's factor through the code that reads a matrix's.
   opmath_t<T>* row_factor = nullptr;
   opmath_t<T>* col_factor = nullptr;
   /// Dividers by C and by R where the tensor has fewer than 2^31 elements (small = true):
@@ -341,7 +342,7 @@ class factored_layout {
   [[nodiscard]] std::int64_t workspace_doubles() const
   {
     std::int64_t n = 0;
-    for (auto const& s : shapes_) { n += partial_doubles(s) + (s.columns ? s.matrices * (1 + s.rows + s.cols) : 0); }
+    for (auto const& s : shapes_) { n += partial_doubles(s) + total_and_factor_doubles(s); }
     return n;
   }
 
@@ -379,14 +380,14 @@ class factored_layout {
       }
       e.partials = workspace + offset;
       offset += partial_doubles(s);
-      if (s.columns) {
-        // A factor per double: room for any arithmetic type (float or double).
-        static_assert(sizeof(opmath_t<T>) <= sizeof(double) && alignof(opmath_t<T>) <= alignof(double));
-        e.row_total = workspace + offset;
-        e.row_factor = reinterpret_cast<opmath_t<T>*>(workspace + offset + s.matrices);
-        e.col_factor = reinterpret_cast<opmath_t<T>*>(workspace + offset + s.matrices * (1 + s.rows));
-        offset += s.matrices * (1 + s.rows + s.cols);
-      }
+      // A factor per double: room for any arithmetic type (float or double).
+      static_assert(sizeof(opmath_t<T>) <= sizeof(double) && alignof(opmath_t<T>) <= alignof(double));
+      double* const totals = workspace + offset;
+      std::int64_t const kept_totals = s.columns ? s.matrices : 0;  // a vector has no row total
+      if (s.columns) { e.row_total = totals; }
+      e.row_factor = reinterpret_cast<opmath_t<T>*>(totals + kept_totals);
+      e.col_factor = reinterpret_cast<opmath_t<T>*>(totals + kept_totals + s.matrices * s.rows);
+      offset += total_and_factor_doubles(s);
       tiles += e.tiles();
       lines += e.lines();
       matrices += s.matrices;
@@ -423,6 +424,12 @@ class factored_layout {
     std::int64_t const row_tiles = (s.rows + factored_tile_rows - 1) / factored_tile_rows;
     std::int64_t const col_tiles = (s.cols + factored_tile_cols - 1) / factored_tile_cols;
     return s.matrices * (s.rows * col_tiles + (s.columns ? s.cols * row_tiles : 0));
+  }
+  /// A matrix's row totals, and the line factors of any tensor with statistics.
+  static std::int64_t total_and_factor_doubles(shape const& s)
+  {
+    if (s.rows == 0) { return 0; }
+    return (s.columns ? s.matrices : 0) + s.matrices * (s.rows + s.cols);
   }
   std::vector<shape> shapes_;
 };

@@ -232,8 +232,12 @@ FUSEDOPT_HOST_DEVICE void fold_statistic(Fold const& fold, T* statistic, double 
 /// O` (O: T's arithmetic type, mean: the matrix's row total / R in double), which the backends
 /// run on each folded statistic of a matrix after its row total, so that the passes after it
 /// read a factor per row and one per column instead of computing them per element (Adafactor's
-/// and CAME's rsqrt of the normalised row and of the column). Parts without them get
-/// no_line_factors, which writes nothing.
+/// and CAME's rsqrt of the normalised row and of the column). Where the body also has
+/// `vector(stat) -> O`, a vector's row factors are vector(stat) of its statistics and its
+/// column factors 1: the passes then read a vector's factor as a matrix's, through the same code
+/// (factored_lookup::factor_of), and run no per-element branch on the tensor's kind (Adafactor's
+/// and CAME's rsqrt of the element's own second moment; the product with 1 is exact). Parts
+/// without them get no_line_factors, which writes nothing.
 template <class R, class = void>
 struct has_line_factors : std::false_type {};
 template <class R>
@@ -241,6 +245,13 @@ struct has_line_factors<R, std::void_t<decltype(std::declval<R const&>().prepare
                              std::declval<step_info const&>()))>> : std::true_type {};
 
 struct no_line_factors {};
+
+/// True where a line factors body also gives vectors' factors (`vector(stat)`).
+template <class Factors, class O, class = void>
+struct has_vector_factors : std::false_type {};
+template <class Factors, class O>
+struct has_vector_factors<Factors, O, std::void_t<decltype(std::declval<Factors const&>().vector(std::declval<O>()))>>
+  : std::true_type {};
 
 /// The line factors of factored pass J's owner, or no_line_factors.
 template <int J, class R>
@@ -276,6 +287,18 @@ FUSEDOPT_HOST_DEVICE void write_col_factor(Factors const& factors, factored_tens
 {
   if constexpr (!std::is_same_v<Factors, no_line_factors>) {
     e.col_factor[line] = factors.col(to_opmath<opmath_t<T>>(e.col[line]));
+  }
+}
+/// Row `line` of a vector (a tensor of row statistics only): its factor, and the column
+/// factors of 1 at lines line, line + its rows, ... (all of them once its rows are taken).
+template <class T, class Factors>
+FUSEDOPT_HOST_DEVICE void write_vector_factor(Factors const& factors, factored_tensor<T> const& e, std::int64_t line)
+{
+  using O = opmath_t<T>;
+  if constexpr (has_vector_factors<Factors, O>::value) {
+    e.row_factor[line] = factors.vector(to_opmath<O>(e.row[line]));
+    std::int64_t const row_lines = e.matrices * e.rows;
+    for (std::int64_t c = line; c < e.matrices * e.cols; c += row_lines) { e.col_factor[c] = O(1); }
   }
 }
 

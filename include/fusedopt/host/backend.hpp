@@ -516,6 +516,8 @@ class plan {
           for (std::int64_t r = m * e.rows; r < (m + 1) * e.rows; ++r) { detail::write_row_factor(factors, e, r, mean); }
           for (std::int64_t c = m * e.cols; c < (m + 1) * e.cols; ++c) { detail::write_col_factor(factors, e, c); }
         }
+      } else {
+        for (std::int64_t r = 0; r < lines; ++r) { detail::write_vector_factor(factors, e, r); }
       }
     }
   }

@@ -110,8 +110,22 @@ struct scale_by_factored_rms {
     {
       return O(1) / math::sqrt(stat);
     }
+    /// A vector's factor per element, torch's var_estimate.clamp_(min=eps1 * eps1).rsqrt_():
+    /// at most rsqrt(eps1^2), so the direction's cap leaves it as it is.
+    template <class O>
+    FUSEDOPT_HOST_DEVICE O vector(O stat) const
+    {
+      return O(1) / math::sqrt(clamp_variance(stat, eps1 * eps1));
+    }
   };
   FUSEDOPT_HOST_DEVICE line_factors prepare_line_factors(step_info const&) const { return {resolved_eps1()}; }
+
+  /// A vector's variance clamped at eps1^2 (torch's clamp_(min=eps1 * eps1)).
+  template <class O>
+  FUSEDOPT_HOST_DEVICE static O clamp_variance(O v, double eps1_squared)
+  {
+    return v < static_cast<O>(eps1_squared) ? static_cast<O>(eps1_squared) : v;
+  }
 
   /// One tensor's direction.
   struct tensor_direction {
@@ -124,14 +138,17 @@ struct scale_by_factored_rms {
     {
       using O = typename E::value_type;
       using S = opmath_t<T>;
-      if (stats.factored()) {
+      // A vector's factors (line_factors::vector) are computed in S: where the element's
+      // arithmetic is S too they are its bits, and every tensor takes the factor's code, with
+      // no branch per element on the tensor's kind.
+      constexpr bool vector_factors = std::is_same_v<O, S>;
+      if (vector_factors || stats.factored()) {
         auto const f = static_cast<O>(stats.factor_of(e));
         auto const cap = std::is_same_v<O, double> ? static_cast<O>(cap_double) : static_cast<O>(cap_float);
         e[slot::update] = (f > cap ? cap : f) * e[slot::grad];
       } else {
         // torch: var_estimate.clamp_(min=eps1 * eps1).rsqrt_().mul_(grad).
-        auto const v = static_cast<O>(to_opmath<S>(stats.row[e.index()]));
-        O const clamped = v < static_cast<O>(eps1_squared) ? static_cast<O>(eps1_squared) : v;
+        O const clamped = clamp_variance(static_cast<O>(to_opmath<S>(stats.row[e.index()])), eps1_squared);
         e[slot::update] = O(1) / math::sqrt(clamped) * e[slot::grad];
       }
     }

@@ -43,7 +43,8 @@ struct came_fold {
 
 /// CAME's _approx_sq_grad as line factors (detail/factored.hpp): rsqrt(row / mean(row)) per
 /// row, rsqrt(col) per column; an element's is their product (factored_lookup::factor_of), the
-/// bits of the reference's product of its two factors.
+/// bits of the reference's product of its two factors. A vector's, rsqrt(exp_avg_sq) per
+/// element (times its column factor 1, exact).
 struct came_line_factors {
   template <class O>
   FUSEDOPT_HOST_DEVICE O row(O stat, double mean) const
@@ -52,6 +53,11 @@ struct came_line_factors {
   }
   template <class O>
   FUSEDOPT_HOST_DEVICE O col(O stat) const
+  {
+    return O(1) / math::sqrt(stat);
+  }
+  template <class O>
+  FUSEDOPT_HOST_DEVICE O vector(O stat) const
   {
     return O(1) / math::sqrt(stat);
   }
@@ -98,7 +104,10 @@ struct scale_by_came_second_moment {
     {
       using O = typename E::value_type;
       O const g = e[slot::grad];
-      if (stats.factored()) {
+      // A vector's factors are computed in opmath_t<T>: the element's bits where that is its
+      // arithmetic, and then no branch per element on the tensor's kind (as Adafactor's).
+      constexpr bool vector_factors = std::is_same_v<O, opmath_t<T>>;
+      if (vector_factors || stats.factored()) {
         e[slot::update] = static_cast<O>(stats.factor_of(e)) * g;  // CAME's _approx_sq_grad
       } else {
         e[slot::update] = O(1) / math::sqrt(static_cast<O>(to_opmath<opmath_t<T>>(stats.row[e.index()]))) * g;

@@ -273,7 +273,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads) factored_total_ke
 
 /// The line factors (detail/factored.hpp), after the totals: thread g of the grid takes
 /// statistics g, g + threads, ... of the table, as the fold does; those of matrices (tensors
-/// with a row total) get their factor.
+/// with a row total) get their factor, and so do vectors' where the body gives them.
 template <class T, class Factors>
 FUSEDOPT_KERNEL void factored_factor_kernel(Factors const factors, factored_table<T> const table)
 {
@@ -283,8 +283,11 @@ FUSEDOPT_KERNEL void factored_factor_kernel(Factors const factors, factored_tabl
     std::int64_t const t =
       factored_owner(table, g, [](factored_tensor<T> const& e) { return e.first_line; });
     factored_tensor<T> const e = table.tensors[t];
-    if (e.row_total == nullptr) { continue; }  // a vector: no factors
     std::int64_t const k = g - e.first_line;
+    if (e.row_total == nullptr) {  // a vector
+      ::fusedopt::detail::write_vector_factor(factors, e, k);
+      continue;
+    }
     std::int64_t const row_lines = e.matrices * e.rows;
     if (k < row_lines) {
       ::fusedopt::detail::write_row_factor(factors, e, k, ::fusedopt::detail::row_mean(e.row_total[k / e.rows], e.rows));
