@@ -195,14 +195,18 @@ struct scale_by_factored_rms {
 /// @brief Adafactor's step size, weight decay and update clipping, per tensor: alpha =
 /// max(eps2, RMS(param)) rho_t with rho_t = min(lr, 1 / sqrt(t)), RMS(param) of the parameter
 /// before the decay; param *= 1 - lr weight_decay; param -= alpha / max(1, RMS(update) / d)
-/// update. Reducing: per tensor sums of param^2, update^2 and the elements.
+/// update. Reducing: per tensor sums of param^2 and update^2; the number of elements, the
+/// RMS's divisor, is the tensor's entry in `statistics` (Adafactor's table, which describes
+/// every tensor), not a third sum: an exact integer either way, one addition per element less.
+template <class T>
 struct scale_by_relative_step {
   scalar<double> lr{1e-2};
   scalar<double> eps2{1e-3};
   scalar<double> d{1.0};
   scalar<double> weight_decay{0.0};
+  factored_table<T> statistics{};
 
-  using reduction = fusedopt::reduction<reduce_op::sum, reduce_op::sum, reduce_op::sum>;
+  using reduction = fusedopt::reduction<reduce_op::sum, reduce_op::sum>;
   using reads = slots<slot::param_t>;
   using writes = slots<slot::param_t>;
 
@@ -215,7 +219,6 @@ struct scale_by_relative_step {
       auto const u = static_cast<A>(e[slot::update]);
       acc[0] += p * p;
       acc[1] += u * u;
-      acc[2] += A(1);
     }
   };
   FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {}; }
@@ -234,6 +237,7 @@ struct scale_by_relative_step {
   struct prepared {
     reduced sums;
     double rho, eps2, d, decay;
+    factored_table<T> statistics;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
@@ -241,7 +245,8 @@ struct scale_by_relative_step {
     }
     FUSEDOPT_HOST_DEVICE apply for_tensor(std::int64_t tensor) const
     {
-      double const root_n = math::sqrt(sums.tensor(tensor, 2));
+      factored_tensor<T> const& entry = statistics.tensors[tensor];
+      double const root_n = math::sqrt(static_cast<double>(entry.matrices * entry.rows * entry.cols));
       double const alpha = detail::python_max(eps2, math::sqrt(sums.tensor(tensor, 0)) / root_n) * rho;
       double const denom = detail::python_max(1.0, math::sqrt(sums.tensor(tensor, 1)) / (root_n * d));
       return {decay, -alpha / denom};
@@ -252,7 +257,7 @@ struct scale_by_relative_step {
     double const l = lr.get();
     double const inverse_root = 1.0 / math::sqrt(static_cast<double>(s.step.get()));
     double const wd = weight_decay.get();
-    return {r, l < inverse_root ? l : inverse_root, eps2.get(), d.get(), wd != 0 ? 1.0 - l * wd : 1.0};
+    return {r, l < inverse_root ? l : inverse_root, eps2.get(), d.get(), wd != 0 ? 1.0 - l * wd : 1.0, statistics};
   }
 
   template <class Bound>
@@ -276,7 +281,7 @@ struct scale_by_relative_step {
 /// pass's tile partials (factored.hpp) and the statistics.
 template <class T>
 struct basic_adafactor
-  : chained<basic_adafactor<T>, chain_rule<negate_gradient_if, scale_by_factored_rms<T>, scale_by_relative_step>> {
+  : chained<basic_adafactor<T>, chain_rule<negate_gradient_if, scale_by_factored_rms<T>, scale_by_relative_step<T>>> {
   scalar<double> lr{1e-2};
   scalar<double> beta2_decay{-0.8};
   scalar<double> eps1{-1.0};  ///< negative: torch's None, finfo(T).eps
@@ -289,7 +294,7 @@ struct basic_adafactor
   FUSEDOPT_HOST_DEVICE auto as_chain() const
   {
     return chain(negate_gradient_if{maximize}, scale_by_factored_rms<T>{beta2_decay, eps1, statistics},
-                 scale_by_relative_step{lr, eps2, d, weight_decay});
+                 scale_by_relative_step<T>{lr, eps2, d, weight_decay, statistics});
   }
 
   template <class Bound>
