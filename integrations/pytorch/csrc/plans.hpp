@@ -166,10 +166,11 @@ struct amp_inputs {
   [[nodiscard]] bool any() const { return grad_scale != nullptr || found_inf != nullptr; }
 };
 
-/// @brief Whether family `f` has plans with 8-bit moments (layout::quantized).
+/// @brief Whether family `f` has plans with 8-bit moments (layout::quantized). A user rule's
+/// has them where it declares eight_bit (its unit of that layout refuses them otherwise).
 constexpr bool supports_quantized_states(family f)
 {
-  return f == family::sgd || f == family::adam || f == family::adamw || f == family::lion;
+  return f == family::sgd || f == family::adam || f == family::adamw || f == family::lion || f == family::user;
 }
 
 /// @brief Elements per block of an 8-bit state, and the bytes of a state of n elements:

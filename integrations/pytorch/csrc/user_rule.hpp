@@ -142,7 +142,9 @@ template <class B, class Rule, bool Amp, std::uint32_t FloatStates, class... Sta
 std::unique_ptr<plan> user_plan(family f, dtype t, layout const& l, lists const& x, void* s)
 {
   FUSEDOPT_EXPECTS(f == family::user, "fusedopt_torch: internal error: a user rule's unit asked for a built-in family");
-  FUSEDOPT_EXPECTS(l.bits() == 0 && l.float_states == FloatStates,
+  // A unit of 8-bit states (States as q8<slot>: the rule's eight_bit) serves that layout alone.
+  constexpr std::uint32_t bits = (stored<States>::quantized || ...) ? layout::quantized_bit : 0u;
+  FUSEDOPT_EXPECTS(l.bits() == bits && l.float_states == FloatStates,
                    "fusedopt_torch: internal error: a user rule's states were made with another dtype policy");
   using rule_type = decltype(Rule::make(std::declval<hyper const&>()));
   constexpr int capacity = fo::detail::accumulators_v<rule_type>;

@@ -18,8 +18,8 @@ from .rules import RuleCompileError, RuleOptimizer, State, rule  # noqa: F401
 from .in_backward import StepInBackward, step_in_backward  # noqa: F401
 from .ddp_in_backward import DDPStepInBackward, ddp_step_in_backward  # noqa: F401
 from .offload import CPUOffload  # noqa: F401
-from .library_rules import (ADOPT, ASGD, AdEMAMix, Adan, CAdamW, CWDAdamW, Rprop, ScheduleFreeAdamW,  # noqa: F401
-                            ScheduleFreeSGD, StableAdamW)
+from .library_rules import (ADOPT, ASGD, AdEMAMix, AdEMAMix8bit, Adan, CAdamW, CWDAdamW, Rprop,  # noqa: F401
+                            ScheduleFreeAdamW, ScheduleFreeSGD, StableAdamW)
 from .muon import Muon, MuonWithAdamW  # noqa: F401
 from .adafactor import Adafactor  # noqa: F401
 from .came import CAME  # noqa: F401
@@ -38,7 +38,7 @@ def with_cuda():
 
 __all__ = ["FusedOptimizer", "SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "RAdam", "NAdam", "Adamax", "Adadelta", "LAMB", "Lion",
            "Adam8bit", "AdamW8bit", "Lion8bit", "SGD8bit", "quantize_state", "dequantize_state", "extension", "with_cuda", "rule", "State", "RuleOptimizer",
-           "RuleCompileError", "Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "CWDAdamW", "ScheduleFreeAdamW",
+           "RuleCompileError", "Rprop", "ASGD", "AdEMAMix", "AdEMAMix8bit", "Adan", "ADOPT", "StableAdamW", "CAdamW", "CWDAdamW", "ScheduleFreeAdamW",
            "ScheduleFreeSGD", "step_in_backward", "StepInBackward", "ddp_step_in_backward", "DDPStepInBackward",
            "CPUOffload", "Muon", "MuonWithAdamW", "Adafactor",
            "CAME", "Prodigy"]

@@ -16,11 +16,11 @@ import torch
 
 from .rules import rule
 
-__all__ = ["Rprop", "ASGD", "AdEMAMix", "Adan", "ADOPT", "StableAdamW", "CAdamW", "CWDAdamW", "ScheduleFreeAdamW",
+__all__ = ["Rprop", "ASGD", "AdEMAMix", "AdEMAMix8bit", "Adan", "ADOPT", "StableAdamW", "CAdamW", "CWDAdamW", "ScheduleFreeAdamW",
            "ScheduleFreeSGD"]
 
 
-def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, overrides=None):
+def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, overrides=None, eight_bit=False):
     """A rule class running `cpp_type` (a fusedopt::rules type with one member per hyperparameter,
     of the same name, set to the hyperparameter or to the C++ expression `overrides` gives); `wrap`
     turns that rule `r` into another expression (a modifier), which may name any hyperparameter."""
@@ -30,7 +30,7 @@ def _library_rule(name, cpp_type, hypers, states, elementwise, wrap=None, overri
     assignments = "".join(f"r.{h} = {overrides.get(h, h)}; " for h in hypers)
     made = wrap.format(r="r") if wrap else "r"
     expression = f"[&] {{ {cpp_type} r; {assignments}return {made}; }}()"
-    return rule(name, hypers=hypers, states=states, rule=expression, elementwise=elementwise)
+    return rule(name, hypers=hypers, states=states, rule=expression, elementwise=elementwise, eight_bit=eight_bit)
 
 
 def _pair(value, what, n=2):
@@ -135,11 +135,22 @@ class ASGD(_ASGDRule):
         return super().load_state_dict(state_dict)
 
 
-_AdEMAMixRule = _library_rule(
-    "_AdEMAMixRule", "fo::rules::ademamix",
+_ADEMAMIX = dict(
     hypers=dict(lr=1e-3, beta1=0.9, beta2=0.999, beta3=0.9999, alpha=2.0, beta3_warmup=0, alpha_warmup=0, eps=1e-8,
                 weight_decay=0.0, maximize=False),
     states=dict(exp_avg=0.0, exp_avg_slow=0.0, exp_avg_sq=0.0), elementwise=True)
+_AdEMAMixRule = _library_rule("_AdEMAMixRule", "fo::rules::ademamix", **_ADEMAMIX)
+_AdEMAMix8bitRule = _library_rule("_AdEMAMix8bitRule", "fo::rules::ademamix", eight_bit=True, **_ADEMAMIX)
+
+
+def _ademamix_hypers(lr, betas, alpha, beta3_warmup, alpha_warmup, weight_decay, eps, maximize):
+    """AdEMAMix's constructor arguments checked, as the rule's hyperparameters."""
+    b1, b2, b3 = _betas(betas, 3)
+    if not 0.0 <= alpha:
+        raise ValueError(f"Invalid alpha value: {alpha}")
+    return dict(lr=lr, beta1=b1, beta2=b2, beta3=b3, alpha=float(alpha), beta3_warmup=int(beta3_warmup or 0),
+                alpha_warmup=int(alpha_warmup or 0), eps=float(eps), weight_decay=float(weight_decay),
+                maximize=bool(maximize))
 
 
 class AdEMAMix(_AdEMAMixRule):
@@ -150,13 +161,23 @@ class AdEMAMix(_AdEMAMixRule):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=2.0, beta3_warmup=None, alpha_warmup=None,
                  weight_decay=0.0, eps=1e-8, *, maximize=False, capturable=False, fused=None, **kwargs):
         _check("AdEMAMix", lr, kwargs, capturable)
-        b1, b2, b3 = _betas(betas, 3)
-        if not 0.0 <= alpha:
-            raise ValueError(f"Invalid alpha value: {alpha}")
-        super().__init__(params, lr=lr, beta1=b1, beta2=b2, beta3=b3, alpha=float(alpha),
-                         beta3_warmup=int(beta3_warmup or 0), alpha_warmup=int(alpha_warmup or 0), eps=float(eps),
-                         weight_decay=float(weight_decay), maximize=bool(maximize), capturable=capturable,
-                         fused=fused)
+        super().__init__(params, capturable=capturable, fused=fused,
+                         **_ademamix_hypers(lr, betas, alpha, beta3_warmup, alpha_warmup, weight_decay, eps, maximize))
+
+
+class AdEMAMix8bit(_AdEMAMix8bitRule):
+    """AdEMAMix with its three EMAs in 8 bits (bitsandbytes' AdEMAMix8bit: exp_avg and
+    exp_avg_slow signed, exp_avg_sq unsigned, blocks of 256) for parameters of at least
+    ``min_8bit_size`` elements (4096, as bitsandbytes); AdEMAMix's arguments otherwise. Each
+    step is AdEMAMix's float step on the dequantized states, requantized in the same pass:
+    18.1 bytes an element over float32 parameters where full states move 36."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=2.0, beta3_warmup=None, alpha_warmup=None,
+                 weight_decay=0.0, eps=1e-8, *, min_8bit_size=4096, maximize=False, capturable=False, fused=None,
+                 **kwargs):
+        _check("AdEMAMix8bit", lr, kwargs, capturable)
+        super().__init__(params, capturable=capturable, fused=fused, min_8bit_size=min_8bit_size,
+                         **_ademamix_hypers(lr, betas, alpha, beta3_warmup, alpha_warmup, weight_decay, eps, maximize))
 
 
 _AdanRule = _library_rule(

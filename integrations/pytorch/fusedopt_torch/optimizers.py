@@ -1190,7 +1190,11 @@ class _EightBitStates:
     the parameter's dtype, as torch does. ``load_state_dict`` converts every moment to the form
     its parameter takes here: full-precision moments (torch.optim's state_dict) are quantized,
     8-bit states kept (or dequantized for a parameter under ``min_8bit_size``; those saved as
-    ``[blocks, 260]`` records before 2026-11-26 converted to today's layout first)."""
+    ``[blocks, 260]`` records before 2026-11-26 converted to today's layout first).
+    ``_moment_signed``: the 8-bit states by key, and whether each is signed (the map of the
+    slot it binds: unsigned for states that are never negative)."""
+
+    _moment_signed = _MOMENT_SIGNED
 
     def _set_min_8bit_size(self, min_8bit_size):
         """Makes min_8bit_size a default of every group (after the base class's constructor, which
@@ -1208,8 +1212,8 @@ class _EightBitStates:
                 and p.numel() >= group.get("min_8bit_size", self.defaults["min_8bit_size"]))
 
     def _new_state(self, p, group, key):
-        if key in _MOMENT_SIGNED and self._holds_8bit(p, group):
-            return _zero_state(p.numel(), _MOMENT_SIGNED[key], p.device)
+        if key in self._moment_signed and self._holds_8bit(p, group):
+            return _zero_state(p.numel(), self._moment_signed[key], p.device)
         return super()._new_state(p, group, key)
 
     def _layout_bits(self, group, p):
@@ -1218,7 +1222,7 @@ class _EightBitStates:
     def _moment_for(self, p, group, key, value):
         """A loaded moment in the form p's state takes in this optimizer: a new tensor (torch's
         load_state_dict copies the state_dict; the moments are taken from the caller's)."""
-        is_signed = _MOMENT_SIGNED[key]
+        is_signed = self._moment_signed[key]
         if value.dtype == torch.uint8:
             n = p.numel()
             if value.dim() == 2 and tuple(value.shape) == (_blocks(n), 260):
@@ -1239,7 +1243,7 @@ class _EightBitStates:
         # and converted here instead (8-bit states would become floats).
         moments, others = {}, {}
         for i, entries in state_dict["state"].items():
-            moments[i] = {k: v for k, v in entries.items() if k in _MOMENT_SIGNED and isinstance(v, torch.Tensor)}
+            moments[i] = {k: v for k, v in entries.items() if k in self._moment_signed and isinstance(v, torch.Tensor)}
             others[i] = {k: v for k, v in entries.items() if k not in moments[i]}
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
         super().load_state_dict({**state_dict, "state": others})
@@ -1251,8 +1255,8 @@ class _EightBitStates:
 
     def dequantized_state(self, p):
         """``state[p]`` with every 8-bit moment as a tensor of p's shape (float32): what a step reads."""
-        return {k: dequantize_state(v, p.shape, _MOMENT_SIGNED[k])
-                if k in _MOMENT_SIGNED and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 else v
+        return {k: dequantize_state(v, p.shape, self._moment_signed[k])
+                if k in self._moment_signed and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 else v
                 for k, v in self.state[p].items()}
 
 

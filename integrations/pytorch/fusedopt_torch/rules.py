@@ -25,7 +25,11 @@ from pathlib import Path
 import torch
 
 from . import _build, _codegen, _ext
-from .optimizers import _DTYPE_INDEX, FusedOptimizer, _is_dtensor
+from .optimizers import _DTYPE_INDEX, FusedOptimizer, _EightBitStates, _is_dtensor
+
+# The library's slots that 8-bit states keep with the unsigned map (include/fusedopt/slots.hpp's
+# accepts_unsigned_quantization): the plan binds them so, and Python must quantize them alike.
+_UNSIGNED_SLOTS = frozenset({"exp_avg_sq", "max_exp_avg_sq", "exp_inf", "sum_sq", "square_avg", "acc_delta"})
 
 __all__ = ["rule", "State", "RuleOptimizer", "RuleCompileError"]
 
@@ -84,7 +88,7 @@ def _dedent(text):
 
 
 def rule(name, *, hypers, body=None, rule=None, states=None, source="", constants=None, reduce=None, amp=True,
-         dtypes=("float32", "float64", "float16", "bfloat16"), elementwise=None, doc=None):
+         dtypes=("float32", "float64", "float16", "bfloat16"), elementwise=None, eight_bit=False, doc=None):
     """A torch.optim.Optimizer class running a rule of your own as fusedopt's fused step.
 
     name: the class's name (an identifier).
@@ -118,6 +122,13 @@ def rule(name, *, hypers, body=None, rule=None, states=None, source="", constant
     dtypes: the parameter dtypes the rule accepts; others are refused before any step.
     elementwise: whether the rule may step DTensor (FSDP2) shards alone; default: a body
         without reductions is, a `rule` expression is not (it may reduce).
+    eight_bit: keep the states of parameters of at least ``min_8bit_size`` elements (a
+        constructor argument and group option, default 4096) as 8-bit blockwise states, as the
+        built-in 8-bit optimizers do (docs/quantized_states.md): uint8 tensors the step
+        dequantizes as it loads and quantizes as it stores, in the same pass. Unsigned for the
+        library's never-negative slots (exp_avg_sq, ...), signed otherwise. Every state then,
+        each with init 0 and not float32 or read-only; float32, float16 and bfloat16
+        parameters (float64 ones and smaller tensors keep full states).
     doc: the class's docstring.
 
     Returns the class; its constructor is ``Class(params, **hypers)``, plus torch's ``fused``
@@ -142,6 +153,10 @@ def rule(name, *, hypers, body=None, rule=None, states=None, source="", constant
     state_specs = {}
     for s, value in (states or {}).items():
         state_specs[s] = value if isinstance(value, State) else State(init=value)
+    if eight_bit:
+        nonzero = [s for s, v in state_specs.items() if not (isinstance(v.init, (int, float)) and v.init == 0)]
+        if nonzero:
+            raise ValueError(f"rule {name}: with eight_bit=True every state starts at 0; {nonzero} do not")
     reductions = []
     for r, value in (reduce or {}).items():
         op, expr = ("sum", value) if isinstance(value, str) else tuple(value)
@@ -150,7 +165,8 @@ def rule(name, *, hypers, body=None, rule=None, states=None, source="", constant
         name=name, hypers=spec_hypers,
         states=[_codegen.State(s, float32=v.dtype == "float32", readonly=v.readonly) for s, v in state_specs.items()],
         body=_dedent(_text(body, "body")), expression=_text(rule, "rule"), source=_dedent(_text(source, "source")) or "",
-        constants=[(c, e) for c, e in (constants or {}).items()], reductions=reductions, amp=bool(amp))
+        constants=[(c, e) for c, e in (constants or {}).items()], reductions=reductions, amp=bool(amp),
+        eight_bit=bool(eight_bit))
     try:
         spec.validate()
     except _codegen.RuleSpecError as e:
@@ -161,6 +177,9 @@ def rule(name, *, hypers, body=None, rule=None, states=None, source="", constant
     attributes = dict(_spec=spec, _states=state_specs, _dtypes=accepted, _elementwise=bool(elementwise),
                       _amp_protocol=bool(amp), __doc__=doc or f"The user rule {name} (fusedopt_torch.rule).",
                       __module__=__name__)
+    if eight_bit:
+        attributes["_moment_signed"] = {s: s not in _UNSIGNED_SLOTS for s in state_specs}
+        return type(name, (_EightBitStates, RuleOptimizer), attributes)
     return type(name, (RuleOptimizer,), attributes)
 
 
@@ -200,6 +219,7 @@ class RuleOptimizer(FusedOptimizer):
 
     def __init__(self, params, fused=None, capturable=False, **kwargs):
         spec = self._spec
+        min_8bit_size = kwargs.pop("min_8bit_size", 4096) if spec.eight_bit else None
         known = {h.name for h in spec.hypers}
         unknown = set(kwargs) - known
         if unknown:
@@ -209,6 +229,8 @@ class RuleOptimizer(FusedOptimizer):
         defaults.update(fused=fused, capturable=capturable)
         self._check_values(defaults, "defaults")
         super().__init__(params, defaults)
+        if spec.eight_bit:
+            self._set_min_8bit_size(min_8bit_size)
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)

@@ -151,6 +151,9 @@ CASES = {
     "Adam8bit": (ft.Adam8bit, ft.Adam, dict(lr=1e-2, weight_decay=0.01)),
     "Lion8bit": (ft.Lion8bit, ft.Lion, dict(lr=1e-3, weight_decay=0.5)),
     "SGD8bit": (ft.SGD8bit, ft.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)),
+    # A library rule with eight_bit (fusedopt_torch.rule): both schedulers running.
+    "AdEMAMix8bit": (ft.AdEMAMix8bit, ft.AdEMAMix, dict(lr=1e-2, betas=(0.9, 0.999, 0.999), alpha=5.0, alpha_warmup=4,
+                                                       beta3_warmup=3, weight_decay=0.01)),
 }
 SIZES = ([3, 256, 1000], [200, 5000])
 
@@ -212,6 +215,51 @@ def test_is_the_fp32_step_on_its_dequantized_states(case, dtype, device):
                 if quantized:
                     expected = ft.quantize_state(expected, key != "exp_avg_sq")
                 assert same(value, expected.to(value.dtype), device), (step, i, key)
+
+
+def test_a_user_rule_with_eight_bit_steps_its_rule_on_the_dequantized_states():
+    """fusedopt_torch.rule(..., eight_bit=True): the states of large parameters are 8-bit (a
+    user slot signed, exp_avg_sq unsigned), each step the same rule's float step on them,
+    requantized; small parameters keep float states (host: bit for bit)."""
+    spec = dict(hypers=dict(lr=0.1, beta=0.9), states=dict(m=0.0, exp_avg_sq=0.0),
+                body="m = beta * m + grad; exp_avg_sq = beta * exp_avg_sq + grad * grad; "
+                     "param -= lr * m / (sqrt(exp_avg_sq) + T(1e-3));")
+    Eight = ft.rule("EightBitMomentum", eight_bit=True, **spec)
+    Plain = ft.rule("PlainMomentum", **spec)
+    g = torch.Generator().manual_seed(5)
+    params = [torch.nn.Parameter(torch.randn(n, generator=g) * 0.1) for n in (50, 5000)]
+    shadows = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref = Eight(params, min_8bit_size=100), Plain(shadows)
+    for step in range(3):
+        for p, s in zip(params, shadows):
+            p.grad = torch.randn(p.shape, generator=g)
+            s.grad = p.grad.clone()
+            with torch.no_grad():
+                s.copy_(p)
+            if p in opt.state:
+                for key, value in opt.dequantized_state(p).items():
+                    if key != "step":
+                        ref.state[s][key].copy_(value)
+        opt.step()
+        ref.step()
+        for p, s in zip(params, shadows):
+            assert torch.equal(p, s)
+            for key in ("m", "exp_avg_sq"):
+                value, expected = opt.state[p][key], ref.state[s][key]
+                assert (value.dtype == torch.uint8) == (p.numel() >= 100)
+                if value.dtype == torch.uint8:
+                    expected = ft.quantize_state(expected, key == "m")
+                assert torch.equal(value, expected), (step, key)
+
+
+def test_eight_bit_rules_refuse_states_they_cannot_keep_in_8_bits():
+    with pytest.raises(ValueError, match="float32 or read-only"):
+        ft.rule("Bad8", hypers=dict(lr=0.1), states=dict(m=ft.State(dtype="float32")), body="param -= lr * m;",
+                eight_bit=True)
+    with pytest.raises(ValueError, match="starts at 0"):
+        ft.rule("Bad8", hypers=dict(lr=0.1), states=dict(m=1.0), body="param -= lr * m;", eight_bit=True)
+    with pytest.raises(ValueError, match="needs states"):
+        ft.rule("Bad8", hypers=dict(lr=0.1), body="param -= lr * grad;", eight_bit=True)
 
 
 # ---- state_dict ------------------------------------------------------------------------------------
