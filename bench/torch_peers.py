@@ -52,13 +52,15 @@ from workloads import WORKLOADS  # noqa: E402,F401  (bench/workloads.py; other b
 
 def test_module(name):
     """integrations/pytorch/tests/<name>.py loaded as a module, for the references its tests are
-    written against (the tests folder on sys.path: the test files import its helpers)."""
+    written against (the tests folder on sys.path: the test files import its helpers). Registered
+    in sys.modules: torch.compile looks a traced function's module up there by name."""
     tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "integrations", "pytorch",
                          "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
     spec = importlib.util.spec_from_file_location(f"{name}_references", os.path.join(tests, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
