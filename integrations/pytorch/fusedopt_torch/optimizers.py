@@ -1117,9 +1117,19 @@ class Lion(FusedOptimizer):
 
 # ---- 8-bit states (bitsandbytes' names) -----------------------------------------------------------
 
-# The moments an 8-bit optimizer quantizes, and whether each takes the signed map (first moments,
-# momentum) or the unsigned one (second moments, never negative): fusedopt's slots' choice.
-_MOMENT_SIGNED = {"exp_avg": True, "exp_avg_sq": False, "momentum_buffer": True}
+# The library's slots that 8-bit states keep with the unsigned map, never negative
+# (include/fusedopt/slots.hpp's accepts_unsigned_quantization): the plans bind them so, and
+# Python quantizes them alike; every other state takes the signed map.
+_UNSIGNED_SLOTS = frozenset({"exp_avg_sq", "max_exp_avg_sq", "exp_inf", "sum_sq", "square_avg", "acc_delta"})
+
+
+def _signedness(keys):
+    """{state: whether its 8-bit form takes the signed map} for the given state names."""
+    return {k: k not in _UNSIGNED_SLOTS for k in keys}
+
+
+# The moments the built-in 8-bit optimizers quantize (first moments and momentum signed).
+_MOMENT_SIGNED = _signedness(("exp_avg", "exp_avg_sq", "momentum_buffer"))
 
 
 _BLOCK = 256  # elements per block of an 8-bit state (csrc/plans.hpp's quantized_block_elements)

@@ -25,11 +25,7 @@ from pathlib import Path
 import torch
 
 from . import _build, _codegen, _ext
-from .optimizers import _DTYPE_INDEX, FusedOptimizer, _EightBitStates, _is_dtensor
-
-# The library's slots that 8-bit states keep with the unsigned map (include/fusedopt/slots.hpp's
-# accepts_unsigned_quantization): the plan binds them so, and Python must quantize them alike.
-_UNSIGNED_SLOTS = frozenset({"exp_avg_sq", "max_exp_avg_sq", "exp_inf", "sum_sq", "square_avg", "acc_delta"})
+from .optimizers import _DTYPE_INDEX, FusedOptimizer, _EightBitStates, _is_dtensor, _signedness
 
 __all__ = ["rule", "State", "RuleOptimizer", "RuleCompileError"]
 
@@ -178,7 +174,7 @@ def rule(name, *, hypers, body=None, rule=None, states=None, source="", constant
                       _amp_protocol=bool(amp), __doc__=doc or f"The user rule {name} (fusedopt_torch.rule).",
                       __module__=__name__)
     if eight_bit:
-        attributes["_moment_signed"] = {s: s not in _UNSIGNED_SLOTS for s in state_specs}
+        attributes["_moment_signed"] = _signedness(state_specs)
         return type(name, (_EightBitStates, RuleOptimizer), attributes)
     return type(name, (RuleOptimizer,), attributes)
 
