@@ -85,6 +85,9 @@ struct groups_reduction {};
 template <class Rule>
 struct groups_reduction<Rule, true> {
   using reduction = typename pass_traits<Rule, 0>::reduction;
+  static_assert(pass_traits<Rule, 0>::finished_size == 0,
+                "fusedopt::groups: the rule finishes its reduction's results per tensor (prepare_finish, "
+                "Adafactor's step size), which groups do not forward; chain it outside the groups");
 };
 
 /// Drops the "fusedopt: " prefix of an error's message, to wrap it in another.

@@ -17,6 +17,12 @@
 ///   FUSEDOPT_HOST_DEVICE auto prepare(fusedopt::step_info const&, fusedopt::reduced const& r) const;
 ///   // optional, once per step after the update (flags, loss-scale bookkeeping):
 ///   FUSEDOPT_HOST_DEVICE void after_step(fusedopt::reduced const& r, fusedopt::step_info const&) const;
+///   // optional, per tensor once its results are complete, before the update: F doubles the
+///   // update body reads as r.finished_of(t, k) instead of deriving them per chunk
+///   static constexpr int finished_size = 1;   // F
+///   FUSEDOPT_HOST_DEVICE auto prepare_finish(fusedopt::step_info const&) const {
+///     return [](std::int64_t tensor, double const* sums, double* finished) { finished[0] = ...; };
+///   }
 /// };
 /// @endcode
 /// A rule that only measures (it writes no slot and its update body does nothing, like
@@ -129,11 +135,15 @@ struct reduced {
   double const* all = nullptr;         ///< [k]
   int size = 0;
   std::int64_t num_tensors = 0;  ///< rows of per_tensor: the length of the bound lists
+  double const* finished = nullptr;  ///< [tensor * finished_size + k]: the rule's prepare_finish
+  int finished_size = 0;
 
   /// Accumulator k over the elements of tensor t.
   FUSEDOPT_HOST_DEVICE double tensor(std::int64_t t, int k) const { return per_tensor[t * size + k]; }
   /// Accumulator k over every element of every tensor.
   FUSEDOPT_HOST_DEVICE double total(int k) const { return all[k]; }
+  /// Value k the rule's finish computed for tensor t from its results (once per step).
+  FUSEDOPT_HOST_DEVICE double finished_of(std::int64_t t, int k) const { return finished[t * finished_size + k]; }
 };
 
 FUSEDOPT_NAMESPACE_END

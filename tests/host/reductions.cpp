@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "catch.hpp"
@@ -178,6 +179,96 @@ TEST_CASE("a rule needing more accumulators than the plan holds is rejected befo
   opts.reduction_capacity = 1;
   auto plan = fo::host::make_plan(b.lists(), opts);
   REQUIRE_THROWS_AS(plan.run(fo::chain(fo::rules::clip_by_global_norm{}, fo::rules::sgd{})), fo::error);
+  REQUIRE(b.p == before);
+}
+
+namespace {
+
+/// Divides each parameter by its tensor's L2 norm, the divisor finished once per tensor
+/// (reduce.hpp, prepare_finish; `calls` counts the finishes); the second finished value is
+/// the tensor's index, which the update checks.
+struct divide_by_tensor_norm {
+  using reduction = fo::reduction<fo::reduce_op::sum>;
+  using reads = fo::slots<fo::slot::param_t>;
+  using writes = fo::slots<fo::slot::param_t>;
+  static constexpr int finished_size = 2;
+  int* calls = nullptr;
+
+  struct accumulate {
+    template <class E, class Acc>
+    void operator()(E& e, Acc& acc) const
+    {
+      using A = std::remove_reference_t<decltype(acc[0])>;
+      acc[0] += static_cast<A>(e[param]) * static_cast<A>(e[param]);
+    }
+  };
+  accumulate prepare_reduce(fo::step_info const&) const { return {}; }
+
+  struct finish {
+    int* calls;
+    void operator()(std::int64_t tensor, double const* sums, double* finished) const
+    {
+      ++*calls;
+      finished[0] = std::sqrt(sums[0]);
+      finished[1] = static_cast<double>(tensor);
+    }
+  };
+  finish prepare_finish(fo::step_info const&) const { return {calls}; }
+
+  struct divide {
+    double norm;
+    bool right_tensor;
+    template <class E>
+    void operator()(E& e) const
+    {
+      e[param] = right_tensor ? static_cast<float>(e[param] / norm) : -1.0f;
+    }
+  };
+  struct prepared {
+    fo::reduced results;
+    template <class E>
+    void operator()(E& e) const
+    {
+      for_tensor(e.tensor())(e);
+    }
+    divide for_tensor(std::int64_t tensor) const
+    {
+      return {results.finished_of(tensor, 0), results.finished_of(tensor, 1) == static_cast<double>(tensor)};
+    }
+  };
+  prepared prepare(fo::step_info const&, fo::reduced const& r) const { return {r}; }
+};
+
+}  // namespace
+
+TEST_CASE("a rule's finish runs once per tensor after its pass, and the update reads its values", "[reduce]")
+{
+  buffers b(sizes);
+  auto const before = b.p;
+  int calls = 0;
+  fo::host::options opts;
+  opts.chunk_elements = 1000;  // tensors of several chunks: still one finish each
+  auto plan = fo::host::make_plan(b.lists(), opts);
+  plan.run(divide_by_tensor_norm{&calls});
+  REQUIRE(calls == static_cast<int>(sizes.size()));
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    double const norm = direct_l2(before, t);
+    for (std::size_t i = 0; i < before[t].size(); ++i) {
+      REQUIRE(b.p[t][i] == fusedopt_test::Approx(before[t][i] / norm).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("a rule's finished values count toward the reduction capacity", "[reduce][errors]")
+{
+  buffers b(sizes);
+  auto const before = b.p;
+  int calls = 0;
+  fo::host::options opts;
+  opts.reduction_capacity = 2;  // one accumulator and two finished values need 3
+  auto plan = fo::host::make_plan(b.lists(), opts);
+  REQUIRE_THROWS_AS(plan.run(divide_by_tensor_norm{&calls}), fo::error);
+  REQUIRE(calls == 0);
   REQUIRE(b.p == before);
 }
 

@@ -77,11 +77,18 @@ FUSEDOPT_HOST_DEVICE constexpr std::size_t part_of_pass()
 template <class R, int J, class = void>
 struct pass_traits;
 
+template <class R, bool = has_finish<R>::value>
+struct finished_size_of : std::integral_constant<int, 0> {};
+template <class R>
+struct finished_size_of<R, true> : std::integral_constant<int, R::finished_size> {};
+
 /// A reducing leaf: its only pass.
 template <class R>
 struct pass_traits<R, 0, std::enable_if_t<is_reducing<R>::value>> {
   using reduction = typename R::reduction;
   using reads = rule_reads_t<R>;
+  /// Doubles per tensor the rule's finish writes after the pass (has_finish), 0 without one.
+  static constexpr int finished_size = finished_size_of<R>::value;
 };
 
 template <class Parts, std::size_t P>
@@ -97,8 +104,10 @@ template <int J, class... Parts>
 struct pass_traits<chain_rule<Parts...>, J, void> {
   static constexpr std::size_t part = part_of_pass<J, Parts...>();
   using owner = std::tuple_element_t<part, std::tuple<Parts...>>;
-  using inner = pass_traits<owner, J - part_offset<part, Parts...>()>;
+  static constexpr int offset = part_offset<part, Parts...>();
+  using inner = pass_traits<owner, J - offset>;
   using reduction = typename inner::reduction;
+  static constexpr int finished_size = inner::finished_size;
   // The parts before the owner run in full: their reads are needed too.
   using reads = typename merge_declared<typename parts_reads<slots<Parts...>, part>::type, typename inner::reads>::type;
 };
@@ -107,12 +116,13 @@ struct pass_traits<chain_rule<Parts...>, J, void> {
 template <class R, int J>
 struct pass_traits<R, J, std::enable_if_t<is_named_v<R>>> : pass_traits<typename R::chain_type, J> {};
 
-/// Accumulators the reduction passes of R need in all: what a plan's reduction capacity must
-/// hold (both backends check it before a step writes anything).
+/// Accumulators the reduction passes of R need in all, each pass's finished values counted
+/// with its accumulators: what a plan's reduction capacity must hold (both backends check it
+/// before a step writes anything).
 template <class R, int... J>
 constexpr int accumulators_of(std::integer_sequence<int, J...>)
 {
-  return (0 + ... + pass_traits<R, J>::reduction::size);
+  return (0 + ... + (pass_traits<R, J>::reduction::size + pass_traits<R, J>::finished_size));
 }
 template <class R>
 inline constexpr int accumulators_v = accumulators_of<R>(std::make_integer_sequence<int, pass_count_v<R>>{});
@@ -142,6 +152,22 @@ FUSEDOPT_HOST_DEVICE auto prepare_final(R const& rule, step_info const& step, re
     return prepare_final(rule.as_chain(), step, results);
   } else {
     return prepare_rule(rule, step);
+  }
+}
+
+/// The body that finishes pass J's results per tensor: the owner's prepare_finish (only where
+/// pass_traits<R, J>::finished_size > 0).
+template <int J, class R>
+FUSEDOPT_HOST_DEVICE auto prepare_finish(R const& rule, step_info const& step)
+{
+  if constexpr (is_reducing<R>::value) {
+    static_assert(J == 0, "a reducing rule has one pass");
+    return rule.prepare_finish(step);
+  } else if constexpr (is_chain<R>::value) {
+    using traits = pass_traits<R, J>;
+    return prepare_finish<J - traits::offset>(rule.template get<traits::part>(), step);
+  } else {
+    return prepare_finish<J>(rule.as_chain(), step);
   }
 }
 

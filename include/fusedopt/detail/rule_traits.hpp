@@ -12,6 +12,7 @@
 /// | `reduction`, `prepare_reduce(step)`,     | is_reducing        | no reduction pass                    |
 /// |   `prepare(step, reduced)`               |                    |                                      |
 /// | `after_step(reduced, step)`              | has_after_step     | nothing after the update             |
+/// | `finished_size`, `prepare_finish(step)`  | has_finish         | no per-tensor values after the pass  |
 /// | `chain_type`, `as_chain()`               | is_named_v         | the rule is its own whole            |
 ///
 /// A named optimizer (rules::chained: `chain_type` and `as_chain()`, no passes of its own) is
@@ -141,6 +142,15 @@ template <class R, class = void>
 struct is_reducing : std::false_type {};
 template <class R>
 struct is_reducing<R, std::void_t<typename R::reduction>> : std::true_type {};
+
+/// A reducing rule that finishes each tensor's results once per step (reduce.hpp): its pass's
+/// `finished_size` doubles per tensor, computed by `prepare_finish(step)`'s body.
+template <class R, class = void>
+struct has_finish : std::false_type {};
+template <class R>
+struct has_finish<R, std::void_t<decltype(R::finished_size),
+                                 decltype(std::declval<R const&>().prepare_finish(std::declval<step_info const&>()))>>
+  : std::true_type {};
 
 template <class R, class = void>
 struct has_after_step : std::false_type {};

@@ -584,7 +584,8 @@ class plan {
   }
 
   // Pass J's results go after those of the passes before it: for each pass, N values per
-  // tensor, N over all tensors, then N per chunk (the chunk partials).
+  // tensor, N over all tensors, N per chunk (the chunk partials), then the F finished values
+  // per tensor of a rule that finishes its results (N + F within the capacity).
   template <class Rule, int... J>
   void run_passes(Rule const& rule, step_info const& step, reduced* results, std::integer_sequence<int, J...>) const
   {
@@ -599,11 +600,13 @@ class plan {
     using reduction = typename traits::reduction;
     using access = detail::access<Rule, lists_type>;
     constexpr int n = reduction::size;
+    constexpr int f = traits::finished_size;
     std::size_t const tensors = bases_.size();
     double* const per_tensor = workspace_.data() + offset;
     double* const all = per_tensor + tensors * n;
     double* const partials = all + n;
-    offset += static_cast<std::size_t>(n) * (tensors + 1 + chunks_.size());
+    double* const finished = partials + chunks_.size() * n;
+    offset += static_cast<std::size_t>(n) * (tensors + 1 + chunks_.size()) + static_cast<std::size_t>(f) * tensors;
 
     auto const body = detail::prepare_pass<J>(rule, step, results);
     auto const count = static_cast<std::int64_t>(chunks_.size());
@@ -632,7 +635,13 @@ class plan {
       for (std::size_t t = 0; t < tensors; ++t) { total = reduction::combine(k, total, per_tensor[t * n + k]); }
       all[k] = total;
     }
-    results[J] = reduced{per_tensor, all, n, static_cast<std::int64_t>(tensors)};
+    if constexpr (f > 0) {
+      auto const finish = detail::prepare_finish<J>(rule, step);
+      for (std::size_t t = 0; t < tensors; ++t) {
+        finish(static_cast<std::int64_t>(t), per_tensor + t * n, finished + t * f);
+      }
+    }
+    results[J] = reduced{per_tensor, all, n, static_cast<std::int64_t>(tensors), finished, f};
   }
 
   // A chunk is accumulated in the arithmetic type; when a float sum comes out non-finite it

@@ -198,6 +198,9 @@ struct scale_by_factored_rms {
 /// update. Reducing: per tensor sums of param^2 and update^2; the number of elements, the
 /// RMS's divisor, is the tensor's entry in `statistics` (Adafactor's table, which describes
 /// every tensor), not a third sum: an exact integer either way, one addition per element less.
+/// The step -alpha / max(1, RMS(update) / d) of each tensor is the pass's finished value
+/// (reduce.hpp, prepare_finish): computed once per tensor and step, not by every thread of
+/// every chunk of the update (three roots and three divisions in double).
 template <class T>
 struct scale_by_relative_step {
   scalar<double> lr{1e-2};
@@ -223,6 +226,27 @@ struct scale_by_relative_step {
   };
   FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {}; }
 
+  /// The step's -alpha / denom of each tensor, from the tensor's sums (RMS(param), RMS(update)).
+  static constexpr int finished_size = 1;
+  struct finish {
+    double rho, eps2, d;
+    factored_table<T> statistics;
+    FUSEDOPT_HOST_DEVICE void operator()(std::int64_t tensor, double const* sums, double* finished) const
+    {
+      factored_tensor<T> const& entry = statistics.tensors[tensor];
+      double const root_n = math::sqrt(static_cast<double>(entry.matrices * entry.rows * entry.cols));
+      double const alpha = detail::python_max(eps2, math::sqrt(sums[0]) / root_n) * rho;
+      double const denom = detail::python_max(1.0, math::sqrt(sums[1]) / (root_n * d));
+      finished[0] = -alpha / denom;
+    }
+  };
+  FUSEDOPT_HOST_DEVICE finish prepare_finish(step_info const& s) const
+  {
+    double const l = lr.get();
+    double const inverse_root = 1.0 / math::sqrt(static_cast<double>(s.step.get()));
+    return {l < inverse_root ? l : inverse_root, eps2.get(), d.get(), statistics};
+  }
+
   struct apply {
     double decay, step;  ///< 1 - lr weight_decay (1 when weight_decay is 0); -alpha / denom
     template <class E>
@@ -235,29 +259,19 @@ struct scale_by_relative_step {
     }
   };
   struct prepared {
-    reduced sums;
-    double rho, eps2, d, decay;
-    factored_table<T> statistics;
+    reduced results;
+    double decay;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       for_tensor(e.tensor())(e);
     }
-    FUSEDOPT_HOST_DEVICE apply for_tensor(std::int64_t tensor) const
-    {
-      factored_tensor<T> const& entry = statistics.tensors[tensor];
-      double const root_n = math::sqrt(static_cast<double>(entry.matrices * entry.rows * entry.cols));
-      double const alpha = detail::python_max(eps2, math::sqrt(sums.tensor(tensor, 0)) / root_n) * rho;
-      double const denom = detail::python_max(1.0, math::sqrt(sums.tensor(tensor, 1)) / (root_n * d));
-      return {decay, -alpha / denom};
-    }
+    FUSEDOPT_HOST_DEVICE apply for_tensor(std::int64_t tensor) const { return {decay, results.finished_of(tensor, 0)}; }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const& s, reduced const& r) const
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const
   {
-    double const l = lr.get();
-    double const inverse_root = 1.0 / math::sqrt(static_cast<double>(s.step.get()));
     double const wd = weight_decay.get();
-    return {r, l < inverse_root ? l : inverse_root, eps2.get(), d.get(), wd != 0 ? 1.0 - l * wd : 1.0, statistics};
+    return {r, wd != 0 ? 1.0 - lr.get() * wd : 1.0};
   }
 
   template <class Bound>

@@ -139,7 +139,8 @@ struct scale_by_came_second_moment {
 
 /// @brief update /= max(RMS(update) / threshold, 1) per tensor (CAME's and Adafactor's update
 /// clipping; torch's clamp: a NaN RMS gives NaN). Reducing: per-tensor sums of update^2 and
-/// the elements.
+/// the elements; the divisor of each tensor is the pass's finished value (reduce.hpp,
+/// prepare_finish), computed once per tensor and step, not per chunk of every pass after it.
 struct clip_update_by_rms {
   scalar<double> threshold{1.0};
   using reduction = fusedopt::reduction<reduce_op::sum, reduce_op::sum>;
@@ -158,6 +159,17 @@ struct clip_update_by_rms {
   };
   FUSEDOPT_HOST_DEVICE accumulate prepare_reduce(step_info const&) const { return {}; }
 
+  static constexpr int finished_size = 1;
+  struct finish {
+    double threshold;
+    FUSEDOPT_HOST_DEVICE void operator()(std::int64_t, double const* sums, double* finished) const
+    {
+      double const ratio = math::sqrt(sums[0]) / math::sqrt(sums[1]) / threshold;
+      finished[0] = ratio < 1.0 ? 1.0 : ratio;
+    }
+  };
+  FUSEDOPT_HOST_DEVICE finish prepare_finish(step_info const&) const { return {threshold.get()}; }
+
   struct divide {
     double divisor;
     template <class E>
@@ -167,20 +179,15 @@ struct clip_update_by_rms {
     }
   };
   struct prepared {
-    reduced sums;
-    double threshold;
+    reduced results;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       for_tensor(e.tensor())(e);
     }
-    FUSEDOPT_HOST_DEVICE divide for_tensor(std::int64_t tensor) const
-    {
-      double const ratio = math::sqrt(sums.tensor(tensor, 0)) / math::sqrt(sums.tensor(tensor, 1)) / threshold;
-      return {ratio < 1.0 ? 1.0 : ratio};
-    }
+    FUSEDOPT_HOST_DEVICE divide for_tensor(std::int64_t tensor) const { return {results.finished_of(tensor, 0)}; }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const { return {r, threshold.get()}; }
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const { return {r}; }
 };
 
 /// @brief CAME's confidence: exp_avg = beta1 exp_avg + (1 - beta1) update; then for a matrix

@@ -177,14 +177,13 @@ struct plan_steps {
 
   /// The rows, totals and finalize of pass J of `Rule` over a workspace, launched as `plan`
   /// launches.
-  template <class Rule, int J, class Plan, int P>
-  static void finalize(Plan const& plan, reduction_workspace const& workspace, pass_results<P> const& results,
-                       cudaStream_t stream)
+  template <int J, class Plan, class Rule, int P>
+  static void finalize(Plan const& plan, Rule const& rule, step_info const& step, reduction_workspace const& workspace,
+                       pass_results<P> const& results, cudaStream_t stream)
   {
-    using reduction = typename ::fusedopt::detail::pass_traits<Rule, J>::reduction;
-    launch_finalize<typename Plan::policy_type, reduction>(workspace.partials, workspace.ranges, workspace.rows(),
-                                                           workspace.longest_row(), results.r[J], workspace.counter,
-                                                           stream, plan.programmatic_);
+    launch_finalize<typename Plan::policy_type, Rule, J>(rule, step, workspace.partials, workspace.ranges,
+                                                         workspace.rows(), workspace.longest_row(), results.r[J],
+                                                         workspace.counter, stream, plan.programmatic_);
   }
 
   /// Refuses a factored pass's statistics table that does not cover the plan's tensors: its count
@@ -258,7 +257,7 @@ void basic_plan<Policy, B...>::run_passes(Rule const& rule, step_info const& ste
   // Factored passes (if any) in chain order between them.
   ((detail::plan_steps::factored(*this, rule, step, results, J, stream),
     detail::plan_steps::pass<J>(*this, rule, step, results, workspace_.partials, 0, stream),
-    detail::plan_steps::finalize<Rule, J>(*this, workspace_, results, stream)),
+    detail::plan_steps::finalize<J>(*this, rule, step, workspace_, results, stream)),
    ...);
 }
 

@@ -286,7 +286,8 @@ inline constexpr bool fits_by_value =
 }
 
 /// The results of a rule's passes in a workspace of `rows` rows: pass J's rows
-/// (`rows x N_J` doubles) then its totals (`N_J`), after those of the passes before it.
+/// (`rows x N_J` doubles), its totals (`N_J`), then its finished values (`rows x F_J`), after
+/// those of the passes before it.
 template <class Rule, int... J>
 pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* base, std::int64_t rows,
                                                                 std::integer_sequence<int, J...>)
@@ -294,8 +295,11 @@ pass_results<static_cast<int>(sizeof...(J))> make_pass_results(double const* bas
   pass_results<static_cast<int>(sizeof...(J))> results{};
   std::int64_t offset = 0;
   (((results.r[J] = reduced{base + offset, base + offset + rows * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size,
-                             ::fusedopt::detail::pass_traits<Rule, J>::reduction::size, rows}),
-    (offset += (rows + 1) * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size)),
+                             ::fusedopt::detail::pass_traits<Rule, J>::reduction::size, rows,
+                             base + offset + (rows + 1) * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size,
+                             ::fusedopt::detail::pass_traits<Rule, J>::finished_size}),
+    (offset += (rows + 1) * ::fusedopt::detail::pass_traits<Rule, J>::reduction::size +
+               rows * ::fusedopt::detail::pass_traits<Rule, J>::finished_size)),
    ...);
   (void)base, (void)rows, (void)offset;
   return results;
@@ -424,20 +428,31 @@ void launch_pass(Rule const& rule, step_info const& step, Table const& table, pa
   }
 }
 
-/// Enqueues the fold of reduction pass J's chunk partials into its rows and totals.
-template <class Policy, class Reduction>
-void launch_finalize(double const* partials, chunk_range const* ranges, std::int64_t rows, std::int64_t longest_row,
-                     reduced const& into, unsigned int* counter, cudaStream_t stream, bool programmatic)
+/// Enqueues the fold of reduction pass J's chunk partials into its rows and totals (and, where
+/// pass J's owner finishes its results, the finished values of each row).
+template <class Policy, class Rule, int J>
+void launch_finalize(Rule const& rule, step_info const& step, double const* partials, chunk_range const* ranges,
+                     std::int64_t rows, std::int64_t longest_row, reduced const& into, unsigned int* counter,
+                     cudaStream_t stream, bool programmatic)
 {
+  using traits = ::fusedopt::detail::pass_traits<Rule, J>;
+  using reduction = typename traits::reduction;
+  // Rules that finish nothing share one finalize per reduction.
+  using finish = std::conditional_t<(traits::finished_size > 0), finish_pass<Rule, J>, no_finish>;
+  finish f{};
+  if constexpr (traits::finished_size > 0) {
+    f = finish{rule, step, const_cast<double*>(into.finished)};
+  } else {
+    (void)rule, (void)step;
+  }
   // Wide blocks only where a row is long: the choice depends on the plan alone, so the fold
   // order (and the bits) is the same at every run.
   bool const wide = longest_row > Policy::finalize_wide_after;
-  launch_kernel(wide ? &finalize_kernel<Policy::finalize_threads_wide, Reduction>
-                     : &finalize_kernel<Policy::finalize_threads, Reduction>,
+  launch_kernel(wide ? &finalize_kernel<Policy::finalize_threads_wide, reduction, finish>
+                     : &finalize_kernel<Policy::finalize_threads, reduction, finish>,
                 dim3(static_cast<unsigned>(std::max<std::int64_t>(rows, 1))),
                 dim3(wide ? Policy::finalize_threads_wide : Policy::finalize_threads), stream, programmatic, partials,
-                ranges, rows,
-                const_cast<double*>(into.per_tensor), const_cast<double*>(into.all), counter);
+                ranges, rows, const_cast<double*>(into.per_tensor), const_cast<double*>(into.all), counter, f);
 }
 
 /// Enqueues the rule's after-step hooks (one thread), if it has any.

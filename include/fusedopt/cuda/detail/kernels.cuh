@@ -292,15 +292,36 @@ FUSEDOPT_KERNEL void __launch_bounds__(Policy::block_threads, Policy::min_blocks
   }
 }
 
+/// The finalize of a pass whose owner finishes nothing per tensor.
+struct no_finish {
+  __device__ void operator()(std::int64_t, double const*) const {}
+};
+
+/// Pass J's finish (reduce.hpp, prepare_finish): a row's finished values from its results,
+/// once per tensor and step, where every thread of every chunk of the update would otherwise
+/// derive them. The rule is prepared in the kernel: device scalars are read when it runs.
+template <class Rule, int J>
+struct finish_pass {
+  static constexpr int size = ::fusedopt::detail::pass_traits<Rule, J>::finished_size;
+  Rule rule;
+  step_info step;
+  double* finished;  ///< [row * size + k]
+  __device__ void operator()(std::int64_t row, double const* sums) const
+  {
+    ::fusedopt::detail::prepare_finish<J>(rule, step)(row, sums, finished + row * size);
+  }
+};
+
 /// Combines one pass's chunk partials: block `row` folds the chunks of row `row` of the bound
 /// lists (thread i takes chunks i, i + Threads, ... in order, fold_strided; then a fixed block
-/// tree) into `per_tensor[row * N + k]` (the identity for an empty tensor); the last block to
-/// finish (a counter in the workspace, which it resets, so graph replays find it at 0) folds
-/// the rows the same way into `all[k]`. Launched with max(rows, 1) blocks of Threads.
-template <int Threads, class Reduction>
+/// tree) into `per_tensor[row * N + k]` (the identity for an empty tensor), and `finish`es the
+/// row; the last block to finish (a counter in the workspace, which it resets, so graph replays
+/// find it at 0) folds the rows the same way into `all[k]`. Launched with max(rows, 1) blocks
+/// of Threads.
+template <int Threads, class Reduction, class Finish>
 FUSEDOPT_KERNEL void __launch_bounds__(Threads)
   finalize_kernel(double const* partials, chunk_range const* ranges, std::int64_t rows, double* per_tensor, double* all,
-                  unsigned int* counter)
+                  unsigned int* counter, Finish const finish)
 {
   constexpr int n = Reduction::size;
   constexpr int threads = Threads;
@@ -329,6 +350,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(Threads)
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int k = 0; k < n; ++k) { per_tensor[row * n + k] = total[k]; }
+      finish(row, total.values);
     }
   }
   if (threadIdx.x == 0) {

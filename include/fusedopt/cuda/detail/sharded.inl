@@ -201,7 +201,7 @@ void basic_sharded_plan<Communicator, Policy, B...>::run_pass(Rule const& rule, 
   detail::plan_steps::pass<J>(local_, rule, step, results, workspace_.partials, first_chunk_, stream);
   for (std::size_t q = 0; q < counts_.size(); ++q) { counts_[q] = rank_chunks_[q] * n; }
   communicator_.all_gather_v(workspace_.partials, counts_.data(), stream);
-  detail::plan_steps::finalize<Rule, J>(local_, workspace_, results, stream);
+  detail::plan_steps::finalize<J>(local_, rule, step, workspace_, results, stream);
 }
 
 template <class Communicator, class Policy, class... B>
