@@ -22,9 +22,11 @@
 // without a host synchronisation in between (the deltas between consecutive events are the
 // steps), after --warmup steps, --steps steps per round, --rounds rounds (configurations
 // interleaved in each round):
-//   step         the whole step (unbucketed: plan.run; bucketed: bucket_schedule::run);
-//   step_prio    bucketed only: the same, the communication stream created with the greatest
-//                priority (NCCL's kernels then take SMs ahead of the updates' blocks);
+//   step         the whole step (unbucketed: plan.run; bucketed: bucket_schedule::run on the
+//                schedule's own communication stream, at the greatest priority: NCCL's kernels
+//                then take SMs ahead of the updates' blocks);
+//   step_default_priority  bucketed only: the same, the collectives on a communication stream
+//                of the caller's at the default priority;
 //   collectives  every plan's reduce_scatter then every plan's all_gather, on one stream;
 //   update       every plan's update, on one stream (no communication).
 // Reported: medians over all steps of all rounds (and per round, in the JSON), the max over the
@@ -410,29 +412,31 @@ fo::rules::adamw rule()
 
 // ---- what is timed --------------------------------------------------------------------------------
 
-enum class what { step, step_prio, collectives, update };
+enum class what { step, step_default_priority, collectives, update };
 char const* name_of(what w)
 {
   switch (w) {
     case what::step: return "step";
-    case what::step_prio: return "step_prio";
+    case what::step_default_priority: return "step_default_priority";
     case what::collectives: return "collectives";
     case what::update: return "update";
   }
   return "?";
 }
 
-void enqueue(configuration& c, what w, cudaStream_t compute, cudaStream_t communication, cudaStream_t priority)
+void enqueue(configuration& c, what w, cudaStream_t compute, cudaStream_t communication)
 {
   auto const adamw = rule();
   switch (w) {
     case what::step:
-    case what::step_prio:
+    case what::step_default_priority:
       ++c.t;
       if (c.schedule == nullptr) {
         c.plans.front().run(adamw, {c.t}, compute);
+      } else if (w == what::step) {
+        c.schedule->run(c.plans, adamw, {c.t}, compute);
       } else {
-        c.schedule->run(c.plans, adamw, {c.t}, compute, w == what::step ? communication : priority);
+        c.schedule->run(c.plans, adamw, {c.t}, compute, communication);
       }
       break;
     case what::collectives:
@@ -449,15 +453,15 @@ void enqueue(configuration& c, what w, cudaStream_t compute, cudaStream_t commun
 /// Microseconds of each of `steps` consecutive enqueues of `w`, between events on `compute`,
 /// after `warmup` untimed ones; no host synchronisation between the timed steps.
 std::vector<double> time_steps(configuration& c, what w, settings const& s, cudaStream_t compute,
-                               cudaStream_t communication, cudaStream_t priority)
+                               cudaStream_t communication)
 {
-  for (int i = 0; i < s.warmup; ++i) { enqueue(c, w, compute, communication, priority); }
+  for (int i = 0; i < s.warmup; ++i) { enqueue(c, w, compute, communication); }
   wait(compute, "the warm-up steps");
   std::vector<cudaEvent_t> events(static_cast<std::size_t>(s.steps) + 1, nullptr);
   for (auto& e : events) { FUSEDOPT_CUDA_TRY(cudaEventCreate(&e)); }
   FUSEDOPT_CUDA_TRY(cudaEventRecord(events[0], compute));
   for (int i = 0; i < s.steps; ++i) {
-    enqueue(c, w, compute, communication, priority);
+    enqueue(c, w, compute, communication);
     FUSEDOPT_CUDA_TRY(cudaEventRecord(events[static_cast<std::size_t>(i) + 1], compute));
   }
   wait(compute, "the timed steps");
@@ -586,12 +590,9 @@ int main(int argc, char** argv)
     int nccl_version = 0;
     FUSEDOPT_NCCL_TRY(ncclGetVersion(&nccl_version));
 
-    cudaStream_t compute = nullptr, communication = nullptr, priority = nullptr;
+    cudaStream_t compute = nullptr, communication = nullptr;  // communication: the default priority
     FUSEDOPT_CUDA_TRY(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     FUSEDOPT_CUDA_TRY(cudaStreamCreateWithFlags(&communication, cudaStreamNonBlocking));
-    int least = 0, greatest = 0;
-    FUSEDOPT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    FUSEDOPT_CUDA_TRY(cudaStreamCreateWithPriority(&priority, cudaStreamNonBlocking, greatest));
 
     std::vector<std::int64_t> const sizes = gpt2_sizes(s);
     std::int64_t elements = 0;
@@ -615,7 +616,7 @@ int main(int argc, char** argv)
     if (s.check_steps > 0) {
       for (auto& c : configs) {
         initialise(c, rank, compute);
-        for (int i = 0; i < s.check_steps; ++i) { enqueue(c, what::step, compute, communication, priority); }
+        for (int i = 0; i < s.check_steps; ++i) { enqueue(c, what::step, compute, communication); }
         wait(compute, "the check's steps");
       }
       for (std::size_t k = 1; k < configs.size(); ++k) {
@@ -632,7 +633,7 @@ int main(int argc, char** argv)
     double const copy_bps = copy_bandwidth(compute);
 
     // ---- timing: rounds x configurations x measurements ----
-    std::vector<what> const measured_bucketed = {what::step, what::step_prio, what::collectives, what::update};
+    std::vector<what> const measured_bucketed = {what::step, what::step_default_priority, what::collectives, what::update};
     std::vector<what> const measured_unbucketed = {what::step, what::collectives, what::update};
     // samples[config][measurement index][round] = the round's step times (us)
     std::vector<std::vector<std::vector<std::vector<double>>>> samples(configs.size());
@@ -644,7 +645,7 @@ int main(int argc, char** argv)
         auto const& list = k == 0 ? measured_unbucketed : measured_bucketed;
         for (what w : list) {
           samples[k][static_cast<std::size_t>(w)][static_cast<std::size_t>(r)] =
-            time_steps(configs[k], w, s, compute, communication, priority);
+            time_steps(configs[k], w, s, compute, communication);
         }
       }
     }
@@ -685,8 +686,8 @@ int main(int argc, char** argv)
       std::printf("\nmedians over %d steps x %d rounds, the max over the %d ranks (us); hidden = (collectives + update - "
                   "step) / update\n\n",
                   s.steps, s.rounds, world);
-      std::printf("| configuration | tensors per bucket | step | step, comm stream high priority | collectives alone | "
-                  "update alone | update %% of copy | hidden | hidden (high priority) | speedup over unbucketed |\n");
+      std::printf("| configuration | tensors per bucket | step | step, comm stream at default priority | collectives alone | "
+                  "update alone | update %% of copy | hidden | hidden (default priority) | speedup over unbucketed |\n");
       std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
       for (std::size_t k = 0; k < configs.size(); ++k) {
         auto const& c = configs[k];
@@ -699,9 +700,9 @@ int main(int argc, char** argv)
                                   (at(k, what::update) * 1e-6) / copies[0];
         bool const bucketed = k > 0;
         std::printf("| %s | %zu-%zu | %.1f | %s | %.1f | %.1f | %.1f%% | %.1f%% | %s | %.2fx |\n", c.label().c_str(), lo, hi,
-                    at(k, what::step), bucketed ? json_number(at(k, what::step_prio)).c_str() : "-",
+                    at(k, what::step), bucketed ? json_number(at(k, what::step_default_priority)).c_str() : "-",
                     at(k, what::collectives), at(k, what::update), update_pct, 100.0 * hidden(k, what::step),
-                    bucketed ? (json_number(100.0 * hidden(k, what::step_prio)) + "%").c_str() : "-",
+                    bucketed ? (json_number(100.0 * hidden(k, what::step_default_priority)) + "%").c_str() : "-",
                     unbucketed_step / at(k, what::step));
       }
       std::printf("\n");
@@ -710,8 +711,9 @@ int main(int argc, char** argv)
                     "%.2fx the unbucketed step\n",
                     configs[k].label().c_str(), at(k, what::step), at(k, what::collectives), at(k, what::update),
                     100.0 * hidden(k, what::step),
-                    k > 0 ? (" (high-priority comm stream: step " + json_number(at(k, what::step_prio)) + " us, hidden " +
-                             json_number(100.0 * hidden(k, what::step_prio)) + "%)")
+                    k > 0 ? (" (comm stream at the default priority: step " +
+                             json_number(at(k, what::step_default_priority)) + " us, hidden " +
+                             json_number(100.0 * hidden(k, what::step_default_priority)) + "%)")
                               .c_str()
                           : "",
                     unbucketed_step / at(k, what::step));
@@ -735,14 +737,14 @@ int main(int argc, char** argv)
           out << "  {\"label\": \"" << c.label() << "\", \"requested_buckets\": " << c.requested
               << ", \"buckets\": " << c.tensors.size() << ", \"shard_elements\": " << c.shard_elements()
               << ", \"flat_elements\": " << c.flat_elements();
-          for (what w : {what::step, what::step_prio, what::collectives, what::update}) {
-            if (k == 0 && w == what::step_prio) { continue; }
+          for (what w : {what::step, what::step_default_priority, what::collectives, what::update}) {
+            if (k == 0 && w == what::step_default_priority) { continue; }
             out << ", \"" << name_of(w) << "_us\": " << json_number(at(k, w)) << ", \"" << name_of(w) << "_us_rounds\": [";
             for (int r = 0; r < s.rounds; ++r) { out << (r ? ", " : "") << json_number(at(k, w, r)); }
             out << "]";
           }
           out << ", \"hidden\": " << json_number(hidden(k, what::step));
-          if (k > 0) { out << ", \"hidden_prio\": " << json_number(hidden(k, what::step_prio)); }
+          if (k > 0) { out << ", \"hidden_default_priority\": " << json_number(hidden(k, what::step_default_priority)); }
           out << ", \"speedup_over_unbucketed\": " << json_number(unbucketed_step / at(k, what::step)) << "}"
               << (k + 1 < configs.size() ? "," : "") << "\n";
         }
@@ -754,7 +756,6 @@ int main(int argc, char** argv)
     configs.clear();  // the plans and buffers, before the communicator
     FUSEDOPT_CUDA_TRY(cudaStreamDestroy(compute));
     FUSEDOPT_CUDA_TRY(cudaStreamDestroy(communication));
-    FUSEDOPT_CUDA_TRY(cudaStreamDestroy(priority));
     g_comm = nullptr;
     FUSEDOPT_NCCL_TRY(ncclCommDestroy(comm));
     if (!ok) {

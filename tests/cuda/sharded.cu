@@ -300,13 +300,16 @@ std::vector<std::vector<std::int64_t>> const bucket_sizes = {{3000, 1, 0}, {4113
 /// communication streams of its own), beside the unsharded plan over every tensor, for AdamW
 /// with averaged gradients; requires equal bits after every step. The step is read from a
 /// device counter that the schedule advances (once per step, not once per bucket). With
-/// `graph`, each rank's schedule is captured once and replayed.
+/// `graph`, each rank's schedule is captured once and replayed; with `own_stream`, the
+/// collectives go on the schedule's own stream instead of the rank's.
 template <class Communicator>
 void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> communicator,
-                                 std::function<void()> on_failure, int steps, bool graph = false)
+                                 std::function<void()> on_failure, int steps, bool graph = false,
+                                 bool own_stream = false)
 {
   fo::cuda::sharded_layout const single(model_sizes, 1, chunk);
-  INFO(ranks << " ranks, " << bucket_sizes.size() << " buckets" << (graph ? ", captured" : ""));
+  INFO(ranks << " ranks, " << bucket_sizes.size() << " buckets" << (graph ? ", captured" : "")
+             << (own_stream ? ", the schedule's stream" : ""));
   std::vector<float> initial(static_cast<std::size_t>(single.flat_elements()), 0.f);
   for (std::size_t t = 0; t < single.num_tensors(); ++t) {
     for (std::int64_t i = 0; i < single.tensor_size(t); ++i) {
@@ -398,10 +401,17 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
       [&](int r) {
         auto const k = static_cast<std::size_t>(r);
         auto& st = state[k];
+        auto const step = [&] {
+          if (own_stream) {
+            schedules[k].run(plans[k], rule, step_of(r), st.compute);
+          } else {
+            schedules[k].run(plans[k], rule, step_of(r), st.compute, st.communication);
+          }
+        };
         if (graph && st.exec == nullptr) {
           cudaGraph_t captured = nullptr;
           FUSEDOPT_CUDA_TRY(cudaStreamBeginCapture(st.compute, cudaStreamCaptureModeThreadLocal));
-          schedules[k].run(plans[k], rule, step_of(r), st.compute, st.communication);
+          step();
           FUSEDOPT_CUDA_TRY(cudaStreamEndCapture(st.compute, &captured));
           FUSEDOPT_CUDA_TRY(cudaGraphInstantiate(&st.exec, captured, 0));
           FUSEDOPT_CUDA_TRY(cudaGraphDestroy(captured));
@@ -409,7 +419,7 @@ void check_buckets_equal_one_gpu(int ranks, std::function<Communicator(int)> com
         if (graph) {
           FUSEDOPT_CUDA_TRY(cudaGraphLaunch(st.exec, st.compute));
         } else {
-          schedules[k].run(plans[k], rule, step_of(r), st.compute, st.communication);
+          step();
         }
         FUSEDOPT_CUDA_TRY(cudaStreamSynchronize(st.compute));
       },
@@ -493,12 +503,22 @@ TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans, one strea
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, stream, stream); }), contains("streams must differ"));
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {0}, nullptr, stream); }), contains("step"));
   CHECK_THAT(message_of([&] { fo::cuda::bucket_schedule(0); }), contains("at least one bucket"));
+  int least = 0, greatest = 0;
+  FO_TEST_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  int priority = least;
+  REQUIRE(one.communication_stream() != nullptr);
+  FO_TEST_CUDA(cudaStreamGetPriority(one.communication_stream(), &priority));
+  CHECK(priority == greatest);
+  CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, one.communication_stream()); }),
+             contains("streams must differ"));
   fo::cuda::bucket_schedule moved(std::move(one));
+  CHECK(one.communication_stream() == nullptr);
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, nullptr, stream); }), contains("moved from"));
+  CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, nullptr); }), contains("moved from"));
   FO_TEST_CUDA(cudaDeviceSynchronize());
   CHECK(m.params.download() == values);  // nothing ran
   CHECK(m.exp_avg.download() == std::vector<float>(static_cast<std::size_t>(layout.shard_elements()), 0.f));
-  moved.run(plans, adamw_rule(), {1}, nullptr, stream);  // the schedule that was moved to runs
+  moved.run(plans, adamw_rule(), {1}, nullptr);  // the schedule that was moved to runs, on the stream it took
   FO_TEST_CUDA(cudaDeviceSynchronize());
   CHECK(m.params.download() != values);
   FO_TEST_CUDA(cudaStreamDestroy(stream));
@@ -601,9 +621,10 @@ TEST_CASE("sharded: NCCL with two ranks on two GPUs gives the unsharded plan's b
 TEST_CASE("sharded: buckets over NCCL with one rank, eager and captured in a CUDA graph", "[sharded][nccl]")
 {
   bool const graph = GENERATE(false, true);
+  bool const own_stream = GENERATE(false, true);
   nccl_comms const comms(1);
   check_buckets_equal_one_gpu<fo::nccl::communicator>(
-    1, [&](int) { return fo::nccl::communicator(comms.comms[0]); }, [] {}, 3, graph);
+    1, [&](int) { return fo::nccl::communicator(comms.comms[0]); }, [] {}, 3, graph, own_stream);
 }
 
 TEST_CASE("sharded: a step over NCCL captured in a CUDA graph replays the eager steps", "[sharded][nccl]")

@@ -275,6 +275,9 @@ inline bucket_schedule::bucket_schedule(std::size_t buckets)
       FUSEDOPT_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
       events_.push_back(event);
     }
+    int least = 0, greatest = 0;
+    FUSEDOPT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    FUSEDOPT_CUDA_TRY(cudaStreamCreateWithPriority(&communication_, cudaStreamNonBlocking, greatest));
   } catch (...) {
     release();
     throw;
@@ -288,15 +291,18 @@ inline bucket_schedule& bucket_schedule::operator=(bucket_schedule&& other) noex
   if (this != &other) {
     release();
     events_ = std::move(other.events_);
+    communication_ = std::exchange(other.communication_, nullptr);
   }
   return *this;
 }
 
 inline void bucket_schedule::release() noexcept
 {
-  // A destructor must not throw; destroying an event only fails when the context is gone.
+  // A destructor must not throw; destroying an event or a stream only fails when the context is gone.
   for (cudaEvent_t event : events_) { (void)cudaEventDestroy(event); }
   events_.clear();
+  if (communication_ != nullptr) { (void)cudaStreamDestroy(communication_); }
+  communication_ = nullptr;
 }
 
 template <class Plans, class Rule>
