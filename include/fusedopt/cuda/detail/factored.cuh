@@ -92,14 +92,6 @@ __device__ __forceinline__ void butterfly_halve(double* a, int mask)
   }
 }
 
-/// Blocks per SM a tiles kernel's registers must allow. A chain's first factored pass computes
-/// its value from the gradient (80 registers, 3 blocks); a later one runs the earlier factoring
-/// parts' directions first, per element (their lookups: an element's row and column by magic
-/// numbers, two factor loads): CAME's second pass needs 122 registers, and held to 80 it spilled
-/// 196 bytes a thread (ptxas, sm_90), so it takes 2 blocks of 8 warps per SM.
-template <int J>
-inline constexpr int factored_tiles_min_blocks = J == 0 ? 3 : 2;
-
 #if defined(__NVCC_DIAG_PRAGMA_SUPPORT__)
 #  pragma nv_diagnostic push
 #  pragma nv_diag_suppress 1407
@@ -112,7 +104,7 @@ inline constexpr int factored_tiles_min_blocks = J == 0 ? 3 : 2;
 /// sum), exchanged by shuffles: no shared memory, no barrier, each lane's loads of eight rows
 /// in flight at once.
 template <class Rule, class Bound, int J, int P, class T>
-FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, factored_tiles_min_blocks<J>)
+FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, 3)
   factored_tiles_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
                         tensor_entry<Bound::num_slots> const* entries, std::int32_t num_entries,
                         factored_table<T> const table)
