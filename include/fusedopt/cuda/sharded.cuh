@@ -218,16 +218,20 @@ class basic_sharded_plan {
 ///
 /// @code
 /// // one sharded_layout, shard buffers and sharded plan per bucket, all with the same communicator
-/// fo::cuda::bucket_schedule schedule(plans.size());
-/// schedule.run(plans, fo::rules::adamw{}, {t}, compute_stream, communication_stream);
+/// fo::cuda::bucket_schedule schedule(plans.size());  // after cudaSetDevice(the rank's GPU)
+/// schedule.run(plans, fo::rules::adamw{}, {t}, compute_stream);
 /// @endcode
 ///
 /// The schedule owns a communication stream made at the device's greatest stream priority
-/// (on the device current at construction): `run` without a communication stream uses it.
-/// The priority matters: NCCL's kernels then get SMs ahead of the update's blocks, so that the
-/// collectives are not held back behind the update they should hide. Measured on two H200s
-/// (GPT-2 medium, docs/sharded.md): 72-81% of the update hidden with it, 9-24% with a
-/// communication stream at the default priority.
+/// (on the device current at construction; its events and stream belong to that device, so
+/// make the schedule on the rank's GPU and run it with streams of that GPU): `run` without a
+/// communication stream uses it. The priority matters: NCCL's kernels then get SMs ahead of the
+/// update's blocks, so that the collectives are not held back behind the update they should
+/// hide. Measured on two H200s (GPT-2 medium, docs/sharded.md): 61-81% of the update hidden with
+/// it, 10-24% with a communication stream at the default priority. A step captured in a CUDA
+/// graph keeps the priority only if the graph is instantiated with
+/// `cudaGraphInstantiateFlagUseNodePriority` (otherwise its kernels run at the priority of the
+/// stream the graph is launched on).
 ///
 /// Every bucket's plan is checked before anything is enqueued, so a step that throws leaves
 /// every bucket as it was. The rule runs per bucket: rules with reduction passes or after-step
@@ -255,6 +259,9 @@ class bucket_schedule {
 
   /// @brief Enqueues one step of every plan in `plans` (a vector of sharded plans, one per
   /// bucket, in the same order on every rank).
+  /// `communication`: a stream of the caller's; create it at the greatest priority
+  /// (`cudaStreamCreateWithPriority` with `cudaDeviceGetStreamPriorityRange`'s greatest), or
+  /// the update delays the collectives (see above).
   /// @throws fusedopt::error if the schedule was moved from, plans.size() is not buckets() or
   /// the streams are equal, as the
   /// plans' `check` throws (before anything is enqueued), or as a CUDA call or the
