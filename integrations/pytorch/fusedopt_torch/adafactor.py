@@ -81,6 +81,23 @@ def _statistics(p, st, on_device=False):
     return stats if len(stats) == 2 else (stats[0], None)
 
 
+def _shared_steps(state, params):
+    """The parameters' state['step'] tensors made to share one storage, each keeping its
+    identity, value, dtype and device (Tensor.set_ onto an element of one stacked tensor), so
+    that a step advances all of them with one op: torch._foreach_add_ over CPU scalar tensors
+    costs about 2.6 us of host time per tensor (200 tensors: 0.5 ms, twice the GPU's whole step
+    over 200 small matrices). Returns the stacked tensor, or the list of the counts where their
+    dtypes, devices or shapes differ (a loaded state may mix them), to be advanced one by one."""
+    steps = [state[p]["step"] for p in params]
+    if len({(s.dtype, s.device, s.shape) for s in steps}) != 1:
+        return steps
+    counts = torch.stack([s.detach() for s in steps])
+    storage = counts.untyped_storage() if hasattr(counts, "untyped_storage") else counts.storage()
+    for i, s in enumerate(steps):
+        s.set_(storage, counts.storage_offset() + i * counts.stride(0), s.shape, s.stride())
+    return counts
+
+
 _NOT_CAPTURABLE = "its step count is kept on the host, as torch.optim.Adafactor's: construct it with capturable=True"
 
 
@@ -88,7 +105,7 @@ class _Bucket(UnitBucket):
     """The parameters of one group with one device, dtype and step count, and their plan (over
     those of them that are not empty: an empty tensor only counts its steps). A capturable CUDA
     bucket counts its steps in `counter` (a DeviceCount, which the plan reads when it runs)
-    instead of `step`."""
+    instead of `step`. `steps`: the parameters' state['step'], as _shared_steps returns them."""
 
     __slots__ = ("steps", "step", "counter")
 
@@ -125,7 +142,7 @@ class _AdafactorEngine(UnitEngine):
         buckets = []
         for (device, dtype, step), group in members.items():
             bucket = _Bucket(group, device, dtype, step, on_device and device.type == "cuda")
-            bucket.steps = [state[p]["step"] for p in group]
+            bucket.steps = _shared_steps(state, group)
             if bucket.planned:
                 self._make_plan(bucket, [stats[p] for p in bucket.planned])
             buckets.append(bucket)
@@ -148,12 +165,16 @@ class _AdafactorEngine(UnitEngine):
                 hyper.step_pointer = bucket.counter.advance()
             bucket.run(self.name, _NOT_CAPTURABLE, hyper, group["lr"], capturable=bucket.counter is not None)
         bucket.step += 1  # the host's count (unused by a capturable bucket's plan)
-        torch._foreach_add_(bucket.steps, 1.0)
+        if torch.is_tensor(bucket.steps):
+            bucket.steps.add_(1.0)
+        else:
+            torch._foreach_add_(bucket.steps, 1.0)
 
 
 class Adafactor(UnitOptimizer):
     """torch.optim.Adafactor, fused: the same constructor, checks, algorithm and state_dict
-    (``state[p]``: 'step', a CPU scalar tensor of torch's step dtype; 'row_var' and 'col_var' of shapes
+    (``state[p]``: 'step', a CPU scalar tensor of torch's step dtype, the tensors of the
+    parameters that step together sharing one storage; 'row_var' and 'col_var' of shapes
     p.shape[:-1] + (1,) and p.shape[:-2] + (1, p.shape[-1]) for two or more dimensions, else
     'variance' of p's shape; in the parameter's dtype).
 
