@@ -271,11 +271,11 @@ class bucket_schedule {
   template <class Plans, class Rule>
   void run(Plans& plans, Rule const& rule, step_info const& step, cudaStream_t compute, cudaStream_t communication);
 
-  /// @brief As above, the collectives on the schedule's own high-priority stream.
+  /// @brief As above, the collectives on the schedule's own high-priority stream (a moved-from
+  /// schedule has none, and the form above refuses it first).
   template <class Plans, class Rule>
   void run(Plans& plans, Rule const& rule, step_info const& step, cudaStream_t compute)
   {
-    FUSEDOPT_EXPECTS(communication_ != nullptr, "cuda::bucket_schedule: this schedule was moved from");
     run(plans, rule, step, compute, communication_);
   }
 
