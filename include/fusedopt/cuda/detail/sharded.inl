@@ -327,14 +327,21 @@ void bucket_schedule::run(Plans& plans, Rule const& rule, step_info const& step,
                    "cannot overlap them; run each plan instead)");
   // The events belong to the device the schedule was made on: a stream of another device
   // would fail in the first cudaEventRecord with an unhelpful error.
+  // Older runtimes cannot ask a stream, and CUDA refuses cudaStreamGetDevice while the stream
+  // is being captured: there the current device stands in.
   auto const device_of = [](cudaStream_t s) {
     int device = -1;
 #if CUDART_VERSION >= 12080
-    FUSEDOPT_CUDA_TRY(cudaStreamGetDevice(s, &device));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      FUSEDOPT_CUDA_TRY(cudaStreamGetDevice(s, &device));
+      return device;
+    }
 #else
     (void)s;
-    FUSEDOPT_CUDA_TRY(cudaGetDevice(&device));  // older runtimes cannot ask a stream
 #endif
+    FUSEDOPT_CUDA_TRY(cudaGetDevice(&device));
     return device;
   };
   for (cudaStream_t s : {compute, communication}) {
