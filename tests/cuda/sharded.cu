@@ -3,8 +3,8 @@
 // skipped), fp32 and bf16 gradients, sum and average; every rank holds the same parameters
 // after the all-gather, and the ranks' state shards put together are the unsharded states.
 // - cuda::local_group simulates N = 1, 2, 3, 4 ranks on one GPU (tensors split between ranks).
-// - bucket_schedule: three buckets of plans, collectives on a stream of their own (local group
-//   N = 1, 2, 3; NCCL 1 rank, eagerly and captured).
+// - bucket_schedule: three buckets of plans, collectives on a stream of their own, the caller's or
+//   the schedule's (local group N = 1, 2, 3; NCCL 1 rank, eagerly and captured).
 // - NCCL (built where NCCL is found): 1 rank, eagerly and captured in a CUDA graph; 2 ranks
 //   as the CTest entry cuda_sharded_two_gpus, which reports itself skipped with fewer than two GPUs.
 #include "support.cuh"
@@ -475,9 +475,11 @@ TEST_CASE("sharded: N ranks of a local group give the unsharded plan's bits", "[
 TEST_CASE("sharded: buckets overlapped by a bucket_schedule give the unsharded plan's bits", "[sharded]")
 {
   int const ranks = GENERATE(1, 2, 3);
+  bool const own_stream = GENERATE(false, true);
   fo::cuda::local_group const group(ranks, std::chrono::seconds(60));
   check_buckets_equal_one_gpu<fo::cuda::local_group::member>(
-    ranks, [&](int r) { return group.rank(r); }, [&] { group.abort("a rank failed"); }, quick() ? 2 : 3);
+    ranks, [&](int r) { return group.rank(r); }, [&] { group.abort("a rank failed"); }, quick() ? 2 : 3, false,
+    own_stream);
 }
 
 TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans, one stream for both, step 0 and being moved from", "[sharded]")
@@ -515,10 +517,27 @@ TEST_CASE("sharded: a bucket_schedule refuses a wrong number of plans, one strea
   CHECK(one.communication_stream() == nullptr);
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, nullptr, stream); }), contains("moved from"));
   CHECK_THAT(message_of([&] { one.run(plans, adamw_rule(), {1}, nullptr); }), contains("moved from"));
+  // Move assignment over a live schedule takes the other's stream and leaves it empty.
+  cudaStream_t const taken = moved.communication_stream();
+  fo::cuda::bucket_schedule assigned(3);
+  assigned = std::move(moved);
+  CHECK(assigned.communication_stream() == taken);
+  CHECK(assigned.buckets() == 1);
+  CHECK(moved.communication_stream() == nullptr);
+  CHECK_THAT(message_of([&] { moved.run(plans, adamw_rule(), {1}, nullptr); }), contains("moved from"));
+  int devices = 0;
+  FO_TEST_CUDA(cudaGetDeviceCount(&devices));
+  if (devices >= 2) {  // a schedule made on another device is refused, with nothing enqueued
+    FO_TEST_CUDA(cudaSetDevice(1));
+    fo::cuda::bucket_schedule elsewhere(1);
+    FO_TEST_CUDA(cudaSetDevice(0));
+    CHECK_THAT(message_of([&] { elsewhere.run(plans, adamw_rule(), {1}, stream); }),
+               contains("made on device 1, run with a stream of device 0"));
+  }
   FO_TEST_CUDA(cudaDeviceSynchronize());
   CHECK(m.params.download() == values);  // nothing ran
   CHECK(m.exp_avg.download() == std::vector<float>(static_cast<std::size_t>(layout.shard_elements()), 0.f));
-  moved.run(plans, adamw_rule(), {1}, nullptr);  // the schedule that was moved to runs, on the stream it took
+  assigned.run(plans, adamw_rule(), {1}, nullptr);  // the schedule moved twice runs, on the stream it took
   FO_TEST_CUDA(cudaDeviceSynchronize());
   CHECK(m.params.download() != values);
   FO_TEST_CUDA(cudaStreamDestroy(stream));

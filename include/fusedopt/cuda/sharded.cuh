@@ -248,7 +248,9 @@ class bucket_schedule {
   explicit bucket_schedule(std::size_t buckets);
   ~bucket_schedule();
   bucket_schedule(bucket_schedule&& other) noexcept
-      : events_(std::move(other.events_)), communication_(std::exchange(other.communication_, nullptr))
+      : events_(std::move(other.events_)),
+        communication_(std::exchange(other.communication_, nullptr)),
+        device_(std::exchange(other.device_, -1))
   {
   }
   bucket_schedule& operator=(bucket_schedule&& other) noexcept;
@@ -262,18 +264,18 @@ class bucket_schedule {
   /// `communication`: a stream of the caller's; create it at the greatest priority
   /// (`cudaStreamCreateWithPriority` with `cudaDeviceGetStreamPriorityRange`'s greatest), or
   /// the update delays the collectives (see above).
-  /// @throws fusedopt::error if the schedule was moved from, plans.size() is not buckets() or
-  /// the streams are equal, as the
+  /// @throws fusedopt::error if the schedule was moved from, plans.size() is not buckets(),
+  /// the streams are equal or of another device than the schedule's, as the
   /// plans' `check` throws (before anything is enqueued), or as a CUDA call or the
   /// communicator throws.
   template <class Plans, class Rule>
   void run(Plans& plans, Rule const& rule, step_info const& step, cudaStream_t compute, cudaStream_t communication);
 
-  /// @brief As above, the collectives on the schedule's own high-priority stream.
+  /// @brief As above, the collectives on the schedule's own high-priority stream (a moved-from
+  /// schedule has none, and the form above refuses it first).
   template <class Plans, class Rule>
   void run(Plans& plans, Rule const& rule, step_info const& step, cudaStream_t compute)
   {
-    FUSEDOPT_EXPECTS(communication_ != nullptr, "cuda::bucket_schedule: this schedule was moved from");
     run(plans, rule, step, compute, communication_);
   }
 
@@ -286,6 +288,7 @@ class bucket_schedule {
   // [2 + 2k] its reduce-scatter is done, [3 + 2k] its update is done.
   std::vector<cudaEvent_t> events_;
   cudaStream_t communication_ = nullptr;
+  int device_ = -1;  // where the events and the stream were made
 };
 
 /// @brief A sharded plan with the default tuning policy.

@@ -277,7 +277,10 @@ inline bucket_schedule::bucket_schedule(std::size_t buckets)
     }
     int least = 0, greatest = 0;
     FUSEDOPT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    FUSEDOPT_CUDA_TRY(cudaStreamCreateWithPriority(&communication_, cudaStreamNonBlocking, greatest));
+    cudaStream_t stream = nullptr;
+    FUSEDOPT_CUDA_TRY(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+    communication_ = stream;
+    FUSEDOPT_CUDA_TRY(cudaGetDevice(&device_));
   } catch (...) {
     release();
     throw;
@@ -292,6 +295,7 @@ inline bucket_schedule& bucket_schedule::operator=(bucket_schedule&& other) noex
     release();
     events_ = std::move(other.events_);
     communication_ = std::exchange(other.communication_, nullptr);
+    device_ = std::exchange(other.device_, -1);
   }
   return *this;
 }
@@ -321,6 +325,31 @@ void bucket_schedule::run(Plans& plans, Rule const& rule, step_info const& step,
   FUSEDOPT_EXPECTS(compute != communication,
                    "cuda::bucket_schedule: the compute and communication streams must differ (one stream "
                    "cannot overlap them; run each plan instead)");
+  // The events belong to the device the schedule was made on: a stream of another device
+  // would fail in the first cudaEventRecord with an unhelpful error.
+  // Older runtimes cannot ask a stream, and CUDA refuses cudaStreamGetDevice while the stream
+  // is being captured: there the current device stands in.
+  auto const device_of = [](cudaStream_t s) {
+    int device = -1;
+#if CUDART_VERSION >= 12080
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    FUSEDOPT_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
+    if (capture == cudaStreamCaptureStatusNone) {
+      FUSEDOPT_CUDA_TRY(cudaStreamGetDevice(s, &device));
+      return device;
+    }
+#else
+    (void)s;
+#endif
+    FUSEDOPT_CUDA_TRY(cudaGetDevice(&device));
+    return device;
+  };
+  for (cudaStream_t s : {compute, communication}) {
+    int const device = device_of(s);
+    FUSEDOPT_EXPECTS(device == device_, "cuda::bucket_schedule: made on device " + std::to_string(device_) +
+                                          ", run with a stream of device " + std::to_string(device) +
+                                          " (make the schedule after cudaSetDevice of the rank's GPU)");
+  }
   // Later buckets read the step the first one advanced (same stream, in order).
   step_info later = step;
   later.advance = nullptr;
