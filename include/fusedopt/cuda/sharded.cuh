@@ -265,7 +265,8 @@ class bucket_schedule {
   /// (`cudaStreamCreateWithPriority` with `cudaDeviceGetStreamPriorityRange`'s greatest), or
   /// the update delays the collectives (see above).
   /// @throws fusedopt::error if the schedule was moved from, plans.size() is not buckets(),
-  /// the streams are equal or of another device than the schedule's, as the
+  /// the streams are equal or of another device than the schedule's (under stream capture,
+  /// where CUDA cannot be asked a stream's device: the current device is), as the
   /// plans' `check` throws (before anything is enqueued), or as a CUDA call or the
   /// communicator throws.
   template <class Plans, class Rule>
