@@ -18,7 +18,9 @@ integrations/pytorch/tests/test_in_backward.py's.)
 
 Usage: python3 bench/in_backward.py [--model gpt2-small|1b] [--iterations 20] [--batch 8] [--tokens 512]
                                     [--checkpointing] [--untied] [--no-autocast-cache] [--profile N]
-                                    [--out FILE]
+                                    [--interleave] [--out FILE]
+  --interleave: the ordinary loop and step_in_backward alternated iteration by iteration on one
+  model and optimizer; their ratio by medians and by the median of adjacent pairs
 """
 
 import argparse
@@ -142,6 +144,50 @@ def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile
     return model, row
 
 
+def run_interleaved(iterations, tokens, name, checkpointing=False, cache=True, untied=False):
+    """The ordinary loop and the step inside backward in turn, iteration by iteration, on one model
+    and one optimizer (the hooks registered for the in_backward iterations, removed for the
+    ordinary ones): both modes see the same host and GPU conditions, which drift on a shared
+    machine by more than the difference measured (single runs of a mode have varied by 10-30%)."""
+    model = make_model(name, checkpointing, untied)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
+    times = {"ordinary": [], "in_backward": []}
+    peaks = {"ordinary": [], "in_backward": []}
+    stepper = None
+    gc.disable()
+    for k in range(2 * iterations + 4):
+        mode = "ordinary" if k % 2 == 0 else "in_backward"
+        if mode == "in_backward":
+            stepper = ft.step_in_backward(opt, bucket_bytes=32 << 20)
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
+            loss = model(tokens, labels=tokens).loss
+        loss.backward()
+        if mode == "ordinary":
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if stepper is not None:
+            stepper.remove()
+            stepper = None
+        if k >= 4:  # two warm-up iterations of each mode
+            times[mode].append(elapsed)
+            peaks[mode].append(torch.cuda.max_memory_allocated())
+    gc.enable()
+    pairs = [b / a for a, b in zip(times["ordinary"], times["in_backward"])]
+    rows = {mode: dict(iteration_ms=statistics.median(t) * 1e3, iteration_ms_min=min(t) * 1e3,
+                       iterations_ms=[round(x * 1e3, 2) for x in t], peak_mib=max(peaks[mode]) / 2**20)
+            for mode, t in times.items()}
+    rows["in_backward"]["time_vs_ordinary_pairs_median"] = statistics.median(pairs)
+    rows["in_backward"]["time_vs_ordinary"] = rows["in_backward"]["iteration_ms"] / rows["ordinary"]["iteration_ms"]
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="gpt2-small")
@@ -157,12 +203,23 @@ def main():
                              "parameter from forward to the end of autocast)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after the timing, N in_backward iterations under cProfile (backward on the main thread)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="the ordinary loop and step_in_backward alternated iteration by iteration on one model "
+                             "(their ratio without the drift between separate runs); no torch_per_param row")
     parser.add_argument("--out")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(1)
     tokens = torch.randint(0, 50257, (args.batch, args.tokens), device="cuda", generator=gen)
     rows = {}
-    for mode in ("ordinary", "in_backward", "torch_per_param"):
+    if args.interleave:
+        rows = run_interleaved(args.iterations, tokens, args.model, args.checkpointing, args.cache, args.untied)
+        for mode, r in rows.items():
+            print(f"{mode:16s} iteration {r['iteration_ms']:7.2f} ms (min {r['iteration_ms_min']:.2f}), peak "
+                  f"{r['peak_mib']:8.1f} MiB (interleaved)", flush=True)
+        r = rows["in_backward"]
+        print(f"in_backward: iteration {r['time_vs_ordinary']:.4f}x the ordinary loop's by medians, "
+              f"{r['time_vs_ordinary_pairs_median']:.4f}x by the median of adjacent pairs", flush=True)
+    for mode in () if args.interleave else ("ordinary", "in_backward", "torch_per_param"):
         model, rows[mode] = run(mode, args.iterations, tokens, args.model, args.checkpointing, args.cache,
                                 args.profile, args.untied)
         r = rows[mode]
@@ -178,7 +235,7 @@ def main():
         torch.cuda.empty_cache()
         print(f"  left allocated after {mode}: {torch.cuda.memory_allocated() / 2**20:.1f} MiB", flush=True)
     base = rows["ordinary"]
-    for mode in ("in_backward", "torch_per_param"):
+    for mode in () if args.interleave else ("in_backward", "torch_per_param"):
         r = rows[mode]
         r["memory_saved_of_gradients"] = (base["peak_mib"] - r["peak_mib"]) / base["grad_mib"]
         r["time_vs_ordinary"] = r["iteration_ms"] / base["iteration_ms"]
@@ -186,6 +243,7 @@ def main():
               f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=args.model, batch=args.batch,
                   tokens=args.tokens, checkpointing=args.checkpointing, autocast_cache=args.cache, untied=args.untied,
+                  interleaved=args.interleave,
                   rows=rows)
     out = args.out or (os.path.join(os.environ["OUT"], "in_backward.json") if os.environ.get("OUT") else None)
     if out:
