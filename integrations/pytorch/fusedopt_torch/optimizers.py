@@ -597,9 +597,9 @@ class FusedOptimizer(Optimizer):
     def _sync_in(self):
         """Points every proxy at its parameter's gradient (a view or a dense copy) and copies
         non-dense parameters into their dense proxies. False: a gradient needs another route.
-        Runs at every step over every proxy (FSDP2: every parameter), so the per-proxy facts
-        are _View's and a DTensor gradient's placements are compared by identity first: it was
-        3-4 us of Python a parameter (GPT-2 medium's 292 DTensors: about 1 ms a step)."""
+        Runs at every step over every proxy (FSDP2: every parameter; GPT-2 medium's 292
+        DTensors took 0.76 ms a step on an H200 host), so the per-proxy facts are _View's and a
+        DTensor gradient's placements and mesh are compared by identity first."""
         for v in self._views:
             g = v.param.grad
             if g is None:
@@ -610,7 +610,9 @@ class FusedOptimizer(Optimizer):
                 self._check_sparse(g)
             if v.sharded:
                 p = v.param
-                if not ((type(g) is type(p) or _is_dtensor(g)) and _same(g.placements, p.placements) and _same(g.device_mesh, p.device_mesh)):
+                same_sharding = ((type(g) is type(p) or _is_dtensor(g)) and _same(g.placements, p.placements)
+                                 and _same(g.device_mesh, p.device_mesh))
+                if not same_sharding:
                     self._check_placements(p, g)  # raises
                 g = g._local_tensor
                 if v.complex and g.is_complex():

@@ -326,9 +326,9 @@ void bucket_schedule::run(Plans& plans, Rule const& rule, step_info const& step,
                    "cuda::bucket_schedule: the compute and communication streams must differ (one stream "
                    "cannot overlap them; run each plan instead)");
   // The events belong to the device the schedule was made on: a stream of another device
-  // would fail in the first cudaEventRecord with an unhelpful error.
-  // Older runtimes cannot ask a stream, and CUDA refuses cudaStreamGetDevice while the stream
-  // is being captured: there the current device stands in.
+  // would fail in the first cudaEventRecord with an unhelpful error. Runtimes before 12.8
+  // cannot ask a stream its device, and CUDA refuses cudaStreamGetDevice while the stream is
+  // being captured: there the current device stands in.
   auto const device_of = [](cudaStream_t s) {
     int device = -1;
 #if CUDART_VERSION >= 12080
