@@ -55,6 +55,13 @@ def make_model(name, checkpointing=False, untied=False, seed=0):
     return model
 
 
+def forward_backward(model, tokens, cache):
+    """Forward under bf16 autocast (its weight cache on or off) and backward: what every mode runs."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
+        loss = model(tokens, labels=tokens).loss
+    loss.backward()
+
+
 def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile=0, untied=False):
     model = make_model(name, checkpointing, untied)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -90,9 +97,7 @@ def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile
         for p in params:
             hooks.append(p.register_post_accumulate_grad_hook(hook))
     def iteration():
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
-            loss = model(tokens, labels=tokens).loss
-        loss.backward()
+        forward_backward(model, tokens, cache)
         if step is not None:
             step()
 
@@ -164,9 +169,7 @@ def run_interleaved(iterations, tokens, name, checkpointing=False, cache=True, u
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache):
-            loss = model(tokens, labels=tokens).loss
-        loss.backward()
+        forward_backward(model, tokens, cache)
         if mode == "ordinary":
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -73,6 +73,13 @@ def _same(a, b):
     return a is b or a == b
 
 
+def _sharded_like(g, p):
+    """Whether gradient g is a DTensor sharded as DTensor parameter p is (same mesh and
+    placements): at every step for every FSDP2 parameter, so identity is tried first."""
+    return ((type(g) is type(p) or _is_dtensor(g)) and _same(g.placements, p.placements)
+            and _same(g.device_mesh, p.device_mesh))
+
+
 def _engine_view(t):
     """The plain real tensor the engine steps for t: a DTensor's local shard, a complex tensor's
     real view (as torch steps both)."""
@@ -609,11 +616,8 @@ class FusedOptimizer(Optimizer):
             if g.is_sparse:
                 self._check_sparse(g)
             if v.sharded:
-                p = v.param
-                same_sharding = ((type(g) is type(p) or _is_dtensor(g)) and _same(g.placements, p.placements)
-                                 and _same(g.device_mesh, p.device_mesh))
-                if not same_sharding:
-                    self._check_placements(p, g)  # raises
+                if not _sharded_like(g, v.param):
+                    self._check_placements(v.param, g)  # raises
                 g = g._local_tensor
                 if v.complex and g.is_complex():
                     g = torch.view_as_real(g.detach())
@@ -640,7 +644,7 @@ class FusedOptimizer(Optimizer):
         if not self._elementwise:
             raise NotImplementedError(f"fusedopt_torch.{type(self).__name__} does not support DTensor (FSDP2) "
                                       "parameters: its trust ratios need norms over whole tensors, not shards")
-        if g is not None and (not _is_dtensor(g) or g.placements != p.placements or g.device_mesh != p.device_mesh):
+        if g is not None and not _sharded_like(g, p):
             raise NotImplementedError("fusedopt_torch: a DTensor parameter's gradient must be a DTensor with the "
                                       f"parameter's mesh and placements ({p.placements}), not "
                                       f"{getattr(g, 'placements', 'a plain tensor')}")
