@@ -100,6 +100,9 @@ struct access<Rule, bound_lists<B...>> {
   {
     (load_one<K, loads[K]>(e, bases, i, maps), ...);
   }
+  /// The bound slots a pass declaring `Reads` loads.
+  template <class Reads>
+  static constexpr int reads_count = (int{declares_v<Reads, typename B::slot_type>} + ... + 0);
   /// Loads element `i` of every slot in `Reads` (a reduction pass's reads).
   template <class Reads, std::size_t... K>
   FUSEDOPT_HOST_DEVICE static void load_reads(element_type& e, void* const* bases, std::int64_t i,

@@ -207,15 +207,23 @@ FUSEDOPT_HOST_DEVICE auto prepare_factor_pass(R const& rule, step_info const& st
   }
 }
 
-/// The value of element i of `tensor` in a factored pass: the pass's reads loaded (the others
-/// start at 0), registers cleared, the body run.
+/// Element i of `tensor` as a factored pass reads it: the pass's reads loaded (the others start
+/// at 0), registers cleared.
+template <class Access, class Reads>
+FUSEDOPT_HOST_DEVICE void load_factor_element(typename Access::element_type& e, void* const* bases,
+                                              std::int64_t tensor, std::int64_t i)
+{
+  e.set_position(tensor, i);
+  Access::template load_reads<Reads>(e, bases, i, std::make_index_sequence<Access::num_slots>{});
+  Access::clear_registers(e);
+}
+
+/// The value of element i of `tensor` in a factored pass: the element loaded, the body run.
 template <class Access, class Reads, class Body>
 FUSEDOPT_HOST_DEVICE double factor_value(Body const& body, void* const* bases, std::int64_t tensor, std::int64_t i)
 {
   typename Access::element_type e;
-  e.set_position(tensor, i);
-  Access::template load_reads<Reads>(e, bases, i, std::make_index_sequence<Access::num_slots>{});
-  Access::clear_registers(e);
+  load_factor_element<Access, Reads>(e, bases, tensor, i);
   return body(e);
 }
 

@@ -97,6 +97,19 @@ __device__ __forceinline__ void butterfly_halve(double* a, int mask)
 #  pragma nv_diag_suppress 1407
 #endif
 
+/// Whether the tiles kernel of pass J issues a group's loads before any of its values (it
+/// then runs at 2 blocks per SM, 128 registers a thread, else 3 and 80): where the pass loads
+/// more than one slot. Its value body is then longer and may branch (CAME's instability runs
+/// its first direction, the clip and the momentum first, and locates each element's line
+/// factors), and loads after a branch are not issued before it; at 80 registers, 16 elements
+/// of two slots in flight spilled 196-644 bytes a thread. H200, CAME on GPT-2 small: that
+/// kernel 808 -> 527 us under ncu, the step 1834 -> 1506 us. A pass of one slot (grad^2) keeps
+/// each element's value computed as it is loaded: the loads-first order spilled 8 bytes
+/// there at 80 registers and ran 6% slower (docs/optimizers.md, session 61).
+template <class Rule, class Bound, int J>
+inline constexpr bool factored_tiles_loads_first =
+  ::fusedopt::detail::access<Rule, Bound>::template reads_count<typename ::fusedopt::detail::factor_traits<Rule, J>::reads> > 1;
+
 /// The tiles of factored pass J, a warp per tile: warp w of the grid takes tiles w, w + warps,
 /// ... of the table. Lane l holds columns l and l + 32 of the tile; row by row it adds their
 /// values to its two column partials (in row order) and, eight rows at a time, forms each
@@ -104,7 +117,7 @@ __device__ __forceinline__ void butterfly_halve(double* a, int mask)
 /// sum), exchanged by shuffles: no shared memory, no barrier, each lane's loads of eight rows
 /// in flight at once.
 template <class Rule, class Bound, int J, int P, class T>
-FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, 3)
+FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_loads_first<Rule, Bound, J> ? 2 : 3))
   factored_tiles_kernel(Rule const rule, step_info const step, FUSEDOPT_GRID_CONSTANT pass_results<P> const results,
                         tensor_entry<Bound::num_slots> const* entries, std::int32_t num_entries,
                         factored_table<T> const table)
@@ -143,22 +156,42 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, 3)
     // multiplied per row).
     std::int64_t row_at = first + lane;
     bool const in0 = lane < w, in1 = lane + 32 < w;
-    auto const value = [&](bool in, std::int64_t at) {
-      return in ? ::fusedopt::detail::factor_value<access, reads>(tensor_body, bases, t, at) : 0.0;
+    using element_type = typename access::element_type;
+    auto const load = [&](element_type& x, bool in, std::int64_t at) {
+      if (in) { ::fusedopt::detail::load_factor_element<access, reads>(x, bases, t, at); }
     };
+    auto const value = [&](element_type& x, bool in) { return in ? tensor_body(x) : 0.0; };
     double col0 = 0.0, col1 = 0.0;
     double* const row_out = e.row_partials(m, j) + i * H;
     // A whole tile (most of them) runs without a bounds test per element.
     auto const rows_of = [&](auto whole) {
       constexpr bool full = decltype(whole)::value;
+      auto const in = [&](int r, bool column_in) { return (full || r < h) && (full || column_in); };
       for (int r0 = 0; r0 < (full ? H : h); r0 += group) {
         double v0[group], v1[group];
+        if constexpr (factored_tiles_loads_first<Rule, Bound, J>) {
+          element_type x0[group], x1[group];
 #pragma unroll
-        for (int q = 0; q < group; ++q) {
-          bool const row_in = full || r0 + q < h;
-          v0[q] = value(row_in && (full || in0), row_at);
-          v1[q] = value(row_in && (full || in1), row_at + 32);
-          row_at += e.cols;
+          for (int q = 0; q < group; ++q) {
+            load(x0[q], in(r0 + q, in0), row_at);
+            load(x1[q], in(r0 + q, in1), row_at + 32);
+            row_at += e.cols;
+          }
+#pragma unroll
+          for (int q = 0; q < group; ++q) {
+            v0[q] = value(x0[q], in(r0 + q, in0));
+            v1[q] = value(x1[q], in(r0 + q, in1));
+          }
+        } else {
+#pragma unroll
+          for (int q = 0; q < group; ++q) {
+            element_type x0, x1;
+            load(x0, in(r0 + q, in0), row_at);
+            load(x1, in(r0 + q, in1), row_at + 32);
+            v0[q] = value(x0, in(r0 + q, in0));
+            v1[q] = value(x1, in(r0 + q, in1));
+            row_at += e.cols;
+          }
         }
         double a[group];
 #pragma unroll
