@@ -62,17 +62,7 @@ inline auto bind_lists(void* const* params, void const* const* grads, std::int64
 
 using lists_type = decltype(bind_lists(nullptr, nullptr, nullptr, 0));
 #if FUSEDOPT_ADAFACTOR_UNIT_CUDA
-/// The CUDA plan's policy: the library's, but the update keeps its default shape (128 threads,
-/// four vectors of four floats a thread, no register bound) on every device, where the default
-/// policy gives fast memory (the H200) one vector a thread. Adafactor's update runs each
-/// element through its factored lookup (a branch per vector), and with one vector a thread the
-/// next loads waited on it: on an H200 the step over GPT-2 small took 880.0 us with one vector
-/// a thread, 815.5 with four and 817.8 with two (CAME's update was slower with more: 1514 ->
-/// 1538-1650 us; docs/decisions.md, session 61).
-struct update_policy : fo::cuda::detail::default_policy {
-  static constexpr std::int64_t fast_memory_min_chunks_per_tensor = std::int64_t{1} << 31;  // never
-};
-using plan_type = decltype(fo::cuda::make_plan<update_policy>(std::declval<lists_type>(), {}));
+using plan_type = decltype(fo::cuda::make_plan(std::declval<lists_type>(), {}));
 using stream_type = cudaStream_t;  // c_unit::on_stream
 
 using ::fusedopt_torch::c_unit::device_array;
@@ -151,7 +141,14 @@ FUSEDOPT_TORCH_C_EXPORT void* fusedopt_adafactor_make(void* const* params, void 
                                         cudaMemcpyHostToDevice, on));
     }
     // synchronises `on`: the table has landed
-    auto plan = fo::cuda::make_plan<update_policy>(lists, ::fusedopt_torch::c_unit::factored_rule_options(), on);
+    // The update in the shape for slow memory (128 threads, four vectors of four floats a
+    // thread) on every device: Adafactor's update runs each vector through its factored lookup,
+    // and with the fast-memory shape's one vector a thread the next loads waited on it. H200,
+    // GPT-2 small: 880.0 us with one vector a thread, 815.5 with four (CAME's update was slower
+    // with more: its unit keeps the automatic choice; docs/decisions.md, session 61).
+    auto opts = ::fusedopt_torch::c_unit::factored_rule_options();
+    opts.memory = fo::cuda::memory_speed::slow;
+    auto plan = fo::cuda::make_plan(lists, opts, on);
     auto const table = layout.table<element>(device_entries.get());
     made.reset(new holder{std::move(workspace), std::move(device_entries), table, std::move(plan),
                           std::vector<grad_pointer>(count)});
