@@ -14,7 +14,7 @@ tensors (the factored sums of grad^2, the RMS of the parameter and of the update
 is three passes (37 bytes per element).
 
 Usage, from the repository root on the GPU machine:
-  python3 bench/adafactor.py [--optimizers adafactor,came] [--out FILE]
+  python3 bench/adafactor.py [--optimizers adafactor,came] [--variants fusedopt,...] [--out FILE]
       (JSON to --out, or $OUT/adafactor.json)
   ncu --profile-from-start off ... python3 bench/adafactor.py --profile
       (one fusedopt step over GPT-2 small's tensors between cudaProfilerStart and Stop, after two
@@ -79,6 +79,8 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.environ["OUT"], "adafactor.json") if os.environ.get("OUT") else None)
     parser.add_argument("--profile", action="store_true", help="one fusedopt step of each optimizer between cudaProfilerStart/Stop")
     parser.add_argument("--optimizers", default="adafactor,came")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variants to time (default all: fusedopt and the references)")
     args = parser.parse_args()
     device = torch.device("cuda")
     if args.profile:
@@ -94,6 +96,8 @@ def main():
                                       (("GPT-2 small, 148 tensors", gpt2_shapes()),
                                        ("200 small matrices", small_shapes()))):
         variants, minimum_bytes = variants_of(optimizer)
+        if args.variants:
+            variants = {k: v for k, v in variants.items() if k in args.variants.split(",") or k == "fusedopt"}
         gen = torch.Generator(device=device).manual_seed(0)
         n = sum(torch.Size(s).numel() for s in shapes)
         times = {}

@@ -81,16 +81,18 @@ struct index_divider {
   }
 };
 
-/// n / d for 0 <= n < 2^31 and 1 <= d < 2^31 by Granlund and Montgomery's multiplication:
-/// with l = ceil(log2 d) and magic = floor(2^32 (2^l - d) / d) + 1, n / d = (hi32(n magic) + n)
-/// >> l (exact for n < 2^32 with a 33-bit sum; below 2^31 the sum fits 32 bits). Three
-/// instructions on a GPU; the numbers are made on the host (factored_layout::entries), once.
+/// n / d for 0 <= n < 2^31 and d >= 1 by Granlund and Montgomery's multiplication: with
+/// l = ceil(log2 d) and magic = floor(2^32 (2^l - d) / d) + 1, n / d = (hi32(n magic) + n) >> l
+/// (exact for n < 2^32 with a 33-bit sum; below 2^31 the sum fits 32 bits); for d >= 2^31,
+/// magic 0 and shift 31 give n / d = 0. Three instructions on a GPU; the numbers are made on the
+/// host (factored_layout::entries), once.
 struct small_divider {
   std::uint32_t magic = 1;
   std::uint32_t shift = 0;
-  /// The divider of d (1 <= d < 2^31).
+  /// The divider of d (d >= 1).
   static small_divider of(std::int64_t d)
   {
+    if (d >= (std::int64_t{1} << 31)) { return {0, 31}; }
     std::uint32_t l = 0;
     while ((std::uint64_t{1} << l) < static_cast<std::uint64_t>(d)) { ++l; }
     auto const m = (((std::uint64_t{1} << l) - static_cast<std::uint64_t>(d)) << 32) / static_cast<std::uint64_t>(d) + 1;
@@ -127,8 +129,9 @@ struct factored_tensor {
   /// 1, so that the passes read a vector's factor through the code that reads a matrix's.
   opmath_t<T>* row_factor = nullptr;
   opmath_t<T>* col_factor = nullptr;
-  /// Dividers by C and by R where the tensor has fewer than 2^31 elements (small = true):
-  /// factored_lookup::locate's element position in 32-bit multiplications.
+  /// Dividers by C and by R for indices below 2^31 (made for every tensor with statistics;
+  /// every index where the tensor has fewer than 2^31 elements: small = true):
+  /// factored_lookup's element position in 32-bit multiplications.
   bool small = false;
   detail::small_divider by_cols{};
   detail::small_divider by_rows{};
@@ -175,10 +178,11 @@ struct factored_table {
 /// statistic, column statistic, its matrix's row total and, where the pass's part declares
 /// them, its line factors (`factor(at)`, the row's times the column's; `factor_of(e)`, the same
 /// with the element located once per vector). Made once per chunk (a rule's `for_tensor`) from
-/// the table. A tensor of fewer than 2^31 elements (all but the largest) is located with 32-bit
-/// multiplications by the table's magic numbers; larger ones by a division in double corrected
-/// to the exact integers (dozens of instructions on a GPU, where the passes over factored
-/// statistics were bound by instruction issue).
+/// the table. The elements of a tensor of fewer than 2^31 elements (all but the largest), and
+/// an element whose backend says its index is below 2^31 (element::narrow_index), are located
+/// with 32-bit multiplications by the table's magic numbers; the others by a division in double
+/// corrected to the exact integers (dozens of instructions on a GPU, where the passes over
+/// factored statistics were bound by instruction issue).
 template <class T>
 struct factored_lookup {
   using factor_type = opmath_t<T>;
@@ -228,18 +232,22 @@ struct factored_lookup {
   };
   FUSEDOPT_HOST_DEVICE position locate(std::int64_t index) const
   {
-    if (small) {
-      auto const n = static_cast<std::uint32_t>(index);
-      std::uint32_t const q = small_by_cols.quotient(n);  // the row over the whole batch
-      std::uint32_t const c = n - q * static_cast<std::uint32_t>(cols);
-      std::uint32_t const m = batched ? small_by_rows.quotient(q) : 0u;
-      // m C + c < matrices C <= the tensor's elements < 2^31: in 32 bits.
-      return {q, m * static_cast<std::uint32_t>(cols) + c, m, c};
-    }
+    if (small) { return locate_narrow(index); }
     std::int64_t c = 0, r = 0, m = 0;
     std::int64_t const q = by_cols.quotient(index, c);
     if (batched) { m = by_rows.quotient(q, r); }
     return {q, m * cols + c, m, c};
+  }
+  /// locate() for an index below 2^31 (of any tensor with statistics: the table's 32-bit
+  /// dividers are made for all), in 32-bit multiplications by the magic numbers.
+  FUSEDOPT_HOST_DEVICE position locate_narrow(std::int64_t index) const
+  {
+    auto const n = static_cast<std::uint32_t>(index);
+    std::uint32_t const q = small_by_cols.quotient(n);  // the row over the whole batch
+    std::uint32_t const c = n - q * static_cast<std::uint32_t>(cols);
+    std::uint32_t const m = batched ? small_by_rows.quotient(q) : 0u;
+    // m C + c < index / R + C < 2^32 (and where C >= 2^31, q = m = 0, c = index): in 32 bits.
+    return {q, m * static_cast<std::uint32_t>(cols) + c, m, c};
   }
   /// The element's line factor: its row's times its column's (a matrix's, where written).
   FUSEDOPT_HOST_DEVICE factor_type factor(position const& at) const
@@ -258,7 +266,9 @@ struct factored_lookup {
   {
     int const lane = e.vector_lane();
     if (lane == 0 || !run_in_row_) {
-      position const at = locate(e.index());
+      // An element that says its index is below 2^31 is located without a test of the tensor's
+      // size (the test, the same for a whole chunk, is where the backend did not say).
+      position const at = e.narrow_index() ? locate_narrow(e.index()) : locate(e.index());
       if (lane == 0) { run_in_row_ = at.col + e.vector_width() <= cols; }
       run_row_factor_ = row_factor[at.row_line];
       run_first_col_ = at.col_line - lane;
@@ -374,10 +384,8 @@ class factored_layout {
       e.row = rows[t];
       e.col = s.columns ? cols[t] : nullptr;
       e.small = s.matrices * s.rows * s.cols < detail::small_index_limit;
-      if (e.small) {
-        e.by_cols = detail::small_divider::of(s.cols > 0 ? s.cols : 1);
-        e.by_rows = detail::small_divider::of(s.rows);
-      }
+      e.by_cols = detail::small_divider::of(s.cols > 0 ? s.cols : 1);
+      e.by_rows = detail::small_divider::of(s.rows);
       e.partials = workspace + offset;
       offset += partial_doubles(s);
       // A factor per double: room for any arithmetic type (float or double).

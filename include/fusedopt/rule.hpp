@@ -123,6 +123,14 @@ class element<O, slots<Memory...>, slots<Registers...>> {
     vector_width_ = width;
   }
 
+  /// @brief True where the backend knows that index() is below 2^31 (an element of a tensor of
+  /// fewer elements); false (the default) says nothing. factored_lookup then locates the
+  /// element in 32 bits without testing its tensor's size: the CUDA tiles kernel of a factored
+  /// pass sets it (a constant there), so that its elements' lookups have no branch.
+  FUSEDOPT_HOST_DEVICE bool narrow_index() const { return narrow_index_; }
+  /// @brief Sets narrow_index(); for backends.
+  FUSEDOPT_HOST_DEVICE void set_narrow_index(bool narrow) { narrow_index_ = narrow; }
+
   /// @brief Raw access by position (memory slots first, in binding order); for backends.
   FUSEDOPT_HOST_DEVICE O& at(std::size_t i) { return values_[i]; }
   FUSEDOPT_HOST_DEVICE O const& at(std::size_t i) const { return values_[i]; }
@@ -133,6 +141,7 @@ class element<O, slots<Memory...>, slots<Registers...>> {
   std::int64_t index_ = 0;
   int vector_lane_ = 0;
   int vector_width_ = 1;
+  bool narrow_index_ = false;
 };
 
 namespace detail {

@@ -223,8 +223,11 @@ TEST_CASE("a factored table that does not describe its tensors is rejected befor
 
 TEST_CASE("the 32-bit dividers of element positions are exact", "[factored]")
 {
+  // Divisors from 2^31 on (a dimension of a tensor that large) give 0 for every n below 2^31:
+  // an element below 2^31 of any tensor is located with these dividers (element::narrow_index).
   std::vector<std::int64_t> const divisors{1, 2, 3, 5, 7, 63, 64, 65, 768, 2304, 3072, 50257, (1 << 20) + 1,
-                                           1 << 30, (std::int64_t{1} << 31) - 1};
+                                           1 << 30, (std::int64_t{1} << 31) - 1, std::int64_t{1} << 31,
+                                           (std::int64_t{1} << 31) + 1, std::int64_t{1} << 40, std::int64_t{1} << 48};
   std::uint64_t state = 12345;
   for (auto d : divisors) {
     auto const divider = fo::detail::small_divider::of(d);
@@ -265,7 +268,10 @@ TEST_CASE("an element's line factor found once per run of elements is the one fo
   std::vector<double> workspace(static_cast<std::size_t>(layout.workspace_doubles()));
   auto entries = layout.entries<double>(rows, cols, workspace.data());
   bool const large = GENERATE(false, true);
-  // Tensors of 2^31 elements or more are located by index_divider: the same runs through it.
+  // Tensors of 2^31 elements or more are located by index_divider: the same runs through it;
+  // and so with elements that say their index is below 2^31 (element::narrow_index: the 32-bit
+  // dividers, which every entry has, whatever its size).
+  bool const narrow = GENERATE(false, true);
   if (large) {
     for (auto& entry : entries) { entry.small = false; }
   }
@@ -286,9 +292,11 @@ TEST_CASE("an element's line factor found once per run of elements is the one fo
             element_type e;
             e.set_position(static_cast<std::int64_t>(t), i);
             e.set_vector_lane(lane, width);
+            e.set_narrow_index(narrow);
             std::int64_t const row_line = i / s.cols;
             std::int64_t const col_line = row_line / s.rows * s.cols + i % s.cols;
-            INFO("tensor " << t << " width " << width << " head " << head << " element " << i << " large " << large);
+            INFO("tensor " << t << " width " << width << " head " << head << " element " << i << " large " << large
+                           << " narrow " << narrow);
             REQUIRE(lookup.factor_of(e) == entry.row_factor[row_line] * entry.col_factor[col_line]);
             // A lookup made for the element alone (a body formed per element) agrees too.
             REQUIRE(fo::factored_lookup<double>::of(table, static_cast<std::int64_t>(t)).factor_of(e) ==

@@ -157,16 +157,24 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_l
     std::int64_t row_at = first + lane;
     bool const in0 = lane < w, in1 = lane + 32 < w;
     using element_type = typename access::element_type;
-    auto const load = [&](element_type& x, bool in, std::int64_t at) {
-      if (in) { ::fusedopt::detail::load_factor_element<access, reads>(x, bases, t, at); }
-    };
     auto const value = [&](element_type& x, bool in) { return in ? tensor_body(x) : 0.0; };
     double col0 = 0.0, col1 = 0.0;
     double* const row_out = e.row_partials(m, j) + i * H;
-    // A whole tile (most of them) runs without a bounds test per element.
-    auto const rows_of = [&](auto whole) {
+    // A whole tile (most of them) runs without a bounds test per element. Where the pass loads
+    // several slots (its value body looks up line factors), the elements of a tensor of fewer
+    // than 2^31 elements (all but the largest) say so (element::narrow_index, a constant here):
+    // the lookups then locate them in 32 bits with no branch on the tensor's size, and without
+    // that branch the group's elements are scheduled together, not one after another (CAME's
+    // second tiles kernel on an H200, Nsight Compute: 523 -> 477 us; docs/decisions.md).
+    auto const rows_of = [&](auto whole, auto narrow) {
       constexpr bool full = decltype(whole)::value;
       auto const in = [&](int r, bool column_in) { return (full || r < h) && (full || column_in); };
+      auto const load = [&](element_type& x, bool element_in, std::int64_t at) {
+        if (element_in) {
+          ::fusedopt::detail::load_factor_element<access, reads>(x, bases, t, at);
+          x.set_narrow_index(decltype(narrow)::value);
+        }
+      };
       for (int r0 = 0; r0 < (full ? H : h); r0 += group) {
         double v0[group], v1[group];
         if constexpr (factored_tiles_loads_first<Rule, Bound, J>) {
@@ -216,10 +224,22 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_l
         if ((lane & 3) == 0 && (full || r < h)) { row_out[r] = sum; }
       }
     };
-    if (h == H && w == B) {
-      rows_of(std::true_type{});
+    bool const whole = h == H && w == B;
+    auto const tile = [&](auto narrow) {
+      if (whole) {
+        rows_of(std::true_type{}, narrow);
+      } else {
+        rows_of(std::false_type{}, narrow);
+      }
+    };
+    if constexpr (factored_tiles_loads_first<Rule, Bound, J>) {
+      if (e.small) {
+        tile(std::true_type{});
+      } else {
+        tile(std::false_type{});
+      }
     } else {
-      rows_of(std::false_type{});
+      tile(std::false_type{});  // a pass of one slot (grad^2) has no lookup to tell
     }
     if (e.col != nullptr) {
       double* const col_out = e.col_partials(m, i) + j * B;
