@@ -80,7 +80,8 @@ def main():
     parser.add_argument("--profile", action="store_true", help="one fusedopt step of each optimizer between cudaProfilerStart/Stop")
     parser.add_argument("--optimizers", default="adafactor,came")
     parser.add_argument("--variants", default=None,
-                        help="comma-separated variants to time (default all: fusedopt and the references)")
+                        help="comma-separated references to time beside fusedopt, which is always timed "
+                             "(default: all of them)")
     args = parser.parse_args()
     device = torch.device("cuda")
     if args.profile:

@@ -266,8 +266,8 @@ struct factored_lookup {
   {
     int const lane = e.vector_lane();
     if (lane == 0 || !run_in_row_) {
-      // An element that says its index is below 2^31 is located without a test of the tensor's
-      // size (the test, the same for a whole chunk, is where the backend did not say).
+      // An element whose backend says its index is below 2^31 skips locate()'s test of the
+      // tensor's size (a branch per element in the tiles kernel, where nothing hoists it).
       position const at = e.narrow_index() ? locate_narrow(e.index()) : locate(e.index());
       if (lane == 0) { run_in_row_ = at.col + e.vector_width() <= cols; }
       run_row_factor_ = row_factor[at.row_line];
