@@ -94,13 +94,26 @@ double roundings()
   }
 }
 
+/// A CUDA plan's options: chunks of `chunk` elements (0: the default), the update in the shape
+/// for fast memory (one vector a thread; the factored rules' lookahead, agent.cuh's
+/// update_lookahead) where `fast`, else the device's choice (the default shape for these
+/// small tensors).
+fusedopt::cuda::options shape_options(std::int64_t chunk, bool fast)
+{
+  fusedopt::cuda::options opts;
+  opts.chunk_elements = chunk;
+  opts.memory = fast ? fusedopt::cuda::memory_speed::fast : fusedopt::cuda::memory_speed::automatic;
+  return opts;
+}
+
 }  // namespace
 
 TEMPLATE_TEST_CASE("adafactor's statistics and steps on the GPU have the host backend's bits", "[factored][adafactor]",
                    float, double, fusedopt::half, fusedopt::bfloat16)
 {
   using T = TestType;
-  std::int64_t const chunk = GENERATE(std::int64_t{0}, std::int64_t{16});
+  std::int64_t const chunk = GENERATE(std::int64_t{0}, std::int64_t{16}, fusedopt::factored_chunk_elements);
+  bool const fast = GENERATE(false, true);
   bool const decay = GENERATE(false, true);
   bool const neutral = GENERATE(true, false);
   auto const dims = bit_shapes();
@@ -114,8 +127,8 @@ TEMPLATE_TEST_CASE("adafactor's statistics and steps on the GPU have the host ba
   device_param.tensors() = host_param.tensors();
   auto const host_plan =
     host_executor::make_plan(chunk, writes(fusedopt::slot::param, host_param), reads(fusedopt::slot::grad, host_grad));
-  auto const device_plan = cuda_executor::make_plan(chunk, writes(fusedopt::slot::param, device_param),
-                                                    reads(fusedopt::slot::grad, device_grad));
+  auto const device_plan = cuda_executor::make_plan_with(shape_options(chunk, fast), writes(fusedopt::slot::param, device_param),
+                                                         reads(fusedopt::slot::grad, device_grad));
   fusedopt::rules::basic_adafactor<T> host_rule, device_rule;
   host_rule.lr = device_rule.lr = 0.3;
   host_rule.weight_decay = device_rule.weight_decay = decay ? 0.1 : 0.0;
@@ -130,7 +143,7 @@ TEMPLATE_TEST_CASE("adafactor's statistics and steps on the GPU have the host ba
   host_rule.statistics = host_stats.table();
   device_rule.statistics = device_stats.table();
   for (std::int64_t t = 1; t <= 6; ++t) {
-    INFO("chunk " << chunk << " decay " << decay << " neutral " << neutral << " step " << t);
+    INFO("chunk " << chunk << " fast " << fast << " decay " << decay << " neutral " << neutral << " step " << t);
     host_grad.randomize(r, t % 3 == 0 ? -10 : -1, t % 3 == 0 ? 10 : 1);
     device_grad.tensors() = host_grad.tensors();
     host_plan.run(host_rule, fusedopt::step_info{t});
@@ -172,7 +185,8 @@ TEMPLATE_TEST_CASE("came's statistics and steps on the GPU have the host backend
 {
   using T = TestType;
   using S = fusedopt::opmath_t<T>;
-  std::int64_t const chunk = GENERATE(std::int64_t{0}, std::int64_t{16});
+  std::int64_t const chunk = GENERATE(std::int64_t{0}, std::int64_t{16}, fusedopt::factored_chunk_elements);
+  bool const fast = GENERATE(false, true);
   bool const neutral = GENERATE(true, false);
   auto const dims = bit_shapes();
   std::vector<std::int64_t> sizes;
@@ -187,9 +201,10 @@ TEMPLATE_TEST_CASE("came's statistics and steps on the GPU have the host backend
   auto const host_plan = host_executor::make_plan(chunk, writes(fusedopt::slot::param, host_param),
                                                   reads(fusedopt::slot::grad, host_grad),
                                                   writes(fusedopt::slot::exp_avg, host_m));
-  auto const device_plan = cuda_executor::make_plan(chunk, writes(fusedopt::slot::param, device_param),
-                                                    reads(fusedopt::slot::grad, device_grad),
-                                                    writes(fusedopt::slot::exp_avg, device_m));
+  auto const device_plan = cuda_executor::make_plan_with(shape_options(chunk, fast),
+                                                         writes(fusedopt::slot::param, device_param),
+                                                         reads(fusedopt::slot::grad, device_grad),
+                                                         writes(fusedopt::slot::exp_avg, device_m));
   fusedopt::rules::basic_came<S> host_rule, device_rule;
   host_rule.lr = device_rule.lr = 1e-2;
   host_rule.weight_decay = device_rule.weight_decay = 0.1;
@@ -200,7 +215,7 @@ TEMPLATE_TEST_CASE("came's statistics and steps on the GPU have the host backend
   device_rule.second_moment = device_second.table();
   device_rule.confidence = device_confidence.table();
   for (std::int64_t t = 1; t <= 6; ++t) {
-    INFO("chunk " << chunk << " neutral " << neutral << " step " << t);
+    INFO("chunk " << chunk << " fast " << fast << " neutral " << neutral << " step " << t);
     host_grad.randomize(r, t % 3 == 0 ? -10 : -1, t % 3 == 0 ? 10 : 1);
     device_grad.tensors() = host_grad.tensors();
     host_plan.run(host_rule, fusedopt::step_info{t});

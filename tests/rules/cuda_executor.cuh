@@ -83,8 +83,12 @@ class device_mirror {
 template <class... Bindings>
 class cuda_plan {
  public:
+  explicit cuda_plan(fusedopt::cuda::options const& opts, Bindings... bindings)
+    : mirrors_(bindings...), plan_(make(opts, std::index_sequence_for<Bindings...>{}))
+  {
+  }
   explicit cuda_plan(std::int64_t chunk_elements, Bindings... bindings)
-    : mirrors_(bindings...), plan_(make(chunk_elements, std::index_sequence_for<Bindings...>{}))
+    : cuda_plan(chunk_options(chunk_elements), bindings...)
   {
   }
 
@@ -109,11 +113,15 @@ class cuda_plan {
   }
 
  private:
-  template <std::size_t... K>
-  auto make(std::int64_t chunk_elements, std::index_sequence<K...>)
+  static fusedopt::cuda::options chunk_options(std::int64_t chunk_elements)
   {
     fusedopt::cuda::options opts;
     opts.chunk_elements = chunk_elements;
+    return opts;
+  }
+  template <std::size_t... K>
+  auto make(fusedopt::cuda::options const& opts, std::index_sequence<K...>)
+  {
     return fusedopt::cuda::make_plan(fusedopt::bind((typename Bindings::slot_type{} = std::get<K>(mirrors_).list())...), opts);
   }
 
@@ -196,6 +204,12 @@ struct cuda_executor {
   static cuda_plan<Bindings...> make_plan(std::int64_t chunk_elements, Bindings... bindings)
   {
     return cuda_plan<Bindings...>(chunk_elements, bindings...);
+  }
+  /// A plan over the bindings under `opts` (a test of one update shape: options::memory).
+  template <class... Bindings>
+  static cuda_plan<Bindings...> make_plan_with(fusedopt::cuda::options const& opts, Bindings... bindings)
+  {
+    return cuda_plan<Bindings...>(opts, bindings...);
   }
 };
 

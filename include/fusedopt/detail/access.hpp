@@ -59,6 +59,7 @@ template <class Rule, class... B>
 struct access<Rule, bound_lists<B...>> {
   static_assert(is_rule_v<Rule>, "fusedopt: a rule must be trivially copyable (it is passed to kernels by value)");
 
+  using rule_type = Rule;
   using memory = slots<typename B::slot_type...>;
   using registers = set_union_t<slots<slot::update_t>, rule_registers_t<Rule>>;
   using value_type = common_opmath_t<std::remove_const_t<typename B::element_type>...>;
