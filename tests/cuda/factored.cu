@@ -127,8 +127,8 @@ TEMPLATE_TEST_CASE("adafactor's statistics and steps on the GPU have the host ba
   device_param.tensors() = host_param.tensors();
   auto const host_plan =
     host_executor::make_plan(chunk, writes(fusedopt::slot::param, host_param), reads(fusedopt::slot::grad, host_grad));
-  auto const device_plan = cuda_executor::make_plan_with(shape_options(chunk, fast), writes(fusedopt::slot::param, device_param),
-                                                         reads(fusedopt::slot::grad, device_grad));
+  auto const device_plan = cuda_executor::make_plan_with(
+    shape_options(chunk, fast), writes(fusedopt::slot::param, device_param), reads(fusedopt::slot::grad, device_grad));
   fusedopt::rules::basic_adafactor<T> host_rule, device_rule;
   host_rule.lr = device_rule.lr = 0.3;
   host_rule.weight_decay = device_rule.weight_decay = decay ? 0.1 : 0.0;

@@ -209,7 +209,7 @@ inline constexpr std::int64_t iteration_vectors = static_cast<std::int64_t>(Thre
 /// (iterations_ahead): where a thread holds one vector a slot and the rule looks factored
 /// statistics up (factored.hpp). Such a body waits on dependent L2 loads (its line factors)
 /// and is long, and without the lookahead the next vectors are not requested until it ends.
-/// CAME over GPT-2 small on an H200: the update 711 -> 681 us (ncu), the step 1480 -> 1457 us.
+/// CAME over GPT-2 small on an H200: the update 711 -> 681 us (ncu), the step 1487 -> 1463 us.
 /// Not where a thread already holds several vectors (the default shape: 146 -> 194 registers,
 /// CAME over 200 small matrices 444 -> 505 us, Adafactor 820 -> 832 us), nor in reduction
 /// passes (a warp per chunk at 90 -> 106 registers: CAME's 211 -> 254 us), nor for rules
