@@ -1,7 +1,8 @@
 """Compiles units in parallel before a test run that would compile them one at a time at first
 steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 for Rprop's and
-ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py) and the built-in
-optimizers' of test_in_backward.py (one first step each, on a small model, in threads), and
+ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py), test_rules.py's user
+rules (its PREFETCH), the built-in optimizers' of test_in_backward.py (one first step each, on a
+small model, in threads), and
 Muon's, Adafactor's, CAME's and Prodigy's (test_muon.py, test_adafactor.py, test_came.py, test_prodigy.py,
 bench/muon.py). `prefetch_units.py muon`: Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only;
 `prefetch_units.py adafactor came prodigy` (any of the three): those units only, without the
@@ -29,6 +30,11 @@ def main():
     units_only = sys.argv[1:] == ["muon"] or only is not None  # no library-rule classes
     jobs = [] if units_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
     jobs += [] if units_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
+    if not units_only:
+        import test_rules  # its user rules (importing compiles nothing)
+
+        jobs += [(c, d, t, amp) for c, t, amp, cuda_only in test_rules.PREFETCH for d in devices
+                 if d == "cuda" or not cuda_only]
     # (what, device, dtype, the unit's compile call with (backend, dtype, archs))
     unit_jobs = [(f"Muon NS {ns}", d, t, lambda backend, dtype, archs, ns=ns: _muon_unit.unit(backend, dtype, ns, archs))
                  for d in devices for t, ns in (("float32", "bfloat16"), ("float32", "float32"), ("bfloat16", "bfloat16"))]
@@ -41,10 +47,10 @@ def main():
 
     def build(job):
         try:
-            job[0].compile(job[1], job[2])
+            job[0].compile(*job[1:])
             return None
         except Exception as e:  # reported, and the tests then fail with the same error
-            return f"{job[0].__name__} {job[1]} {job[2]}: {e}"
+            return f"{job[0].__name__} {' '.join(map(str, job[1:]))}: {e}"
 
     def build_unit(job):
         what, device, dtype, compile_unit = job

@@ -266,6 +266,16 @@ FloatMomentum = ft.rule(
     body="buf = beta * buf + grad; param -= lr * buf;")
 
 
+# The units the tests above compile, per device: (rule, dtype, GradScaler's kernel, CUDA only).
+# prefetch_units.py compiles them in parallel before a run (one at a time here they took about
+# 200 s of the GPU machine's test run).
+PREFETCH = [(AdamWRule, torch.float32, False, False), (AdamWRule, torch.bfloat16, False, False),
+            (AdamWBlocks, torch.float32, False, False), (AdamWBlocks, torch.bfloat16, False, False),
+            (AdamWRule, torch.float32, True, True), (AdEMAMix, torch.float32, False, False),
+            (ScheduleFreeAdamW, torch.float32, False, False), (NormalizedSGD, torch.float32, False, False),
+            (FloatMomentum, torch.bfloat16, False, False)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_states_of_bfloat16_parameters(device):
     p = make_params(device, torch.bfloat16)
