@@ -2,9 +2,8 @@
 steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 for Rprop's and
 ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py), test_rules.py's user
 rules (its PREFETCH), the built-in optimizers' of test_in_backward.py (one first step each, on a
-small model, in threads), and
-Muon's, Adafactor's, CAME's and Prodigy's (test_muon.py, test_adafactor.py, test_came.py, test_prodigy.py,
-bench/muon.py). `prefetch_units.py muon`: Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only;
+small model, in threads), and Muon's, Adafactor's, CAME's and Prodigy's (test_muon.py,
+test_adafactor.py, test_came.py, test_prodigy.py, bench/muon.py). `prefetch_units.py muon`: Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only;
 `prefetch_units.py adafactor came prodigy` (any of the three): those units only, without the
 core extension. Prints what failed; exit status 1 if anything did."""
 
@@ -28,11 +27,12 @@ def main():
         print(f"core {time.time() - start:.1f} s", flush=True)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     units_only = sys.argv[1:] == ["muon"] or only is not None  # no library-rule classes
-    jobs = [] if units_only else [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
-    jobs += [] if units_only else [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
+    jobs = []  # (rule class, device, dtype[, GradScaler's kernel]): its compile()'s arguments
     if not units_only:
         import test_rules  # its user rules (importing compiles nothing)
 
+        jobs = [(c, d, t) for c in CLASSES for d in devices for t in (torch.float32, torch.bfloat16)]
+        jobs += [(c, d, torch.float64) for c in (ft.Rprop, ft.ASGD) for d in devices]
         jobs += [(c, d, t, amp) for c, t, amp, cuda_only in test_rules.PREFETCH for d in devices
                  if d == "cuda" or not cuda_only]
     # (what, device, dtype, the unit's compile call with (backend, dtype, archs))
