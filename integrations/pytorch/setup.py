@@ -131,7 +131,7 @@ Extension = cpp_extension.CUDAExtension if WITH_CUDA else cpp_extension.CppExten
 core_flags = ["-O2", "-std=c++17"] + (["-DFUSEDOPT_TORCH_WITH_CUDA"] if WITH_CUDA else [])
 core = Extension(
     name="fusedopt_torch._C",
-    sources=["csrc/binding.cpp"],
+    sources=["csrc/binding.cpp", "csrc/engine.cpp"],  # _ext.CORE_SOURCES
     include_dirs=[str(_build.INCLUDE), str(_build.CSRC)],
     extra_compile_args={"cxx": core_flags, "nvcc": []} if WITH_CUDA else core_flags,
 )

@@ -1,4 +1,4 @@
-"""fusedopt_torch's compiled parts: the core (csrc/binding.cpp: the engine, no kernels) and the
+"""fusedopt_torch's compiled parts: the core (csrc/binding.cpp and engine.cpp: the engine, no kernels) and the
 units of kernels it runs, compiled when a step first needs them.
 
 ``import fusedopt_torch`` compiles nothing. The first step of an optimizer loads the core (a
@@ -55,6 +55,11 @@ def cuda_wanted():
     if flag == "1" and not available:
         raise RuntimeError("FUSEDOPT_TORCH_CUDA=1 but torch has no CUDA or the CUDA toolkit was not found")
     return available
+
+
+# The core's translation units (csrc/), compiled in parallel: the core is the critical path of a
+# first step from an empty cache (docs/decisions.md, "The core in two translation units").
+CORE_SOURCES = ("binding.cpp", "engine.cpp")
 
 
 def core_flags(with_cuda, full_headers=False):
@@ -122,7 +127,7 @@ def _jit_core():
     verbose = os.environ.get("FUSEDOPT_TORCH_VERBOSE") == "1"
     _build._announce("compiling the core (once per torch version and library) ...")
     start = time.monotonic()
-    common = dict(sources=[str(CSRC / "binding.cpp")], extra_include_paths=[str(INCLUDE), str(CSRC)],
+    common = dict(sources=[str(CSRC / source) for source in CORE_SOURCES], extra_include_paths=[str(INCLUDE), str(CSRC)],
                   build_directory=str(folder), with_cuda=with_cuda, verbose=verbose)
     full = False
     try:
@@ -204,7 +209,7 @@ def prebuilt_units():
 
 
 class Provider:
-    """What an engine asks for the unit of a (device, dtype, layout) it meets (csrc/binding.cpp's
+    """What an engine asks for the unit of a (device, dtype, layout) it meets (csrc/engine.cpp's
     engine provider): an installed unit that covers it, else one compiled for exactly that
     (cached on disk, loaded once per process). `source(backend, only)` gives a unit's
     (name, source, words); `covers(entry)` says whether an installed unit serves it."""
