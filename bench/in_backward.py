@@ -140,7 +140,7 @@ def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile
                peak_mib=max(peaks) / 2**20, grad_mib=grad_bytes / 2**20)
     if mode != "torch_per_param":  # plans built over all iterations (none after the first ones)
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_reuses=opt.plan_reuses())
-        # The engine's own clocks (csrc/binding.cpp, host_times) over the timed iterations: its
+        # The engine's own clocks (csrc/engine.cpp, host_times) over the timed iterations: its
         # steps (one per bucket inside backward) and the C++ host time of each phase, per iteration.
         after = opt._engine.host_times()
         row["engine_steps_per_iteration"] = (after["steps"] - engine_before["steps"]) / iterations

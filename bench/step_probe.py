@@ -120,7 +120,7 @@ def main():
         steps = after["steps"] - before["steps"]
         phases = ""
         if steps > 0:
-            # The engine's own clocks (csrc/binding.cpp, host_times): mean per step.
+            # The engine's own clocks (csrc/engine.cpp, host_times): mean per step.
             engine_phases[name] = {k[:-3]: round((after[k] - before[k]) / steps / 1e3, 1) for k in after if k.endswith("_ns")}
             if "table_uploads" in after:
                 engine_phases[name]["table_uploads"] = round((after["table_uploads"] - before["table_uploads"]) / steps, 2)

@@ -194,7 +194,7 @@ def run(device, optimizer, set_to_none, args, initial, shape, grad_scaler=False,
     if optimizer.startswith("fusedopt"):
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_rebinds=opt.plan_rebinds())
         if phases is not None:
-            # The engine's host time by phase, mean per timed step (csrc/binding.cpp, host_times).
+            # The engine's host time by phase, mean per timed step (csrc/engine.cpp, host_times).
             end = opt._engine.host_times()
             steps = max(1, end["steps"] - phases["steps"])
             row["engine_host_us"] = {k[:-3]: round((end[k] - phases[k]) / steps / 1e3, 1) for k in end if k.endswith("_ns")}

@@ -5,7 +5,8 @@
 /// `void*` (a `cudaStream_t`), hyperparameters a plain struct. The kernels live in *units*:
 /// shared libraries compiled on demand (fusedopt_torch/_units.py generates their source) or
 /// ahead of time (setup.py), each exporting `fusedopt_torch_unit()` (unit_api below). The core,
-/// `binding.cpp`, alone includes torch; it loads units with dlopen and makes plans through them.
+/// `binding.cpp` and `engine.cpp`, alone includes torch; it loads units with dlopen and makes
+/// plans through them.
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,7 @@
 compiler and library version, safely across processes.
 
 No torch here either: units are plain shared libraries, compiled by nvcc (CUDA) or the C++
-compiler (host) from the library's headers, and loaded by the core (csrc/binding.cpp,
+compiler (host) from the library's headers, and loaded by the core (csrc/binding.cpp's
 ``_C.load_unit``).
 
 Cache: ``$FUSEDOPT_TORCH_CACHE`` (default ``$XDG_CACHE_HOME/fusedopt_torch`` or
