@@ -19,6 +19,9 @@ Environment:
   CXX                     the host compiler of host units (default g++, else c++)
   FUSEDOPT_TORCH_MARCH    -march of host units (default native; 'none' adds none)
   FUSEDOPT_TORCH_HOST_OPT the optimisation flag of host units (default -O3; CI's test of units: -O1)
+  FUSEDOPT_TORCH_NVCC_THREADS  threads nvcc may optimise a CUDA unit's kernels with
+                          (--split-compile; default: the cores over the compiles running in this
+                          process; 1 turns it off)
   FUSEDOPT_TORCH_VERBOSE  1: print every compiler command and its output
   FUSEDOPT_TORCH_QUIET    1: do not announce compiles on stderr
 """
@@ -73,6 +76,8 @@ _lock = threading.Lock()
 _digest = None
 _compiler_ids = {}
 _building = {}  # key -> Future of the unit's path (builds of this process)
+_compiling = 0  # compiles running in this process (_build_locked)
+_split_support = {}  # nvcc path -> whether it takes --split-compile
 
 
 def library_digest() -> str:
@@ -108,6 +113,33 @@ def nvcc() -> str:
 
 def cxx() -> str:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
+
+
+def split_compile_flags(tool: str, running: int):
+    """nvcc's --split-compile for a CUDA unit compiled while `running` compiles (itself included)
+    run in this process: the kernels of a unit are optimised (cicc, ptxas) on the cores the other
+    compiles leave, not one after another. A user rule's first step compiles one unit while the
+    machine's other cores wait (docs/decisions.md, "nvcc optimises a unit's kernels in
+    parallel"). Not a cache key input: the kernels are the same (the PTX differs at most in the
+    order of a commutative operation's operands)."""
+    threads = os.environ.get("FUSEDOPT_TORCH_NVCC_THREADS")
+    if threads:
+        threads = int(threads)
+    else:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        threads = cores // max(1, running)
+    if threads <= 1:
+        return []
+    if tool not in _split_support:
+        try:
+            out = subprocess.run([tool, "--help"], capture_output=True, text=True, timeout=60)
+            _split_support[tool] = "--split-compile" in out.stdout
+        except OSError:
+            _split_support[tool] = False
+    return [f"--split-compile={threads}"] if _split_support[tool] else []
 
 
 def compiler_id(path: str) -> str:
@@ -198,6 +230,7 @@ def build_unit(name: str, source: str, backend: str, archs=(), what: str = "", l
 
 
 def _build_locked(name, key, source, backend, archs, what, libs) -> Path:
+    global _compiling
     root = cache_root()
     entry = root / f"{name}-{key}"
     unit = entry / "unit.so"
@@ -212,12 +245,21 @@ def _build_locked(name, key, source, backend, archs, what, libs) -> Path:
             src = work / f"unit{_codegen.extension(backend)}"
             src.write_text(source)
             command = _command(backend, src, work / "unit.so", archs, libs)
-            _announce(f"compiling {what or name} ({backend}) ...")
-            if os.environ.get("FUSEDOPT_TORCH_VERBOSE") == "1":
-                print(" ".join(command), file=sys.stderr, flush=True)
-            start = time.monotonic()
-            done = subprocess.run(command, capture_output=True, text=True, cwd=work)
-            seconds = time.monotonic() - start
+            with _lock:
+                _compiling += 1
+                running = _compiling
+            try:
+                if backend == "cuda":
+                    command[1:1] = split_compile_flags(command[0], running)
+                _announce(f"compiling {what or name} ({backend}) ...")
+                if os.environ.get("FUSEDOPT_TORCH_VERBOSE") == "1":
+                    print(" ".join(command), file=sys.stderr, flush=True)
+                start = time.monotonic()
+                done = subprocess.run(command, capture_output=True, text=True, cwd=work)
+                seconds = time.monotonic() - start
+            finally:
+                with _lock:
+                    _compiling -= 1
             log = " ".join(command) + "\n" + done.stdout + done.stderr
             if os.environ.get("FUSEDOPT_TORCH_VERBOSE") == "1":
                 print(done.stdout + done.stderr, file=sys.stderr, flush=True)
