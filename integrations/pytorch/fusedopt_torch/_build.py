@@ -124,7 +124,11 @@ def split_compile_flags(tool: str, running: int):
     order of a commutative operation's operands)."""
     threads = os.environ.get("FUSEDOPT_TORCH_NVCC_THREADS")
     if threads:
-        threads = int(threads)
+        try:
+            threads = int(threads)
+        except ValueError:
+            raise ValueError(f"fusedopt_torch: FUSEDOPT_TORCH_NVCC_THREADS must be a number of threads, not "
+                             f"{threads!r}") from None
     else:
         try:
             cores = len(os.sched_getaffinity(0))

@@ -1,5 +1,5 @@
-"""fusedopt_torch's compiled parts: the core (csrc/binding.cpp and engine.cpp: the engine, no kernels) and the
-units of kernels it runs, compiled when a step first needs them.
+"""fusedopt_torch's compiled parts: the core (csrc/engine.cpp and binding.cpp: the engine, no
+kernels) and the units of kernels it runs, compiled when a step first needs them.
 
 ``import fusedopt_torch`` compiles nothing. The first step of an optimizer loads the core (a
 prebuilt ``fusedopt_torch._C`` from ``pip install``/``setup.py``, else a JIT build into the cache,
@@ -127,8 +127,9 @@ def _jit_core():
     verbose = os.environ.get("FUSEDOPT_TORCH_VERBOSE") == "1"
     _build._announce("compiling the core (once per torch version and library) ...")
     start = time.monotonic()
-    common = dict(sources=[str(CSRC / source) for source in CORE_SOURCES], extra_include_paths=[str(INCLUDE), str(CSRC)],
-                  build_directory=str(folder), with_cuda=with_cuda, verbose=verbose)
+    common = dict(sources=[str(CSRC / source) for source in CORE_SOURCES],
+                  extra_include_paths=[str(INCLUDE), str(CSRC)], build_directory=str(folder), with_cuda=with_cuda,
+                  verbose=verbose)
     full = False
     try:
         module = cpp_extension.load(name=name, extra_cflags=core_flags(with_cuda), **common)

@@ -191,6 +191,30 @@ class Units(unittest.TestCase):
         self.assertEqual(again.stdout.strip(), paths.pop())
         self.assertNotIn("compiling", again.stderr)
 
+    def test_split_compile_threads_and_the_cache_key(self):
+        # nvcc's --split-compile takes the cores the process's other compiles leave; it is not part
+        # of a unit's cache key (the kernels are the same), and a bad thread count is refused.
+        saved = os.environ.pop("FUSEDOPT_TORCH_NVCC_THREADS", None)
+        # A CUDA unit's key where nvcc runs here (CI's machines have it), else a host unit's.
+        backend = "cuda" if os.access(_build.nvcc(), os.X_OK) else "host"
+        try:
+            key = _build.unit_key("test-key", "source", backend, ["90"])
+            os.environ["FUSEDOPT_TORCH_NVCC_THREADS"] = "1"
+            self.assertEqual(_build.split_compile_flags("nvcc-that-is-not-asked", 1), [])
+            self.assertEqual(_build.unit_key("test-key", "source", backend, ["90"]), key)
+            os.environ["FUSEDOPT_TORCH_NVCC_THREADS"] = "many"
+            with self.assertRaisesRegex(ValueError, "FUSEDOPT_TORCH_NVCC_THREADS must be a number"):
+                _build.split_compile_flags("nvcc-that-is-not-asked", 1)
+            os.environ["FUSEDOPT_TORCH_NVCC_THREADS"] = "4"
+            self.assertEqual(_build.split_compile_flags(sys.executable, 1), [])  # a tool without the option
+            del os.environ["FUSEDOPT_TORCH_NVCC_THREADS"]
+            cores = len(os.sched_getaffinity(0))
+            self.assertEqual(_build.split_compile_flags("nvcc-that-is-not-asked", cores), [])  # no core left
+        finally:
+            os.environ.pop("FUSEDOPT_TORCH_NVCC_THREADS", None)
+            if saved is not None:
+                os.environ["FUSEDOPT_TORCH_NVCC_THREADS"] = saved
+
     def write(self, text):
         path = Path(self.cache.name) / "source.txt"
         path.write_text(text)
