@@ -2,7 +2,7 @@
 /// @brief fusedopt_torch's core: the module `_C` (the engine is engine.cpp's), GradNorm, the
 /// hyperparameters' record, the 8-bit states' (de)quantizers and the unit loader.
 ///
-/// The core has no kernels: it loads *units* (shared libraries that fusedopt_torch/_units.py
+/// The core has no kernels: it loads *units* (shared libraries that fusedopt_torch/_build.py
 /// compiles on demand, or setup.py ahead of time; plans.hpp's unit_api) and makes plans
 /// through them. Each engine has a provider, a Python callable that returns the unit for a
 /// (device, dtype, layout) it meets, compiling it the first time.

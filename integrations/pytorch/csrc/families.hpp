@@ -1,10 +1,11 @@
 /// @file families.hpp
 /// @brief Plans of the built-in optimizer families, generic over the backend (host or CUDA).
 ///
-/// A unit (unit_backends.hpp, _units.py) instantiates `family_plan<B>` for one family, or every
-/// family, with a backend B whose filter says which dtypes and layouts it compiles: the plan
-/// function of a family branches on the layout (amsgrad, momentum, 8-bit states, ...) and the
-/// dtype at run time, and instantiates kernels only in the branches B compiles.
+/// A unit (unit_host.hpp or unit_cuda.cuh; _codegen.py writes its source) instantiates
+/// `family_plan<B>` for one family, or every family, with a backend B whose filter says which
+/// dtypes and layouts it compiles: the plan function of a family branches on the layout
+/// (amsgrad, momentum, 8-bit states, ...) and the dtype at run time, and instantiates kernels
+/// only in the branches B compiles.
 #pragma once
 
 #include <fusedopt/rules/adadelta.hpp>

@@ -3,7 +3,7 @@
 ///
 /// Nothing here knows torch or CUDA: tensors are raw pointers and sizes, the stream is a
 /// `void*` (a `cudaStream_t`), hyperparameters a plain struct. The kernels live in *units*:
-/// shared libraries compiled on demand (fusedopt_torch/_units.py generates their source) or
+/// shared libraries compiled on demand (fusedopt_torch/_codegen.py generates their source) or
 /// ahead of time (setup.py), each exporting `fusedopt_torch_unit()` (unit_api below). The core,
 /// `binding.cpp` and `engine.cpp`, alone includes torch; it loads units with dlopen and makes
 /// plans through them.

@@ -1,7 +1,7 @@
 /// @file unit_export.hpp
 /// @brief What every unit (a shared library of kernels, plans.hpp's unit_api) is made of: the
 /// backend filter (which dtypes, layouts and GradScaler kernels it compiles), error capture at
-/// the library boundary, and the exported entry point. A unit's source (_units.py generates
+/// the library boundary, and the exported entry point. A unit's source (_codegen.py generates
 /// it) includes unit_host.hpp or unit_cuda.cuh, then families.hpp or user_rule.hpp, defines its
 /// entry points and ends with FUSEDOPT_TORCH_EXPORT_UNIT.
 #pragma once

@@ -6,8 +6,8 @@
 /// Included by families.hpp (the built-in optimizers) and user_rule.hpp (user rules). A backend
 /// is a struct with `make(bound_lists, void* context, int reduction_capacity)`,
 /// `run(plan, rule, step_info, void* stream)`, `rebind(plan, bound_lists, void* stream)`,
-/// `rebind_slot(...)` and `table_uploads(plan)` (unit_backends.hpp), plus the unit's filter
-/// (what it compiles; filter_of below).
+/// `rebind_slot(...)` and `table_uploads(plan)` (unit_host.hpp, unit_cuda.cuh), plus the unit's
+/// filter (what it compiles; filter_of below).
 #pragma once
 
 #include <fusedopt/bind.hpp>

@@ -1,7 +1,7 @@
 /// @file user_rule.hpp
 /// @brief What a user rule's unit is made of (fusedopt_torch.rule): the names its C++ body may
 /// use besides its own (user_math), the builder that makes the rule from a step's
-/// hyperparameters, and its plan function. _units.py generates the rest: the rule itself, with
+/// hyperparameters, and its plan function. _codegen.py generates the rest: the rule itself, with
 /// `#line` directives so that a compiler's messages quote the user's own lines.
 #pragma once
 
