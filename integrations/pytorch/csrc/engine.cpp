@@ -26,6 +26,74 @@
 namespace fusedopt_torch {
 namespace {
 
+/// The structural options of a family's hyperparameters (must agree with the classes' _state_keys);
+/// `float_states`: a user rule's dtype policy.
+layout layout_of(family f, hyper const& h, std::uint32_t float_states)
+{
+  layout l;
+  l.float_states = f == family::user ? float_states : 0;
+  l.amsgrad = (f == family::adam || f == family::adamw) && h.amsgrad;
+  l.momentum = (f == family::sgd && h.momentum != 0.0) || (f == family::rmsprop && h.momentum > 0.0);
+  l.centered = f == family::rmsprop && h.centered;
+  l.clip = f == family::lamb && h.max_grad_norm > 0.0;
+  l.kahan = supports_low_precision(f) && h.kahan;
+  return l;
+}
+
+dtype dtype_of(at::Tensor const& t)
+{
+  auto const type = plan_dtype(t.scalar_type());
+  if (!type) {
+    throw py::type_error("fusedopt_torch: parameters must be float32, float64, float16 or bfloat16, not " +
+                         text(t.scalar_type()));
+  }
+  return *type;
+}
+
+/// Checks that `t` (the gradient or a state of parameter `p`) has p's device, shape and strides,
+/// and p's dtype (or `dtype` where given: a user rule's float32 state).
+void check_same_layout(at::Tensor const& p, at::Tensor const& t, char const* what, std::size_t index,
+                       c10::optional<at::ScalarType> dtype = c10::nullopt)
+{
+  FUSEDOPT_TORCH_CHECK(t.defined(), "fusedopt_torch: parameter ", index, ": ", what, " is undefined");
+  FUSEDOPT_TORCH_CHECK(!t.is_sparse(), "fusedopt_torch does not support sparse gradients (parameter ", index, ")");
+  auto const expected = dtype ? *dtype : p.scalar_type();
+  FUSEDOPT_TORCH_CHECK(t.scalar_type() == expected, "fusedopt_torch: parameter ", index, " is ", p.scalar_type(),
+              " but its ", what, " is ", t.scalar_type(), dtype ? text(" (its rule keeps it in ") + text(expected) + ")" : "");
+  FUSEDOPT_TORCH_CHECK(t.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(), " but its ", what,
+              " is on ", t.device());
+  FUSEDOPT_TORCH_CHECK(t.sizes() == p.sizes(), "fusedopt_torch: parameter ", index, " has shape ", p.sizes(), " but its ",
+              what, " has shape ", t.sizes());
+  FUSEDOPT_TORCH_CHECK(t.is_non_overlapping_and_dense() && t.strides() == p.strides(), "fusedopt_torch: parameter ", index,
+              ": its ", what,
+              " must be dense with the parameter's strides (an elementwise step runs over the memory of each tensor)");
+}
+
+/// Whether state `s` holds an 8-bit state (a uint8 tensor of plans.hpp's quantized_state_bytes)
+/// rather than elements of its parameter's dtype.
+bool holds_quantized(at::Tensor const& s) { return s.defined() && s.scalar_type() == at::kByte; }
+
+/// Checks the 8-bit state of parameter `p`: the memory a plan reads and writes for it.
+void check_quantized_state(at::Tensor const& p, at::Tensor const& s, std::size_t index)
+{
+  FUSEDOPT_TORCH_CHECK(s.device() == p.device(), "fusedopt_torch: parameter ", index, " is on ", p.device(),
+                       " but its 8-bit state is on ", s.device());
+  check_quantized_bytes(s, p.numel(), "fusedopt_torch: parameter ", index);
+}
+
+/// A state of parameter `p`: 8-bit states or a tensor of the parameter's layout (of float32
+/// where `in_float`: a user rule's state kept in float32).
+void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index, bool in_float = false)
+{
+  if (holds_quantized(s)) {
+    check_quantized_state(p, s, index);
+  } else if (in_float) {
+    check_same_layout(p, s, "state", index, at::kFloat);
+  } else {
+    check_same_layout(p, s, "state", index);
+  }
+}
+
 struct bucket {
   std::vector<int> members;  // indices into the group's parameters
   int device = -1;           // -1: CPU (host backend), else the CUDA device index

@@ -3,9 +3,10 @@ steps: the library-rule classes' (CPU and CUDA; float32, bfloat16, and float64 f
 ASGD's torch-suite runs; test_library_rules.py, bench/library_rules.py), test_rules.py's user
 rules (its PREFETCH), the built-in optimizers' of test_in_backward.py (one first step each, on a
 small model, in threads), and Muon's, Adafactor's, CAME's and Prodigy's (test_muon.py,
-test_adafactor.py, test_came.py, test_prodigy.py, bench/muon.py). `prefetch_units.py muon`: Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only;
-`prefetch_units.py adafactor came prodigy` (any of the three): those units only, without the
-core extension. Prints what failed; exit status 1 if anything did."""
+test_adafactor.py, test_came.py, test_prodigy.py, bench/muon.py). `prefetch_units.py muon`:
+Muon's, Adafactor's, CAME's, Prodigy's and AdamW's only; `prefetch_units.py adafactor came
+prodigy` (any of the three): those units only, without the core extension. Prints what failed;
+exit status 1 if anything did."""
 
 import concurrent.futures
 import sys
