@@ -33,7 +33,8 @@ using namespace factored_test;
 std::vector<std::vector<std::int64_t>> bit_shapes()
 {
   return {{7},      {},      {0},      {1},       {130, 3},   {3, 130},     {1, 67},
-          {67, 1},  {65, 64}, {64, 65}, {2, 5, 9}, {300, 2}, {257, 130},   {3, 70, 66},  {2, 2, 1, 5}};
+          {67, 1},  {65, 64}, {64, 65}, {2, 5, 9}, {300, 2}, {257, 130},   {3, 70, 66},  {2, 2, 1, 5},
+          {600, 128}};
 }
 
 /// Whether two vectors hold the same bytes.
@@ -97,11 +98,13 @@ double roundings()
 /// A CUDA plan's options: chunks of `chunk` elements (0: the default), the update in the shape
 /// for fast memory (one vector a thread; the factored rules' lookahead, agent.cuh's
 /// update_lookahead) where `fast`, else the device's choice (the default shape for these
-/// small tensors).
-fusedopt::cuda::options shape_options(std::int64_t chunk, bool fast)
+/// small tensors); at most `max_blocks` blocks a launch where set (a tiles kernel's warp then
+/// takes several tiles one after another).
+fusedopt::cuda::options shape_options(std::int64_t chunk, bool fast, std::int64_t max_blocks = 0)
 {
   fusedopt::cuda::options opts;
   opts.chunk_elements = chunk;
+  opts.max_blocks = max_blocks;
   opts.memory = fast ? fusedopt::cuda::memory_speed::fast : fusedopt::cuda::memory_speed::automatic;
   return opts;
 }
@@ -201,7 +204,9 @@ TEMPLATE_TEST_CASE("came's statistics and steps on the GPU have the host backend
   auto const host_plan = host_executor::make_plan(chunk, writes(fusedopt::slot::param, host_param),
                                                   reads(fusedopt::slot::grad, host_grad),
                                                   writes(fusedopt::slot::exp_avg, host_m));
-  auto const device_plan = cuda_executor::make_plan_with(shape_options(chunk, fast),
+  // Chunks of 16 with one block a launch: each of its warps takes several tiles, whole and
+  // partial, one after another.
+  auto const device_plan = cuda_executor::make_plan_with(shape_options(chunk, fast, chunk == 16 ? 1 : 0),
                                                          writes(fusedopt::slot::param, device_param),
                                                          reads(fusedopt::slot::grad, device_grad),
                                                          writes(fusedopt::slot::exp_avg, device_m));
