@@ -12,8 +12,11 @@ state_dtype=float32). Variants:
   fj_fused_graph   (only when asked for) fj_fused through the command-buffer-compatible handler
                    (fusedopt_jax's COMMAND_BUFFERS: XLA may record the calls into a CUDA graph)
 
-Time: wall time per step, two ways, after warm-up: "in a loop" runs 10 steps inside one jitted
-lax.fori_loop (as a training step's own jit would: no per-call dispatch; the headline figure), "per
+Time: wall time per step, three ways, after warm-up: "in a loop" runs 10 steps inside one jitted
+lax.fori_loop (the call's dispatch of every leaf spread over 10 steps), "marginal" (--long-loop N)
+runs the same program for N steps a call too and takes (T(N) - T(10)) / (N - 10): what a step
+adds inside a jitted training step, without any dispatch (the headline figure on W3, where the
+dispatch of 8000 arrays is 50 ms a call whatever the optimizer), "per
 call" calls the step once a step (jax dispatches every leaf: about 1-2 us an array), both through
 the AOT Compiled object and through the jitted function (jax's C++ dispatch, what a loop calls);
 jax.block_until_ready after the last step of each timed batch. Compile: lower + compile of the
@@ -21,7 +24,7 @@ jitted step. Memory: the device's bytes in use after the
 loop and, with --isolate (each case in a process of its own), its peak.
 
 Usage: python3 bench/compare_optax.py [--workloads W1,W3] [--cases adamw_fp32] [--variants optax_donated,fj_fused]
-       [--isolate] [--leaves N] [--no-loop] [--json out.json] [--min-seconds 0.3]
+       [--isolate] [--leaves N] [--no-loop | --loop-only] [--long-loop 60] [--json out.json] [--min-seconds 0.3]
 --leaves N takes each workload's first N tensors (how the per-call time grows with the leaf
 count); --no-loop measures per call alone (W3's looped programs take minutes to compile).
 Needs jax with a GPU (runs on whatever jax's default backend is), optax and fusedopt_jax
@@ -59,7 +62,7 @@ def _persistent_compile_cache(jax):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
+def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per_call_too=True, long_loop=0):
     import jax
     _persistent_compile_cache(jax)
     import jax.numpy as jnp
@@ -106,13 +109,15 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
             return optax.apply_updates(p, u), s
     donate = () if variant == "optax" else (0, 2)
     jitted = jax.jit(step, donate_argnums=donate)
-    t0 = time.perf_counter()
-    compiled = jitted.lower(params, grads, state).compile()
-    compile_s = time.perf_counter() - t0
-    hlo = compiled.as_text()
-    copies = sum(1 for line in hlo.splitlines() if " copy(" in line or "copy-start" in line)
-    custom_calls = hlo.count("custom-call(") + hlo.count("custom_call_target")
-    fusions = sum(1 for line in hlo.splitlines() if " fusion(" in line)
+    compile_s, copies, custom_calls, fusions = float("nan"), -1, -1, -1
+    if per_call_too:
+        t0 = time.perf_counter()
+        compiled = jitted.lower(params, grads, state).compile()
+        compile_s = time.perf_counter() - t0
+        hlo = compiled.as_text()
+        copies = sum(1 for line in hlo.splitlines() if " copy(" in line or "copy-start" in line)
+        custom_calls = hlo.count("custom-call(") + hlo.count("custom_call_target")
+        fusions = sum(1 for line in hlo.splitlines() if " fusion(" in line)
     def per_call(fn):  # wall time a step, fn called once a step
         nonlocal params, state
         for _ in range(3):
@@ -133,12 +138,15 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     # Two ways to call the same program: the AOT `Compiled` object, and the jitted function
     # itself (what a training loop calls: jax's C++ dispatch path; its first call loads the
     # program from the persistent compilation cache).
-    dispatch_us, steps = per_call(compiled)
-    t0 = time.perf_counter()
-    params, state = jitted(params, grads, state)
-    jax.block_until_ready((params, state))
-    jit_first_s = time.perf_counter() - t0
-    jit_dispatch_us, _ = per_call(jitted)
+    dispatch_us = jit_dispatch_us = jit_first_s = float("nan")
+    steps = 0
+    if per_call_too:
+        dispatch_us, steps = per_call(compiled)
+        t0 = time.perf_counter()
+        params, state = jitted(params, grads, state)
+        jax.block_until_ready((params, state))
+        jit_first_s = time.perf_counter() - t0
+        jit_dispatch_us, _ = per_call(jitted)
     # Printed now: on W3 (2000 leaves) the looped program's compile below takes minutes for Optax.
     print(f"  {workload} {case} {variant}: {len(sizes)} leaves, compile {compile_s:.2f} s, per call "
           f"{dispatch_us:.1f} us (Compiled) / {jit_dispatch_us:.1f} us (jit; its first call {jit_first_s:.2f} s)"
@@ -163,48 +171,71 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True):
     # The same steps LOOP at a time inside one jitted program (a lax.fori_loop over the donated
     # (params, state) carry): what a training step that runs the update inside its own jit pays,
     # without jax's per-call dispatch of every leaf (about 1-2 us an array, which the per-call
-    # loop above measures too).
+    # loop above measures too). The trip count is an operand, so that one program also runs
+    # `long_loop` steps a call: the difference between the two, per step, is a step's marginal
+    # cost in the loop, without the call's dispatch (on W3, 8000 arrays: 50 ms a call, 5 ms of
+    # each of 10 steps).
     loop = 10
-    looped = jax.jit(lambda p, g, s: jax.lax.fori_loop(0, loop, lambda i, c: step(c[0], g, c[1]), (p, s)),
+    looped = jax.jit(lambda p, g, s, n: jax.lax.fori_loop(0, n, lambda i, c: step(c[0], g, c[1]), (p, s)),
                      donate_argnums=donate)
     t0 = time.perf_counter()
-    looped_compiled = looped.lower(params, grads, state).compile()
+    looped_compiled = looped.lower(params, grads, state, jnp.int32(loop)).compile()
     loop_compile_s = time.perf_counter() - t0
     loop_copies = sum(1 for line in looped_compiled.as_text().splitlines() if " copy(" in line or "copy-start" in line)
-    params, state = looped_compiled(params, grads, state)
-    jax.block_until_ready((params, state))
-    loop_steps, loop_elapsed = 0, 0.0
-    while loop_elapsed < min_seconds and loop_steps < 2000:
-        t0 = time.perf_counter()
-        for _ in range(5):
-            params, state = looped_compiled(params, grads, state)
+
+    def per_loop_call(n):  # wall time a call of n steps
+        nonlocal params, state
+        trips = jnp.int32(n)
+        params, state = looped_compiled(params, grads, state, trips)
         jax.block_until_ready((params, state))
-        loop_elapsed += time.perf_counter() - t0
-        loop_steps += 5 * loop
-    row.update(step_us=loop_elapsed / loop_steps * 1e6, loop_copies=loop_copies, loop_compile_s=loop_compile_s,
+        calls, elapsed = 0, 0.0
+        while elapsed < min_seconds and calls * n < 2000:
+            t0 = time.perf_counter()
+            for _ in range(5):
+                params, state = looped_compiled(params, grads, state, trips)
+            jax.block_until_ready((params, state))
+            elapsed += time.perf_counter() - t0
+            calls += 5
+        return elapsed / calls, calls * n
+
+    call_s, loop_steps = per_loop_call(loop)
+    if long_loop > loop:
+        long_call_s, _ = per_loop_call(long_loop)
+        row.update(loop_marginal_us=(long_call_s - call_s) / (long_loop - loop) * 1e6, long_loop=long_loop)
+    row.update(step_us=call_s / loop * 1e6, loop_copies=loop_copies, loop_compile_s=loop_compile_s,
                **memory())
     return row
 
 
 def table(rows):
-    out = ["| workload | case | variant | step in a loop (us) | vs optax_donated | step per call (us): Compiled / jit | "
-           "compile (s) | HLO copies (call / loop) | fusions | peak MiB |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    base = {(r["workload"], r["case"]): r["step_us"] for r in rows if r["variant"] == "optax_donated"}
+    out = ["| workload | case | variant | step in a loop (us) | vs optax_donated | marginal step in a loop (us) | vs "
+           "optax_donated | step per call (us): Compiled / jit | compile (s) | HLO copies (call / loop) | fusions | "
+           "peak MiB |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
+    def base_of(key):
+        return {(r["workload"], r["case"]): r.get(key, nan) for r in rows if r["variant"] == "optax_donated"}
+    base, base_marginal = base_of("step_us"), base_of("loop_marginal_us")
+    def ratio(b, x):
+        return f"{b / x:.2f}x" if b == b and x == x and b and x else "-"
     for r in rows:
-        b = base.get((r["workload"], r["case"]))
-        speed = f"{b / r['step_us']:.2f}x" if b else "-"
+        key = (r["workload"], r["case"])
+        marginal = r.get("loop_marginal_us", nan)
         peak = r.get("peak_bytes_in_use")
-        out.append(f"| {r['workload']} | {r['case']} | {r['variant']} | {r['step_us']:.1f} | {speed} | "
-                   f"{r['dispatch_step_us']:.1f} / {r.get('jit_dispatch_step_us', float('nan')):.1f} | {r['compile_s']:.2f} | {r['hlo_copies']} / {r['loop_copies']} | "
-                   f"{r['hlo_fusions']} | "
+        out.append(f"| {r['workload']} | {r['case']} | {r['variant']} | {r['step_us']:.1f} | "
+                   f"{ratio(base.get(key, nan), r['step_us'])} | {marginal:.1f} | "
+                   f"{ratio(base_marginal.get(key, nan), marginal)} | "
+                   f"{r['dispatch_step_us']:.1f} / {r.get('jit_dispatch_step_us', nan):.1f} | {r['compile_s']:.2f} | "
+                   f"{r['hlo_copies']} / {r['loop_copies']} | {r['hlo_fusions']} | "
                    f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |")
-    lines = ["", "Targets (issue 45, fj_fused against optax_donated):"]
+    lines = ["", "Targets (issue 45, fj_fused against optax_donated; in a loop of 10 / marginal):"]
     for (w, c), t in TARGETS.items():
         fused = [r for r in rows if (r["workload"], r["case"], r["variant"]) == (w, c, "fj_fused")]
         if fused and base.get((w, c)):
             s = base[(w, c)] / fused[0]["step_us"]
-            lines.append(f"- {w} {c}: {s:.2f}x (target >= {t}x): {'met' if s >= t else 'NOT met'}")
+            m = base_marginal.get((w, c), nan) / fused[0].get("loop_marginal_us", nan)
+            lines.append(f"- {w} {c}: {s:.2f}x / {m:.2f}x (target >= {t}x): {'met' if s >= t else 'NOT met'} / "
+                         f"{'met' if m >= t else ('NOT met' if m == m else '-')}")
     return "\n".join(out + lines)
 
 
@@ -219,11 +250,15 @@ def main():
     ap.add_argument("--leaves", type=int, default=0, help="the first N tensors of each workload alone (0: all)")
     ap.add_argument("--no-loop", action="store_true", help="per call only: skip the looped program (minutes to "
                     "compile on W3)")
+    ap.add_argument("--loop-only", action="store_true", help="skip the per-call timing (and its compile)")
+    ap.add_argument("--long-loop", type=int, default=0, help="also run N steps a call in the loop: the marginal "
+                    "cost of a step in the loop, without the call's dispatch ((T(N) - T(10)) / (N - 10))")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         w, c, v = args.one.split(":")
-        print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop)), flush=True)
+        print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop,
+                                         not args.loop_only, args.long_loop)), flush=True)
         return
     unknown = set(args.variants.split(",")) - set(VARIANTS + EXTRA_VARIANTS)
     if unknown:
@@ -235,17 +270,21 @@ def main():
                 try:
                     if args.isolate:
                         done = subprocess.run([sys.executable, __file__, "--one", f"{w}:{c}:{v}", "--min-seconds",
-                                               str(args.min_seconds), "--leaves", str(args.leaves)]
-                                              + (["--no-loop"] if args.no_loop else []), capture_output=True, text=True,
+                                               str(args.min_seconds), "--leaves", str(args.leaves),
+                                               "--long-loop", str(args.long_loop)]
+                                              + (["--no-loop"] if args.no_loop else [])
+                                              + (["--loop-only"] if args.loop_only else []), capture_output=True, text=True,
                                               env=dict(os.environ))
                         row = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("ROW ")]
                         if not row:
                             raise RuntimeError(done.stderr[-2000:])
                         rows.append(row[0])
                     else:
-                        rows.append(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop))
+                        rows.append(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop,
+                                           not args.loop_only, args.long_loop))
                     r = rows[-1]
-                    print(f"{w} {c} {v}: {r['step_us']:.1f} us/step in a loop, {r['dispatch_step_us']:.1f} per call, "
+                    print(f"{w} {c} {v}: {r['step_us']:.1f} us/step in a loop "
+                          f"(marginal {r.get('loop_marginal_us', float('nan')):.1f}), {r['dispatch_step_us']:.1f} per call, "
                           f"compile {r['compile_s']:.2f} s (loop {r['loop_compile_s']:.2f} s), {r['hlo_copies']} / {r['loop_copies']} copies",
                           flush=True)
                 except Exception as e:  # keep the other cases

@@ -206,12 +206,14 @@ def _call(kind, hyper, params, grads, states, inplace):
 # Leaves per custom call. XLA's compile and its per-execution handling of one custom call grow
 # faster than its operand count (measured on an H200, jax 0.11, 2000 leaves: the fused AdamW
 # step compiled in 40.7 s as one call, 11.7 s as calls of 256 leaves, 6.1 s of 64, 8.5 s of 32;
-# docs/jax.md), so a large pytree is stepped by several
-# calls of at most this many leaves, each its own plan and launch (LAMB's trust ratios are per
-# leaf, so it splits too); clip_by_global_norm + AdamW keeps every leaf in one call (its norm is
-# over all of them). 0 or less: one call.
+# docs/jax.md), so a large pytree is stepped by several calls of at most this many leaves, each
+# its own plan and launch (LAMB's trust ratios are per leaf, so it splits too);
+# clip_by_global_norm + AdamW keeps every leaf in one call (its norm is over all of them). 256,
+# not fewer: each call costs XLA's thunk and the handler's fixed host work at every execution,
+# and inside a jitted loop a 2000-leaf step took 1419 us a step in calls of 64, 817 in calls of
+# 256, 710 in calls of 1000 (H200, 2026-11-30; docs/jax.md). 0 or less: one call.
 def _leaves_per_call_setting():
-    text = os.environ.get("FUSEDOPT_JAX_LEAVES_PER_CALL", "64")
+    text = os.environ.get("FUSEDOPT_JAX_LEAVES_PER_CALL", "256")
     try:
         return int(text)
     except ValueError:
@@ -226,7 +228,7 @@ LEAVES_PER_CALL = _leaves_per_call_setting()
 # step is traced. XLA then records runs of at least --xla_gpu_graph_min_graph_size (default 5)
 # consecutive calls into a CUDA graph, calling the handler once per set of buffer addresses, and
 # replays the graph at later executions with none of the calls' host work (a pytree of 2000
-# leaves: 32 calls of 64 leaves). Off by default until measured on the GPU machine (docs/jax.md).
+# leaves: 8 calls of 256 leaves). Off by default until measured on the GPU machine (docs/jax.md).
 COMMAND_BUFFERS = os.environ.get("FUSEDOPT_JAX_COMMAND_BUFFERS", "0") == "1"
 
 
