@@ -118,22 +118,26 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per
         copies = sum(1 for line in hlo.splitlines() if " copy(" in line or "copy-start" in line)
         custom_calls = hlo.count("custom-call(") + hlo.count("custom_call_target")
         fusions = sum(1 for line in hlo.splitlines() if " fusion(" in line)
-    def per_call(fn):  # wall time a step, fn called once a step
+    def timed(fn, steps_per_call=1, warmup=3):  # wall seconds a call of fn, and the steps timed
         nonlocal params, state
-        for _ in range(3):
+        for _ in range(warmup):
             params, state = fn(params, grads, state)
         jax.block_until_ready((params, state))
-        steps, elapsed = 0, 0.0
+        calls, elapsed = 0, 0.0
         batch = 5
-        while elapsed < min_seconds and steps < 2000:
+        while elapsed < min_seconds and calls * steps_per_call < 2000:
             t0 = time.perf_counter()
             for _ in range(batch):
                 params, state = fn(params, grads, state)
             jax.block_until_ready((params, state))
             elapsed += time.perf_counter() - t0
-            steps += batch
+            calls += batch
             batch = min(batch * 2, 200)
-        return elapsed / steps * 1e6, steps
+        return elapsed / calls, calls * steps_per_call
+
+    def per_call(fn):  # wall time a step, fn called once a step
+        call_s, steps = timed(fn)
+        return call_s * 1e6, steps
 
     # Two ways to call the same program: the AOT `Compiled` object, and the jitted function
     # itself (what a training loop calls: jax's C++ dispatch path; its first call loads the
@@ -184,21 +188,10 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per
     loop_copies = sum(1 for line in looped_compiled.as_text().splitlines() if " copy(" in line or "copy-start" in line)
 
     def per_loop_call(n):  # wall time a call of n steps
-        nonlocal params, state
         trips = jnp.int32(n)
-        params, state = looped_compiled(params, grads, state, trips)
-        jax.block_until_ready((params, state))
-        calls, elapsed = 0, 0.0
-        while elapsed < min_seconds and calls * n < 2000:
-            t0 = time.perf_counter()
-            for _ in range(5):
-                params, state = looped_compiled(params, grads, state, trips)
-            jax.block_until_ready((params, state))
-            elapsed += time.perf_counter() - t0
-            calls += 5
-        return elapsed / calls, calls * n
+        return timed(lambda p, g, s: looped_compiled(p, g, s, trips), steps_per_call=n, warmup=1)
 
-    call_s, loop_steps = per_loop_call(loop)
+    call_s, _ = per_loop_call(loop)
     if long_loop > loop:
         long_call_s, _ = per_loop_call(long_loop)
         row.update(loop_marginal_us=(long_call_s - call_s) / (long_loop - loop) * 1e6, long_loop=long_loop)
