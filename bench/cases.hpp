@@ -1,8 +1,8 @@
 /// @file bench/cases.hpp
 /// @brief The optimizer cases of the benchmarks (Adam fp32; AdamW with bf16 params/grads and
 /// fp32 states; SGD with momentum fp32; issue 5: AdamW + global-norm clipping, LAMB, AMP
-/// unscale + skip + Adam), the packed memory layout of a slot, and the random
-/// values the slots start with. Shared by host_bench.cpp and cuda_bench.cu so both backends
+/// unscale + skip + Adam; issue 45: Optax's AdamW as fusedopt_jax runs it), the packed memory
+/// layout of a slot, and the random values the slots start with. Shared by host_bench.cpp and cuda_bench.cu so both backends
 /// run the same rules on the same layout and data; torch_peers.py uses the same
 /// hyperparameters.
 #pragma once
@@ -16,6 +16,8 @@
 #include <vector>
 
 #include <fusedopt/fusedopt.hpp>
+
+#include "../integrations/jax/csrc/optax_rules.hpp"
 
 namespace fusedopt_bench {
 
@@ -150,6 +152,9 @@ struct step_scalars {
   double inv_scale = 1.0;
   float found_inf = 0.f;
   double total_norm = 0.0;
+  /// fusedopt_jax's hyperparameter operand (optax_rules.hpp, hyper_index) for optax.adamw(lr
+  /// 1e-3, weight decay 1e-2) at step 1, as fusedopt_jax/_core.py rounds each value.
+  float optax_hyper[fusedopt_jax::hyper_size] = {-1e-3f, 0.9f, 0.1f, 0.999f, 0.001f, 1e-8f, 0.0f, 1e-2f, 0.1f, 0.001f};
 };
 
 /// @brief AdamW with bf16 params and grads and fp32 moments (adamw_bf16) behind
@@ -192,6 +197,15 @@ struct amp_adam_fp32 : adam_fp32 {
     return fo::chain(fo::rules::unscale_gradients{fo::scalar<double>::from_pointer(&s->inv_scale)},
                      fo::rules::skip_if_nonfinite(adam_fp32::rule(), &s->found_inf));
   }
+};
+
+/// @brief Issue 45: optax.adamw's step as fusedopt_jax compiles it (integrations/jax: the fused
+/// form, in place), every slot fp32: adam_fp32's 28 bytes per element, with Optax's order of
+/// operations (three IEEE divisions an element where fusedopt's Adam has one). Beside adam_fp32
+/// it shows what Optax's formula costs the kernel (docs/jax.md, "W4 and W2 at the kernel").
+struct optax_adamw_fp32 : adam_fp32 {
+  static constexpr char const* name = "optax_adamw_fp32";
+  static auto rule(step_scalars* s) { return fusedopt_jax::make_adam<true>(s->optax_hyper); }
 };
 
 /// True when `Case::rule` takes the step's scalars.

@@ -528,6 +528,8 @@ int main(int argc, char** argv)
     register_step<fb::lamb_fp32>(w, g_tuning);
     register_step<fb::amp_adam_fp32>(w, g_tuning);
   }
+  // Issue 45: Optax's AdamW as fusedopt_jax runs it, where XLA's own fusion is the peer.
+  for (auto const& w : {fb::w2(), fb::w4()}) { register_step<fb::optax_adamw_fp32>(w, g_tuning); }
   if (transports) {
     for (auto const& w : fb::all_workloads()) {
       for (auto t : {fo::cuda::transport::device_table, fo::cuda::transport::param_32k, fo::cuda::transport::param_4k}) {

@@ -242,7 +242,10 @@ def test_leaves_split_over_calls_match_one_call(monkeypatch, factory, kwargs):
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="command buffers are CUDA graphs")
-def test_command_buffers_replay_without_the_handler(monkeypatch):
+@pytest.mark.parametrize("factory,kwargs", [(fj.adamw, dict(learning_rate=1e-2, weight_decay=0.1)),
+                                            (fj.lamb, dict(learning_rate=1e-2, weight_decay=0.1))],
+                         ids=["adamw", "lamb"])
+def test_command_buffers_replay_without_the_handler(monkeypatch, factory, kwargs):
     # COMMAND_BUFFERS: the calls go to the handler registered command-buffer compatible. Six
     # consecutive calls (12 leaves, 2 a call) reach XLA's default minimum of five for a command
     # buffer; with the parameters donated and the same gradient arrays every step, the addresses
@@ -254,21 +257,22 @@ def test_command_buffers_replay_without_the_handler(monkeypatch):
     grads = [make_grads(params, steps=1)[0]] * 8
     monkeypatch.setattr(fj_core, "LEAVES_PER_CALL", 2)
     monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", False)
-    plain, plain_state = run_fused_form(fj.adamw(1e-2, weight_decay=0.1), params, grads)
+    plain, plain_state = run_fused_form(factory(**kwargs), params, grads)
     monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", True)
-    tx = fj.adamw(1e-2, weight_decay=0.1)
+    tx = factory(**kwargs)
     before = fj_core.handler_calls()
     graph, graph_state = run_fused_form(tx, params, grads)
     calls = fj_core.handler_calls() - before
     assert bitwise_fraction(graph, plain) == 1.0 and bitwise_fraction(graph_state, plain_state) == 1.0
     assert calls <= 2 * 6, (f"the handler ran {calls} times for {6 * len(grads)} calls: XLA did not replay a "
                             "command buffer")
-    # New addresses (two parameter sets, not donated): a recording per set, each replayed with
-    # its own plan; the results are the plain handler's for either set, in any order.
+    # New addresses (two parameter sets, not donated): a recording per set, replayed in any order
+    # through one plan whose replays write their own addresses into its table (LAMB: and share
+    # its workspace); the results are the plain handler's for either set.
     other = jax.tree.map(lambda x: x * 0.5, params)
     states = {0: tx.init(params), 1: tx.init(other)}
     monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", False)
-    plain_step = jax.jit(fj.adamw(1e-2, weight_decay=0.1).step)
+    plain_step = jax.jit(factory(**kwargs).step)
     expected = {0: plain_step(params, grads[0], states[0]), 1: plain_step(other, grads[0], states[1])}
     monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", True)  # read when `step` is traced (its first call)
     step = jax.jit(tx.step)
