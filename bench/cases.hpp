@@ -2,9 +2,9 @@
 /// @brief The optimizer cases of the benchmarks (Adam fp32; AdamW with bf16 params/grads and
 /// fp32 states; SGD with momentum fp32; issue 5: AdamW + global-norm clipping, LAMB, AMP
 /// unscale + skip + Adam; issue 45: Optax's AdamW as fusedopt_jax runs it), the packed memory
-/// layout of a slot, and the random values the slots start with. Shared by host_bench.cpp and cuda_bench.cu so both backends
-/// run the same rules on the same layout and data; torch_peers.py uses the same
-/// hyperparameters.
+/// layout of a slot, and the random values the slots start with. Shared by host_bench.cpp and
+/// cuda_bench.cu so both backends run the same rules on the same layout and data;
+/// torch_peers.py uses the same hyperparameters.
 #pragma once
 
 #include <array>
