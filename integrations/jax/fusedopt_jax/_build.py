@@ -19,7 +19,8 @@ folder renamed into place when it succeeded, under a lock (concurrent processes 
 Environment:
   FUSEDOPT_JAX_CACHE        the cache folder
   FUSEDOPT_JAX_NVCC         nvcc (default: $CUDA_HOME/bin/nvcc, nvcc on PATH, /usr/local/cuda/bin/nvcc)
-  FUSEDOPT_JAX_CUDA_ARCHS   CUDA architectures, comma-separated (default 90)
+  FUSEDOPT_JAX_CUDA_ARCHS   CUDA architectures, comma-separated (default: this machine's GPUs as
+                            nvidia-smi reports them, else 90); PTX of the newest is embedded too
   FUSEDOPT_JAX_JOBS         parallel compiles (default: the cores)
   CXX                       the C++ compiler (default g++)
   FUSEDOPT_JAX_VERBOSE      1: print the commands
@@ -83,8 +84,44 @@ def cxx() -> str:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
 
 
+def _local_archs():
+    """The compute capabilities of this machine's GPUs as nvidia-smi reports them ("9.0" -> "90"),
+    sorted and without repeats; empty when nvidia-smi is absent or says nothing usable."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = set()
+    for line in out.splitlines():
+        major, dot, minor = line.strip().partition(".")
+        if dot and major.isdigit() and minor.isdigit():
+            found.add(major + minor)
+    return sorted(found, key=int)
+
+
 def archs():
-    return [a.strip() for a in os.environ.get("FUSEDOPT_JAX_CUDA_ARCHS", "90").split(",") if a.strip()]
+    """FUSEDOPT_JAX_CUDA_ARCHS, else this machine's GPUs, else 90 (Hopper)."""
+    explicit = os.environ.get("FUSEDOPT_JAX_CUDA_ARCHS")
+    if explicit is not None:
+        chosen = [a.strip() for a in explicit.split(",") if a.strip()]
+        bad = [a for a in chosen if not a.isdigit()]
+        if bad or not chosen:
+            raise BuildError(f"fusedopt_jax: FUSEDOPT_JAX_CUDA_ARCHS must be compute capabilities such as 80,90 "
+                             f"(comma-separated digits), not {explicit!r}")
+        return sorted(set(chosen), key=int)
+    return _local_archs() or ["90"]
+
+
+def _gencode_flags():
+    """Machine code for every architecture, and PTX of the newest one, which the driver compiles
+    for a newer GPU than any listed."""
+    chosen = archs()
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in chosen[:-1]]
+    return flags + [f"-gencode=arch=compute_{chosen[-1]},code=[sm_{chosen[-1]},compute_{chosen[-1]}]"]
 
 
 # -ffp-contract=off / -fmad=false: every multiply and add rounded on its own, as the rules are
@@ -93,10 +130,8 @@ CXX_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-ffp-contract
 
 
 def _nvcc_flags():
-    flags = ["-O3", "-std=c++17", "-fmad=false", "-Xcompiler=-fPIC,-fvisibility=hidden,-fno-math-errno", "-DNDEBUG"]
-    for a in archs():
-        flags.append(f"-gencode=arch=compute_{a},code=sm_{a}")
-    return flags
+    return ["-O3", "-std=c++17", "-fmad=false", "-Xcompiler=-fPIC,-fvisibility=hidden,-fno-math-errno",
+            "-DNDEBUG"] + _gencode_flags()
 
 
 def _cuda_include():
@@ -130,7 +165,7 @@ def commands(platform: str, ffi_include: Path, work: Path):
     objects.append(obj)
     output = work / f"libfusedopt_jax_{platform}.so"
     if cuda:
-        link = [nvcc(), "-shared", "-cudart", "static"] + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs()]
+        link = [nvcc(), "-shared", "-cudart", "static"] + _gencode_flags()
         link += [str(o) for o in objects] + ["-o", str(output)]
     else:
         link = [cxx(), "-shared"] + [str(o) for o in objects] + ["-o", str(output)]

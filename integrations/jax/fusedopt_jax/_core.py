@@ -160,7 +160,7 @@ def _call(kind, hyper, params, grads, states, inplace):
     p_leaves = [jnp.asarray(x) for x in p_leaves]
     g_leaves = [jnp.asarray(x) for x in g_leaves]
     s_leaves = [[jnp.asarray(x) for x in leaves] for leaves in s_leaves]
-    first_types = []
+    first_types, leaf_types = [], []
     for i, (p, g) in enumerate(zip(p_leaves, g_leaves)):
         where = _Where(params, i)
         if p.dtype not in _SUPPORTED:
@@ -178,8 +178,16 @@ def _call(kind, hyper, params, grads, states, inplace):
                 raise TypeError(f"fusedopt_jax: {where}: state {name} dtype {s.dtype} is not supported with a {p.dtype} "
                                 "parameter (float32, or bfloat16 with a bfloat16 parameter)")
             types.append(s.dtype)
+        leaf_types.append(types)
         promoted = jnp.bfloat16 if all(t == jnp.bfloat16 for t in types) else jnp.float32
         first_types.append(p.dtype if inplace else jnp.dtype(promoted))
+    combos = {"/".join(str(t) for t in types) for types, p in zip(leaf_types, p_leaves) if p.size}
+    if kind == _CLIP_ADAM and len(combos) > 1:
+        # The handler runs a plan per combination of element types, and a plan's reduction sees
+        # its own leaves only: each group would be clipped by its own norm, not the global one.
+        raise TypeError("fusedopt_jax: clip_adamw needs one combination of parameter/state dtypes for every leaf "
+                        f"(its global norm is computed within one), not {len(combos)}: {', '.join(sorted(combos))}. "
+                        "Use optax.chain(optax.clip_by_global_norm(max_norm), fusedopt_jax.adamw(...)) instead")
     _register_for(p_leaves + g_leaves)
     k = len(states)
     first_out, state_outs = [], [[] for _ in range(k)]

@@ -355,6 +355,13 @@ def test_bad_input_raises_clear_errors():
         tx.update(bad_shape, state, params)
     with pytest.raises(ValueError, match="parameters"):
         tx.update(grads, state)
+    # clip_adamw's global norm is computed within one combination of dtypes: a pytree of float32
+    # and bfloat16 parameters (float32 states) is refused rather than clipped group by group.
+    mixed = dict(params, w0=params["w0"].astype(jnp.bfloat16))
+    clip = fj.clip_adamw(1e-3, max_norm=1.0, state_dtype=jnp.float32)
+    mixed_grads = dict(grads, w0=grads["w0"].astype(jnp.bfloat16))
+    with pytest.raises(TypeError, match="clip_adamw needs one combination"):
+        clip.update(mixed_grads, clip.init(mixed), mixed)
 
 
 @pytest.mark.skipif(os.environ.get("FUSEDOPT_JAX_SKIP_CPU") == "1", reason="FUSEDOPT_JAX_SKIP_CPU=1")
