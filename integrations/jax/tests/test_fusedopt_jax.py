@@ -266,9 +266,9 @@ def test_command_buffers_replay_without_the_handler(monkeypatch, factory, kwargs
     assert bitwise_fraction(graph, plain) == 1.0 and bitwise_fraction(graph_state, plain_state) == 1.0
     assert calls <= 2 * 6, (f"the handler ran {calls} times for {6 * len(grads)} calls: XLA did not replay a "
                             "command buffer")
-    # New addresses (two parameter sets, not donated): a recording per set, replayed in any order
-    # through one plan whose replays write their own addresses into its table (LAMB: and share
-    # its workspace); the results are the plain handler's for either set.
+    # New addresses (two parameter sets, not donated): a recording per set, each replayed with
+    # its own plan (LAMB: its own workspace too); the results are the plain handler's for either
+    # set, in any order.
     other = jax.tree.map(lambda x: x * 0.5, params)
     states = {0: tx.init(params), 1: tx.init(other)}
     monkeypatch.setattr(fj_core, "COMMAND_BUFFERS", False)
