@@ -28,6 +28,7 @@ Environment:
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -84,6 +85,7 @@ def cxx() -> str:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
 
 
+@functools.lru_cache(maxsize=None)
 def _local_archs():
     """The compute capabilities of this machine's GPUs as nvidia-smi reports them ("9.0" -> "90"),
     sorted and without repeats; empty when nvidia-smi is absent or says nothing usable."""
@@ -100,7 +102,7 @@ def _local_archs():
         major, dot, minor = line.strip().partition(".")
         if dot and major.isdigit() and minor.isdigit():
             found.add(major + minor)
-    return sorted(found, key=int)
+    return tuple(sorted(found, key=int))
 
 
 def archs():
@@ -113,7 +115,7 @@ def archs():
             raise BuildError(f"fusedopt_jax: FUSEDOPT_JAX_CUDA_ARCHS must be compute capabilities such as 80,90 "
                              f"(comma-separated digits), not {explicit!r}")
         return sorted(set(chosen), key=int)
-    return _local_archs() or ["90"]
+    return list(_local_archs()) or ["90"]
 
 
 def _gencode_flags():

@@ -181,10 +181,13 @@ def _call(kind, hyper, params, grads, states, inplace):
         leaf_types.append(types)
         promoted = jnp.bfloat16 if all(t == jnp.bfloat16 for t in types) else jnp.float32
         first_types.append(p.dtype if inplace else jnp.dtype(promoted))
-    combos = {"/".join(str(t) for t in types) for types, p in zip(leaf_types, p_leaves) if p.size}
-    if kind == _CLIP_ADAM and len(combos) > 1:
-        # The handler runs a plan per combination of element types, and a plan's reduction sees
-        # its own leaves only: each group would be clipped by its own norm, not the global one.
+    # The handler runs a plan per combination of element types, and a plan's reduction sees its
+    # own leaves only: clip_adamw's groups would each be clipped by their own norm, not the global
+    # one. (The fix at depth is one reduction over every group in the handler.)
+    combos = set()
+    if kind == _CLIP_ADAM:
+        combos = {"/".join(map(str, t)) for t, p in zip(leaf_types, p_leaves) if p.size}
+    if len(combos) > 1:
         raise TypeError("fusedopt_jax: clip_adamw needs one combination of parameter/state dtypes for every leaf "
                         f"(its global norm is computed within one), not {len(combos)}: {', '.join(sorted(combos))}. "
                         "Use optax.chain(optax.clip_by_global_norm(max_norm), fusedopt_jax.adamw(...)) instead")
