@@ -138,7 +138,15 @@ void record(double seconds, bool bound)
 struct device_guard {
   int previous;
   explicit device_guard(int device) : previous(set_device(device)) {}
-  ~device_guard() { set_device(previous); }
+  // A destructor must not throw (std::terminate): a failed restore leaves the error to the
+  // runtime's next call.
+  ~device_guard()
+  {
+    try {
+      set_device(previous);
+    } catch (...) {
+    }
+  }
   device_guard(device_guard const&) = delete;
   device_guard& operator=(device_guard const&) = delete;
 };
@@ -149,9 +157,11 @@ std::atomic<long>& handler_calls()
   return calls;
 }
 
+// A function-try-block: nothing thrown (a CUDA error in copy_async, an allocation) may cross
+// XLA's C interface; it becomes the call's error, a Python exception.
 ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
                 ffi::RemainingRets rets)
-{
+try {
   auto const started = std::chrono::steady_clock::now();
   handler_calls().fetch_add(1, std::memory_order_relaxed);
   if (kind_value < 0 || kind_value >= num_kinds) { return fail("unknown optimizer kind " + std::to_string(kind_value)); }
@@ -252,6 +262,10 @@ ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_
     return fail(e.what());
   }
   return ffi::Error::Success();
+} catch (std::exception const& e) {
+  return fail(e.what());
+} catch (...) {
+  return fail("an unknown C++ exception");
 }
 
 #if FUSEDOPT_JAX_CUDA
