@@ -19,12 +19,16 @@ adds inside a jitted training step, without any dispatch (the headline figure on
 dispatch of 8000 arrays is 50 ms a call whatever the optimizer), "per
 call" calls the step once a step (jax dispatches every leaf: about 1-2 us an array), both through
 the AOT Compiled object and through the jitted function (jax's C++ dispatch, what a loop calls);
-jax.block_until_ready after the last step of each timed batch. Compile: lower + compile of the
+jax.block_until_ready after the last step of each timed batch. Device time (--device-time N,
+default 20): N per-call steps under jax.profiler.trace, the kernels' and copies' durations on the
+GPU's streams summed and divided by N (the device's work a step, without the gaps the host leaves
+between kernels: what the step costs where a training step keeps the GPU busy). Compile: lower + compile of the
 jitted step. Memory: the device's bytes in use after the
 loop and, with --isolate (each case in a process of its own), its peak.
 
 Usage: python3 bench/compare_optax.py [--workloads W1,W3] [--cases adamw_fp32] [--variants optax_donated,fj_fused]
-       [--isolate] [--leaves N] [--no-loop | --loop-only] [--long-loop 60] [--json out.json] [--min-seconds 0.3]
+       [--isolate] [--leaves N] [--no-loop | --loop-only] [--long-loop 60] [--device-time 20] [--json out.json]
+       [--min-seconds 0.3]
 --leaves N takes each workload's first N tensors (how the per-call time grows with the leaf
 count); --no-loop measures per call alone (W3's looped programs take minutes to compile).
 Needs jax with a GPU (runs on whatever jax's default backend is), optax and fusedopt_jax
@@ -62,7 +66,48 @@ def _persistent_compile_cache(jax):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per_call_too=True, long_loop=0):
+def profiled_device_time(jax, run, steps):
+    """The device's time a step: `run(steps)` under jax.profiler.trace (a Perfetto trace), the
+    durations of every event on the GPU's "Stream" lines summed and divided by `steps`. Returns
+    (us a step, events a step, {line: us a step}, [(kernel, us a step)] of the five longest)."""
+    import glob
+    import gzip
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            run(steps)
+        found = glob.glob(os.path.join(folder, "**", "*perfetto_trace.json.gz"), recursive=True)
+        if not found:
+            raise RuntimeError(f"jax.profiler wrote no Perfetto trace under {folder}")
+        with gzip.open(found[0], "rt") as f:
+            data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    processes, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    lines, kernels, count = {}, {}, 0
+    for e in events:
+        if e.get("ph") != "X" or "GPU" not in processes.get(e.get("pid"), "").upper():
+            continue
+        line = threads.get((e.get("pid"), e.get("tid")), "?")
+        dur = float(e.get("dur", 0.0))
+        lines[line] = lines.get(line, 0.0) + dur
+        if line.startswith("Stream"):
+            kernels[e.get("name", "?")] = kernels.get(e.get("name", "?"), 0.0) + dur
+            count += 1
+    if not kernels:
+        raise RuntimeError(f"no GPU stream events in the trace; lines: {sorted(lines)[:10]}, "
+                           f"processes: {sorted(set(processes.values()))[:10]}")
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:5]
+    return (sum(kernels.values()) / steps, count / steps, {k: v / steps for k, v in lines.items()},
+            [(name[:120], us / steps) for name, us in top])
+
+
+def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per_call_too=True, long_loop=0,
+            device_steps=20):
     import jax
     _persistent_compile_cache(jax)
     import jax.numpy as jnp
@@ -151,14 +196,29 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per
         jax.block_until_ready((params, state))
         jit_first_s = time.perf_counter() - t0
         jit_dispatch_us, _ = per_call(jitted)
+    device_us, device_events, device_detail = float("nan"), float("nan"), {}
+    if per_call_too and device_steps > 0:
+        def run(n):
+            nonlocal params, state
+            for _ in range(n):
+                params, state = jitted(params, grads, state)
+            jax.block_until_ready((params, state))
+        try:
+            device_us, device_events, lines, top = profiled_device_time(jax, run, device_steps)
+            device_detail = dict(device_lines_us=lines, device_top_kernels_us=top)
+        except Exception as e:  # the wall times stand without it
+            device_detail = dict(device_error=f"{type(e).__name__}: {e}"[:1000])
+            print(f"  device time: {device_detail['device_error']}", flush=True)
     # Printed now: on W3 (2000 leaves) the looped program's compile below takes minutes for Optax.
     print(f"  {workload} {case} {variant}: {len(sizes)} leaves, compile {compile_s:.2f} s, per call "
-          f"{dispatch_us:.1f} us (Compiled) / {jit_dispatch_us:.1f} us (jit; its first call {jit_first_s:.2f} s)"
+          f"{dispatch_us:.1f} us (Compiled) / {jit_dispatch_us:.1f} us (jit; its first call {jit_first_s:.2f} s), "
+          f"device {device_us:.1f} us ({device_events:.0f} kernels and copies)"
           + ("; compiling the loop ..." if looped_too else ""), flush=True)
     elements = sum(sizes)
     row = dict(workload=workload, case=case, variant=variant, tensors=len(sizes), elements=elements,
                step_us=float("nan"), dispatch_step_us=dispatch_us, jit_dispatch_step_us=jit_dispatch_us,
-               jit_first_call_s=jit_first_s, loop_copies=-1, steps=steps, compile_s=compile_s,
+               jit_first_call_s=jit_first_s, device_step_us=device_us, device_events_per_step=device_events,
+               **device_detail, loop_copies=-1, steps=steps, compile_s=compile_s,
                loop_compile_s=float("nan"), hlo_copies=copies, hlo_fusions=fusions, hlo_custom_calls=custom_calls,
                backend=jax.default_backend(), device=str(jax.devices()[0].device_kind))
 
@@ -202,33 +262,37 @@ def run_one(workload, case, variant, min_seconds, leaves=0, looped_too=True, per
 
 def table(rows):
     out = ["| workload | case | variant | step in a loop (us) | vs optax_donated | marginal step in a loop (us) | vs "
-           "optax_donated | step per call (us): Compiled / jit | compile (s) | HLO copies (call / loop) | fusions | "
+           "optax_donated | device time a step (us) | vs optax_donated | step per call (us): Compiled / jit | compile (s) | HLO copies (call / loop) | fusions | "
            "peak MiB |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     def base_of(key):
         return {(r["workload"], r["case"]): r.get(key, nan) for r in rows if r["variant"] == "optax_donated"}
-    base, base_marginal = base_of("step_us"), base_of("loop_marginal_us")
+    base, base_marginal, base_device = base_of("step_us"), base_of("loop_marginal_us"), base_of("device_step_us")
     def ratio(b, x):
         return f"{b / x:.2f}x" if b == b and x == x and b and x else "-"
     for r in rows:
         key = (r["workload"], r["case"])
         marginal = r.get("loop_marginal_us", nan)
+        device = r.get("device_step_us", nan)
         peak = r.get("peak_bytes_in_use")
         out.append(f"| {r['workload']} | {r['case']} | {r['variant']} | {r['step_us']:.1f} | "
                    f"{ratio(base.get(key, nan), r['step_us'])} | {marginal:.1f} | "
-                   f"{ratio(base_marginal.get(key, nan), marginal)} | "
+                   f"{ratio(base_marginal.get(key, nan), marginal)} | {device:.1f} | "
+                   f"{ratio(base_device.get(key, nan), device)} | "
                    f"{r['dispatch_step_us']:.1f} / {r.get('jit_dispatch_step_us', nan):.1f} | {r['compile_s']:.2f} | "
                    f"{r['hlo_copies']} / {r['loop_copies']} | {r['hlo_fusions']} | "
                    f"{'-' if peak is None else f'{peak / 2**20:.0f}'} |")
-    lines = ["", "Targets (issue 45, fj_fused against optax_donated; in a loop of 10 / marginal):"]
+    lines = ["", "Targets (issue 45, fj_fused against optax_donated; in a loop of 10 / marginal / device time):"]
     for (w, c), t in TARGETS.items():
         fused = [r for r in rows if (r["workload"], r["case"], r["variant"]) == (w, c, "fj_fused")]
         if fused and base.get((w, c)):
             s = base[(w, c)] / fused[0]["step_us"]
             m = base_marginal.get((w, c), nan) / fused[0].get("loop_marginal_us", nan)
-            lines.append(f"- {w} {c}: {s:.2f}x / {m:.2f}x (target >= {t}x): {'met' if s >= t else 'NOT met'} / "
-                         f"{'met' if m >= t else ('NOT met' if m == m else '-')}")
+            d = base_device.get((w, c), nan) / fused[0].get("device_step_us", nan)
+            verdict = lambda x: "met" if x >= t else ("NOT met" if x == x else "-")  # noqa: E731
+            lines.append(f"- {w} {c}: {s:.2f}x / {m:.2f}x / {d:.2f}x (target >= {t}x): {verdict(s)} / {verdict(m)} / "
+                         f"{verdict(d)}")
     return "\n".join(out + lines)
 
 
@@ -246,12 +310,14 @@ def main():
     ap.add_argument("--loop-only", action="store_true", help="skip the per-call timing (and its compile)")
     ap.add_argument("--long-loop", type=int, default=0, help="also run N steps a call in the loop: the marginal "
                     "cost of a step in the loop, without the call's dispatch ((T(N) - T(10)) / (N - 10))")
+    ap.add_argument("--device-time", type=int, default=20, help="profile N per-call steps (jax.profiler) for the "
+                    "device's time a step; 0: skip")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         w, c, v = args.one.split(":")
         print("ROW " + json.dumps(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop,
-                                         not args.loop_only, args.long_loop)), flush=True)
+                                         not args.loop_only, args.long_loop, args.device_time)), flush=True)
         return
     unknown = set(args.variants.split(",")) - set(VARIANTS + EXTRA_VARIANTS)
     if unknown:
@@ -264,7 +330,8 @@ def main():
                     if args.isolate:
                         done = subprocess.run([sys.executable, __file__, "--one", f"{w}:{c}:{v}", "--min-seconds",
                                                str(args.min_seconds), "--leaves", str(args.leaves),
-                                               "--long-loop", str(args.long_loop)]
+                                               "--long-loop", str(args.long_loop),
+                                               "--device-time", str(args.device_time)]
                                               + (["--no-loop"] if args.no_loop else [])
                                               + (["--loop-only"] if args.loop_only else []), capture_output=True, text=True,
                                               env=dict(os.environ))
@@ -274,10 +341,11 @@ def main():
                         rows.append(row[0])
                     else:
                         rows.append(run_one(w, c, v, args.min_seconds, args.leaves, not args.no_loop,
-                                           not args.loop_only, args.long_loop))
+                                           not args.loop_only, args.long_loop, args.device_time))
                     r = rows[-1]
                     print(f"{w} {c} {v}: {r['step_us']:.1f} us/step in a loop "
                           f"(marginal {r.get('loop_marginal_us', float('nan')):.1f}), {r['dispatch_step_us']:.1f} per call, "
+                          f"device {r.get('device_step_us', float('nan')):.1f}, "
                           f"compile {r['compile_s']:.2f} s (loop {r['loop_compile_s']:.2f} s), {r['hlo_copies']} / {r['loop_copies']} copies",
                           flush=True)
                 except Exception as e:  # keep the other cases

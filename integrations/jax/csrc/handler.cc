@@ -243,23 +243,19 @@ try {
   }
   if (first == nullptr) { return ffi::Error::Success(); }  // nothing to update
 
-  try {
-    int const device = device_of(first);
-    device_guard guard(device);
-    plan_cache& c = cache();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    bool bound = false;
-    for (auto& [key, leaves] : groups) {
-      std::unique_ptr<runner>& r = c.runners[cache_key(device, key, leaves)];
-      if (!r) { r = make_runner(key); }
-      if (!r) { return fail("this combination of element types is not compiled (parameters float32 or bfloat16, states float32 or the parameter's type)"); }
-      bound = r->run(leaves, hyper_data, stream) || bound;
-    }
-    if (profiler().every > 0) {
-      record(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), bound);
-    }
-  } catch (std::exception const& e) {
-    return fail(e.what());
+  int const device = device_of(first);
+  device_guard guard(device);
+  plan_cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  bool bound = false;
+  for (auto& [key, leaves] : groups) {
+    std::unique_ptr<runner>& r = c.runners[cache_key(device, key, leaves)];
+    if (!r) { r = make_runner(key); }
+    if (!r) { return fail("this combination of element types is not compiled (parameters float32 or bfloat16, states float32 or the parameter's type)"); }
+    bound = r->run(leaves, hyper_data, stream) || bound;
+  }
+  if (profiler().every > 0) {
+    record(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), bound);
   }
   return ffi::Error::Success();
 } catch (std::exception const& e) {
