@@ -71,16 +71,6 @@ FUSEDOPT_HOST_DEVICE T optax_sign(T x)
   return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x);
 }
 
-/// x / c with x's bits where that is the quotient's: a zero x over a positive c is x itself
-/// (the same signed zero). Skipping those divisions keeps zeros (an embedding's rows no batch
-/// has reached) off the IEEE division's slow path on the GPU; every other case divides.
-template <class T>
-FUSEDOPT_HOST_DEVICE T divide(T x, T c)
-{
-  if (x != T(0) || !(c > T(0))) { x = x / c; }
-  return x;
-}
-
 /// optax.add_decayed_weights: u + wd * p, skipped when wd is 0 (as Optax skips a constant 0).
 template <class E, class T>
 FUSEDOPT_HOST_DEVICE T decayed(E& e, T u, float wd)
@@ -109,9 +99,9 @@ struct adam_direction {
       T const v = static_cast<T>(c2) * (g * g) + static_cast<T>(b2) * e[fo::slot::exp_avg_sq];
       e[fo::slot::exp_avg] = m;
       e[fo::slot::exp_avg_sq] = v;
-      T const m_hat = divide(m, static_cast<T>(bc1));
-      T const v_hat = divide(v, static_cast<T>(bc2));
-      T const u = divide(m_hat, fo::math::sqrt(v_hat + static_cast<T>(eps_root)) + static_cast<T>(eps));
+      T const m_hat = m / static_cast<T>(bc1);
+      T const v_hat = v / static_cast<T>(bc2);
+      T const u = m_hat / (fo::math::sqrt(v_hat + static_cast<T>(eps_root)) + static_cast<T>(eps));
       e[fo::slot::update] = decayed(e, u, wd);
     }
   };
