@@ -1,6 +1,6 @@
 /// @file device.cc
 /// @brief The device helpers runner.hpp declares: CUDA runtime calls (compiled by nvcc with
-/// FUSEDOPT_JAX_CUDA=1), no-ops for the CPU library. Also make_runner, which picks the kind's unit.
+/// FUSEDOPT_JAX_CUDA=1), no-ops for the CPU library.
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -16,19 +16,6 @@
 
 namespace fusedopt_jax {
 namespace FUSEDOPT_JAX_BACKEND {
-
-std::unique_ptr<runner> make_runner(group_key const& key)
-{
-  switch (static_cast<kind>(key.kind)) {
-    case kind::sgd: return make_runner_sgd(key);
-    case kind::sgd_momentum: return make_runner_sgd_momentum(key);
-    case kind::adam: return make_runner_adam(key);
-    case kind::lion: return make_runner_lion(key);
-    case kind::lamb: return make_runner_lamb(key);
-    case kind::clip_adam: return make_runner_clip_adam(key);
-  }
-  return nullptr;
-}
 
 #if FUSEDOPT_JAX_CUDA
 // Both run while XLA may be capturing the stream (a command buffer's recording), where the

@@ -24,6 +24,8 @@
 ///
 /// FUSEDOPT_JAX_PROFILE=N (diagnosis): every N calls, the handler's mean host time per call and
 /// how many of those calls had to bind their leaves anew go to stderr.
+#include <dlfcn.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -73,9 +75,12 @@ bool to_dtype(ffi::DataType t, dtype& out)
 
 std::size_t width(dtype d) { return d == dtype::f32 ? 4 : 2; }
 
+/// The loaded units' factories (FusedoptJaxAddUnit) and the runners made by them, under one
+/// mutex: units are added while another thread's step may run.
 struct plan_cache {
   std::mutex mutex;
   std::map<std::string, std::unique_ptr<runner>> runners;
+  std::vector<unit_maker> units;
 };
 
 plan_cache& cache()
@@ -102,6 +107,17 @@ std::string cache_key(int device, group_key const& k, std::vector<leaf> const& l
 }
 
 ffi::Error fail(std::string message) { return ffi::Error::InvalidArgument("fusedopt_jax: " + std::move(message)); }
+
+char const* name_of(dtype d) { return d == dtype::f32 ? "float32" : "bfloat16"; }
+
+/// A runner for the group from the first loaded unit that makes one (under the cache's mutex).
+std::unique_ptr<runner> make_runner(plan_cache& c, group_key const& key)
+{
+  for (unit_maker make : c.units) {
+    if (runner* r = make(&key)) { return std::unique_ptr<runner>(r); }
+  }
+  return nullptr;
+}
 
 /// FUSEDOPT_JAX_PROFILE's counters (under the cache's mutex: calls are serialised there anyway).
 struct profile {
@@ -250,8 +266,13 @@ try {
   bool bound = false;
   for (auto& [key, leaves] : groups) {
     std::unique_ptr<runner>& r = c.runners[cache_key(device, key, leaves)];
-    if (!r) { r = make_runner(key); }
-    if (!r) { return fail("this combination of element types is not compiled (parameters float32 or bfloat16, states float32 or the parameter's type)"); }
+    if (!r) { r = make_runner(c, key); }
+    if (!r) {
+      return fail("no unit is loaded for optimizer kind " + std::to_string(key.kind) + (key.inplace ? ", fused form" : ", Optax's form") +
+                  ", parameters " + name_of(key.param) + ", states " + name_of(key.state1) + " / " + name_of(key.state2) +
+                  ": fusedopt_jax builds and loads the units a step needs when the step is traced; a program not traced in "
+                  "this process (deserialized) needs fusedopt_jax.register(units=\"all\") first");
+    }
     bound = r->run(leaves, hyper_data, stream) || bound;
   }
   if (profiler().every > 0) {
@@ -285,6 +306,35 @@ ffi::Error step_cpu(std::int64_t kind_value, bool inplace, std::int64_t n, ffi::
 extern "C" __attribute__((visibility("default"))) long FusedoptJaxHandlerCalls()
 {
   return fusedopt_jax::FUSEDOPT_JAX_BACKEND::handler_calls().load();
+}
+
+/// Loads the unit library at `path` (unit.cc, built by fusedopt_jax/_build.py for this backend)
+/// and adds its factory; it stays loaded for the life of the process. Returns 0, or 1 with the
+/// reason in `message` (at most `capacity` bytes, terminated).
+extern "C" __attribute__((visibility("default"))) int FusedoptJaxAddUnit(char const* path, char* message, int capacity)
+{
+  namespace backend = fusedopt_jax::FUSEDOPT_JAX_BACKEND;
+  auto const refuse = [&](std::string const& why) {
+    if (capacity > 0) { std::snprintf(message, static_cast<std::size_t>(capacity), "%s", why.c_str()); }
+    return 1;
+  };
+  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    char const* why = dlerror();
+    return refuse(why != nullptr ? why : "dlopen failed");
+  }
+  auto const make = reinterpret_cast<fusedopt_jax::unit_maker>(dlsym(library, fusedopt_jax::unit_maker_symbol));
+  if (make == nullptr) {
+    return refuse(std::string(path) + " has no " + fusedopt_jax::unit_maker_symbol + " (a unit of the other backend?)");
+  }
+  try {
+    backend::plan_cache& c = backend::cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.units.push_back(make);
+  } catch (std::exception const& e) {
+    return refuse(e.what());
+  }
+  return 0;
 }
 
 #if FUSEDOPT_JAX_CUDA

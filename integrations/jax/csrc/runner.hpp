@@ -1,7 +1,7 @@
 /// @file runner.hpp
 /// @brief The interface between the XLA FFI handler (handler.cc, which alone includes XLA's
-/// headers) and the fused steps (unit.cc, compiled once per optimizer kind, by nvcc for the
-/// CUDA library and by the C++ compiler for the CPU one). Nothing here includes CUDA or XLA:
+/// headers) and the fused steps (unit.cc, a shared library per optimizer kind, form and element
+/// types, by nvcc for the CUDA backend and by the C++ compiler for the CPU one). Nothing here includes CUDA or XLA:
 /// buffers are raw pointers, the stream a `void*` (a cudaStream_t on CUDA, unused on the CPU).
 #pragma once
 
@@ -66,17 +66,19 @@ class runner {
   virtual bool run(std::vector<leaf> const& leaves, float const* hyper, void* stream) = 0;
 };
 
-namespace FUSEDOPT_JAX_BACKEND {
-/// A runner for the group, or null where the combination of types is not compiled.
-std::unique_ptr<runner> make_runner(group_key const& key);
-// One per kind (unit.cc compiled with FUSEDOPT_JAX_KIND = the kind).
-std::unique_ptr<runner> make_runner_sgd(group_key const& key);
-std::unique_ptr<runner> make_runner_sgd_momentum(group_key const& key);
-std::unique_ptr<runner> make_runner_adam(group_key const& key);
-std::unique_ptr<runner> make_runner_lion(group_key const& key);
-std::unique_ptr<runner> make_runner_lamb(group_key const& key);
-std::unique_ptr<runner> make_runner_clip_adam(group_key const& key);
+/// A unit's export (unit.cc): a new runner for the group, or null where the group is another
+/// unit's. The symbol's name differs per backend, so that a unit of the other backend is refused.
+using unit_maker = runner* (*)(group_key const* key);
+#if FUSEDOPT_JAX_CUDA
+#define FUSEDOPT_JAX_UNIT_MAKER FusedoptJaxUnitMakeCuda
+#else
+#define FUSEDOPT_JAX_UNIT_MAKER FusedoptJaxUnitMakeCpu
+#endif
+#define FUSEDOPT_JAX_STRINGIFY2(x) #x
+#define FUSEDOPT_JAX_STRINGIFY(x) FUSEDOPT_JAX_STRINGIFY2(x)
+inline constexpr char const* unit_maker_symbol = FUSEDOPT_JAX_STRINGIFY(FUSEDOPT_JAX_UNIT_MAKER);
 
+namespace FUSEDOPT_JAX_BACKEND {
 /// CUDA only (device.cu): the device of a device pointer, make it current (returns the previous),
 /// and an asynchronous device-to-device copy on `stream`. The CPU library has no-op versions.
 int device_of(void const* pointer);

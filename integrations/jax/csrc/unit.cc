@@ -1,8 +1,12 @@
 /// @file unit.cc
-/// @brief The fused steps of one optimizer kind (FUSEDOPT_JAX_KIND, 0-5 as `kind`) for every
-/// combination of element types fusedopt_jax supports, on one backend: compiled by nvcc with
-/// FUSEDOPT_JAX_CUDA=1 (fusedopt's CUDA plans) or by the C++ compiler (its host plans). One
-/// translation unit per kind so that the six compile in parallel.
+/// @brief The fused step of one optimizer kind (FUSEDOPT_JAX_KIND, 0-5 as `kind`), one form
+/// (FUSEDOPT_JAX_INPLACE: 1 the fused step, 0 Optax's form) and one combination of element types
+/// (FUSEDOPT_JAX_PARAM, FUSEDOPT_JAX_STATE1, FUSEDOPT_JAX_STATE2: `dtype`'s values; a state the
+/// kind does not have takes the parameter's type), on one backend: compiled by nvcc with
+/// FUSEDOPT_JAX_CUDA=1 (fusedopt's CUDA plans) or by the C++ compiler (its host plans) into a
+/// shared library of its own, a "unit", which the handler's library loads (FusedoptJaxAddUnit)
+/// when a traced step needs it: a first step compiles the one combination it uses, not all 46
+/// (fusedopt_jax/_build.py, `all_units`).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -19,8 +23,9 @@
 
 #include "optax_rules.hpp"
 
-#ifndef FUSEDOPT_JAX_KIND
-#error "compile unit.cc with -DFUSEDOPT_JAX_KIND=<0..5>"
+#if !defined(FUSEDOPT_JAX_KIND) || !defined(FUSEDOPT_JAX_INPLACE) || !defined(FUSEDOPT_JAX_PARAM) || \
+    !defined(FUSEDOPT_JAX_STATE1) || !defined(FUSEDOPT_JAX_STATE2)
+#error "compile unit.cc with -DFUSEDOPT_JAX_KIND=<0..5> -DFUSEDOPT_JAX_INPLACE=<0|1> -DFUSEDOPT_JAX_PARAM=<0|1> -DFUSEDOPT_JAX_STATE1=<0|1> -DFUSEDOPT_JAX_STATE2=<0|1>"
 #endif
 
 namespace fusedopt_jax {
@@ -28,6 +33,10 @@ namespace FUSEDOPT_JAX_BACKEND {
 namespace {
 
 constexpr kind this_kind = static_cast<kind>(FUSEDOPT_JAX_KIND);
+constexpr bool this_inplace = FUSEDOPT_JAX_INPLACE != 0;
+constexpr dtype this_param = static_cast<dtype>(FUSEDOPT_JAX_PARAM);
+constexpr dtype this_state1 = static_cast<dtype>(FUSEDOPT_JAX_STATE1);
+constexpr dtype this_state2 = static_cast<dtype>(FUSEDOPT_JAX_STATE2);
 
 template <kind K>
 inline constexpr bool has_state1 = K != kind::sgd;
@@ -243,68 +252,44 @@ class runner_impl final : public runner {
   std::vector<leaf> bound_;  ///< the leaves plan_ is bound to (empty: none yet)
 };
 
-template <class T>
-struct type_tag {
-  using type = T;
-};
+template <dtype D>
+using type_of = std::conditional_t<D == dtype::f32, float, fo::bfloat16>;
 
-template <class F>
-std::unique_ptr<runner> with_type(dtype d, F&& f)
-{
-  switch (d) {
-    case dtype::f32: return f(type_tag<float>{});
-    case dtype::bf16: return f(type_tag<fo::bfloat16>{});
-  }
-  return nullptr;
-}
+static_assert(has_state1<this_kind> || this_state1 == this_param, "a kind without a first state compiles it as the parameter's type");
+static_assert(has_state2<this_kind> || this_state2 == this_param, "a kind without a second state compiles it as the parameter's type");
+static_assert(this_param == dtype::bf16 || (this_state1 == dtype::f32 && this_state2 == dtype::f32),
+              "a float32 parameter has float32 states (fusedopt_jax/_core.py refuses others)");
 
-/// The types of states a kind does not bind are taken as the parameter's, and the fused form's
-/// update as the promoted type, so that each combination is compiled once.
+/// The runner of this unit's combination, or null for another group (the types of states a
+/// kind does not bind are the parameter's; Optax's form writes the promoted type).
 std::unique_ptr<runner> make(group_key const& key)
 {
   dtype const s1 = has_state1<this_kind> ? key.state1 : key.param;
   dtype const s2 = has_state2<this_kind> ? key.state2 : key.param;
-  bool const all_bf16 = key.param == dtype::bf16 && s1 == dtype::bf16 && s2 == dtype::bf16;
-  dtype const promoted = all_bf16 ? dtype::bf16 : dtype::f32;
-  if (!key.inplace && key.update != promoted) { return nullptr; }
-  return with_type(key.param, [&](auto p) {
-    return with_type(s1, [&](auto a) {
-      return with_type(s2, [&](auto b) {
-        using P = typename std::decay_t<decltype(p)>::type;
-        using S1 = typename std::decay_t<decltype(a)>::type;
-        using S2 = typename std::decay_t<decltype(b)>::type;
-        // Optax's update type: bfloat16 where every list is, float otherwise (jnp's promotion).
-        constexpr bool bf16_only =
-            std::is_same_v<P, fo::bfloat16> && std::is_same_v<S1, fo::bfloat16> && std::is_same_v<S2, fo::bfloat16>;
-        using U = std::conditional_t<bf16_only, fo::bfloat16, float>;
-        // Only the combinations Python sends (fusedopt_jax/_core.py): an fp32 parameter has fp32 states.
-        if constexpr (std::is_same_v<P, float> && !(std::is_same_v<S1, float> && std::is_same_v<S2, float>)) {
-          return std::unique_ptr<runner>{};
-        } else if (key.inplace) {
-          return std::unique_ptr<runner>{std::make_unique<runner_impl<true, P, S1, S2, U>>()};
-        } else {
-          return std::unique_ptr<runner>{std::make_unique<runner_impl<false, P, S1, S2, U>>()};
-        }
-      });
-    });
-  });
+  if (key.kind != static_cast<int>(this_kind) || key.inplace != this_inplace || key.param != this_param ||
+      s1 != this_state1 || s2 != this_state2) {
+    return nullptr;
+  }
+  using P = type_of<this_param>;
+  using S1 = type_of<this_state1>;
+  using S2 = type_of<this_state2>;
+  // Optax's update type: bfloat16 where every list is, float otherwise (jnp's promotion).
+  constexpr bool bf16_only = this_param == dtype::bf16 && this_state1 == dtype::bf16 && this_state2 == dtype::bf16;
+  using U = std::conditional_t<bf16_only, fo::bfloat16, float>;
+  if (!this_inplace && key.update != (bf16_only ? dtype::bf16 : dtype::f32)) { return nullptr; }
+  return std::make_unique<runner_impl<this_inplace, P, S1, S2, U>>();
 }
 
 }  // namespace
 
-#if FUSEDOPT_JAX_KIND == 0
-std::unique_ptr<runner> make_runner_sgd(group_key const& key) { return make(key); }
-#elif FUSEDOPT_JAX_KIND == 1
-std::unique_ptr<runner> make_runner_sgd_momentum(group_key const& key) { return make(key); }
-#elif FUSEDOPT_JAX_KIND == 2
-std::unique_ptr<runner> make_runner_adam(group_key const& key) { return make(key); }
-#elif FUSEDOPT_JAX_KIND == 3
-std::unique_ptr<runner> make_runner_lion(group_key const& key) { return make(key); }
-#elif FUSEDOPT_JAX_KIND == 4
-std::unique_ptr<runner> make_runner_lamb(group_key const& key) { return make(key); }
-#else
-std::unique_ptr<runner> make_runner_clip_adam(group_key const& key) { return make(key); }
-#endif
-
 }  // namespace FUSEDOPT_JAX_BACKEND
 }  // namespace fusedopt_jax
+
+// The unit's one export (the library is built with -fvisibility=hidden): a new runner for `key`,
+// or null where the group is another unit's. C++ exceptions (allocation) reach the handler,
+// which calls through this pointer inside its own try.
+extern "C" __attribute__((visibility("default"))) fusedopt_jax::runner* FUSEDOPT_JAX_UNIT_MAKER(
+    fusedopt_jax::group_key const* key)
+{
+  return fusedopt_jax::FUSEDOPT_JAX_BACKEND::make(*key).release();
+}

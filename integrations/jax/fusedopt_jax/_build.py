@@ -1,20 +1,26 @@
-"""Compiles fusedopt_jax's XLA FFI handlers into a shared library per platform, cached by the hash
-of everything it is compiled from, safely across processes.
+"""Compiles fusedopt_jax's XLA FFI handler and its units into shared libraries, cached by the hash
+of everything each is compiled from, safely across processes.
 
-No jax here: run as ``python -m fusedopt_jax._build --platform cpu|cuda --ffi-include DIR`` it
-builds without importing jax (the run-gpu script builds first; a compile check needs only XLA's
-FFI headers). The package calls :func:`build` with ``jax.ffi.include_dir()``.
+No jax here: run as ``python -m fusedopt_jax._build --platform cpu|cuda --ffi-include DIR [--units
+all|none|NAMES]`` it builds without importing jax (the run-gpu script builds first; a compile
+check needs only XLA's FFI headers). The package calls :func:`build` with ``jax.ffi.include_dir()``
+and :func:`build_units` with the units a traced step needs.
 
-Library (``libfusedopt_jax_<platform>.so``): csrc/unit.cc six times (one optimizer kind each,
-compiled in parallel: nvcc for CUDA, the C++ compiler for the CPU), csrc/device.cc (the CUDA
-runtime calls, or their CPU no-ops) and csrc/handler.cc (the FFI handler, the only file that sees
-XLA's headers, compiled by the C++ compiler on both platforms). The CUDA runtime is linked
-statically (nvcc's default), so the library does not depend on where jax's CUDA wheels put theirs.
+Libraries, per platform (nvcc for CUDA sources, the C++ compiler for the CPU's and for the
+handler, which alone sees XLA's headers; the CUDA runtime linked statically, so nothing depends
+on where jax's CUDA wheels put theirs):
+  - the handler, ``libfusedopt_jax_<platform>.so``: csrc/handler.cc (the FFI handler) and
+    csrc/device.cc (the CUDA runtime calls, or their CPU no-ops). It steps nothing by itself;
+  - a unit per optimizer kind, form (fused or Optax's) and combination of element types
+    (``all_units``: 46), ``libfusedopt_jax_<platform>_<unit>.so``: csrc/unit.cc compiled for that
+    one combination, loaded into the handler by ``FusedoptJaxAddUnit``. A first step compiles
+    the handler and the units it uses (AdamW over float32: one), not every combination.
 
 Cache: ``$FUSEDOPT_JAX_CACHE`` (default ``$XDG_CACHE_HOME/fusedopt_jax`` or ``~/.cache/fusedopt_jax``),
-``<platform>-<key>/libfusedopt_jax_<platform>.so``; the key hashes the sources, fusedopt's headers,
-XLA's FFI headers, the commands and the compilers' ``--version``. A build happens in a private
-folder renamed into place when it succeeded, under a lock (concurrent processes wait for one build).
+a folder ``<platform>-<key>/`` per library; the key hashes the sources (fusedopt's headers and
+csrc/), XLA's FFI headers (the handler's), the commands and the compilers' ``--version``. A build
+happens in a private folder renamed into place when it succeeded, under a lock (concurrent
+processes wait for one build).
 
 Environment:
   FUSEDOPT_JAX_CACHE        the cache folder
@@ -44,7 +50,7 @@ PACKAGE = Path(__file__).resolve().parent
 CSRC = PACKAGE.parent / "csrc"
 INCLUDE = Path(os.environ.get("FUSEDOPT_JAX_INCLUDE", PACKAGE.parent.parent.parent / "include"))
 NUM_KINDS = 6
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 class BuildError(RuntimeError):
@@ -140,38 +146,78 @@ def _cuda_include():
     return Path(nvcc()).resolve().parent.parent / "include"
 
 
-def commands(platform: str, ffi_include: Path, work: Path):
-    """(compile commands, link command) for `platform` ('cpu' or 'cuda'), outputs under `work`."""
+# csrc/runner.hpp's `kind` and `dtype`; the states each kind binds.
+KIND_NAMES = ("sgd", "sgd_momentum", "adam", "lion", "lamb", "clip_adam")
+_KIND_STATES = (0, 1, 2, 1, 2, 2)
+_DTYPES = ("float32", "bfloat16")
+
+
+def unit_of(kind: int, inplace: bool, param: int, state1: int, state2: int) -> tuple:
+    """The unit (kind, inplace, param, state1, state2) that steps a group of these element types
+    (csrc/runner.hpp's `dtype` values: 0 float32, 1 bfloat16): a state the kind does not bind takes
+    the parameter's type, as csrc/unit.cc compiles it. Raises ValueError for a combination no unit
+    compiles (a float32 parameter with a bfloat16 state)."""
+    if not 0 <= kind < len(KIND_NAMES):
+        raise ValueError(f"fusedopt_jax: unknown optimizer kind {kind}")
+    states = _KIND_STATES[kind]
+    state1 = state1 if states >= 1 else param
+    state2 = state2 if states >= 2 else param
+    if any(t not in (0, 1) for t in (param, state1, state2)) or (param == 0 and (state1, state2) != (0, 0)):
+        raise ValueError(f"fusedopt_jax: no unit for parameters {param} with states {state1}/{state2} (dtype codes: "
+                         "0 float32, 1 bfloat16; a float32 parameter has float32 states)")
+    return (kind, bool(inplace), param, state1, state2)
+
+
+def all_units():
+    """Every unit fusedopt_jax can build: 23 combinations of kind and element types, two forms each."""
+    units = set()
+    for kind in range(len(KIND_NAMES)):
+        for inplace in (False, True):
+            for param in (0, 1):
+                for state1 in (0, 1):
+                    for state2 in (0, 1):
+                        try:
+                            units.add(unit_of(kind, inplace, param, state1, state2))
+                        except ValueError:
+                            pass
+    return sorted(units)
+
+
+def unit_name(unit) -> str:
+    """A unit's file-name part, e.g. adam-fused-bfloat16-float32-float32."""
+    kind, inplace, param, state1, state2 = unit
+    return "-".join([KIND_NAMES[kind], "fused" if inplace else "optax"] + [_DTYPES[t] for t in (param, state1, state2)])
+
+
+def _compile(platform: str, source: Path, obj: Path, defines, extra_includes=()):
     cuda = platform == "cuda"
-    define = f"-DFUSEDOPT_JAX_CUDA={1 if cuda else 0}"
-    inc = [f"-I{INCLUDE}", f"-I{CSRC}"]
-    compiles = []
-    objects = []
-    for k in range(NUM_KINDS):
-        obj = work / f"unit{k}.o"
-        if cuda:
-            compiles.append([nvcc()] + _nvcc_flags() + [define, f"-DFUSEDOPT_JAX_KIND={k}", "-x", "cu", "-c"] + inc +
-                            [str(CSRC / "unit.cc"), "-o", str(obj)])
-        else:
-            compiles.append([cxx()] + CXX_FLAGS + [define, f"-DFUSEDOPT_JAX_KIND={k}", "-c"] + inc +
-                            [str(CSRC / "unit.cc"), "-o", str(obj)])
-        objects.append(obj)
-    obj = work / "device.o"
-    if cuda:
-        compiles.append([nvcc()] + _nvcc_flags() + [define, "-x", "cu", "-c"] + inc + [str(CSRC / "device.cc"), "-o", str(obj)])
-    else:
-        compiles.append([cxx()] + CXX_FLAGS + [define, "-c"] + inc + [str(CSRC / "device.cc"), "-o", str(obj)])
-    objects.append(obj)
-    obj = work / "handler.o"
-    compiles.append([cxx()] + CXX_FLAGS + [define, "-c"] + inc + [f"-I{ffi_include}", str(CSRC / "handler.cc"), "-o", str(obj)])
-    objects.append(obj)
-    output = work / f"libfusedopt_jax_{platform}.so"
-    if cuda:
-        link = [nvcc(), "-shared", "-cudart", "static"] + _gencode_flags()
-        link += [str(o) for o in objects] + ["-o", str(output)]
-    else:
-        link = [cxx(), "-shared"] + [str(o) for o in objects] + ["-o", str(output)]
-    return compiles, link, output
+    inc = [f"-I{INCLUDE}", f"-I{CSRC}"] + [f"-I{d}" for d in extra_includes]
+    defines = [f"-DFUSEDOPT_JAX_CUDA={1 if cuda else 0}"] + list(defines)
+    if cuda and source.name != "handler.cc":  # the handler sees no CUDA header: the C++ compiler's
+        return [nvcc()] + _nvcc_flags() + defines + ["-x", "cu", "-c"] + inc + [str(source), "-o", str(obj)]
+    return [cxx()] + CXX_FLAGS + defines + ["-c"] + inc + [str(source), "-o", str(obj)]
+
+
+def _link(platform: str, objects, output: Path, libraries=()):
+    if platform == "cuda":  # the CUDA runtime statically: no dependence on where jax's wheels put it
+        return [nvcc(), "-shared", "-cudart", "static"] + _gencode_flags() + [str(o) for o in objects] + ["-o", str(output)] + list(libraries)
+    return [cxx(), "-shared"] + [str(o) for o in objects] + ["-o", str(output)] + list(libraries)
+
+
+def commands(platform: str, ffi_include: Path, work: Path, unit=None):
+    """(compile commands, link command, output) under `work`: the handler's library for `platform`
+    ('cpu' or 'cuda'; csrc/handler.cc and csrc/device.cc), or with `unit` that unit's library
+    (csrc/unit.cc compiled for one kind, form and combination of element types)."""
+    if unit is None:
+        compiles = [_compile(platform, CSRC / "device.cc", work / "device.o", []),
+                    _compile(platform, CSRC / "handler.cc", work / "handler.o", [], [ffi_include])]
+        output = work / f"libfusedopt_jax_{platform}.so"
+        return compiles, _link(platform, [work / "device.o", work / "handler.o"], output, ["-ldl"]), output
+    kind, inplace, param, state1, state2 = unit
+    defines = [f"-DFUSEDOPT_JAX_KIND={kind}", f"-DFUSEDOPT_JAX_INPLACE={int(inplace)}", f"-DFUSEDOPT_JAX_PARAM={param}",
+               f"-DFUSEDOPT_JAX_STATE1={state1}", f"-DFUSEDOPT_JAX_STATE2={state2}"]
+    output = work / f"libfusedopt_jax_{platform}_{unit_name(unit)}.so"
+    return [_compile(platform, CSRC / "unit.cc", work / "unit.o", defines)], _link(platform, [work / "unit.o"], output), output
 
 
 def _version(tool):
@@ -181,21 +227,35 @@ def _version(tool):
         raise BuildError(f"fusedopt_jax: cannot run the compiler {tool}: {e}") from e
 
 
-def build_key(platform: str, ffi_include: Path) -> str:
-    h = hashlib.sha256(f"fusedopt_jax build {BUILD_VERSION} {platform}".encode())
+@functools.lru_cache(maxsize=None)
+def _sources_digest() -> str:
+    """The hash of every source a library is compiled from (fusedopt's headers, csrc/), once a
+    process: the package's sources do not change under a running program."""
+    h = hashlib.sha256()
     for folder, patterns in ((INCLUDE, ("*.hpp", "*.cuh", "*.inl", "*.h")), (CSRC, ("*.hpp", "*.cc", "*.h"))):
         for p in sorted({p for pattern in patterns for p in Path(folder).rglob(pattern)}):
             h.update(str(p.relative_to(folder)).encode())
             h.update(p.read_bytes())
-    api = Path(ffi_include) / "xla" / "ffi" / "api"
-    for name in ("ffi.h", "api.h", "c_api.h"):
-        if (api / name).exists():
-            h.update((api / name).read_bytes())
-    compiles, link, _ = commands(platform, Path(ffi_include), Path("/work"))
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _compilers_digest(platform: str) -> str:
+    text = _version(cxx()) + (_version(nvcc()) if platform == "cuda" else "")
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_key(platform: str, ffi_include: Path, unit=None) -> str:
+    h = hashlib.sha256(f"fusedopt_jax build {BUILD_VERSION} {platform}".encode())
+    h.update(_sources_digest().encode())
+    if unit is None:  # only the handler sees XLA's headers
+        api = Path(ffi_include) / "xla" / "ffi" / "api"
+        for name in ("ffi.h", "api.h", "c_api.h"):
+            if (api / name).exists():
+                h.update((api / name).read_bytes())
+    compiles, link, _ = commands(platform, Path(ffi_include), Path("/work"), unit)
     h.update(json.dumps([c[1:] for c in compiles] + [link[1:]]).encode())
-    h.update(_version(cxx()).encode())
-    if platform == "cuda":
-        h.update(_version(nvcc()).encode())
+    h.update(_compilers_digest(platform).encode())
     return h.hexdigest()[:24]
 
 
@@ -204,31 +264,59 @@ def _announce(text):
         print(f"fusedopt_jax: {text}", file=sys.stderr, flush=True)
 
 
-def build(platform: str, ffi_include) -> Path:
-    """The path of the library for `platform` ('cpu' or 'cuda'), compiled against the XLA FFI headers
-    in `ffi_include` (``jax.ffi.include_dir()``) where the cache does not hold it yet."""
+def _check_platform(platform):
     if platform not in ("cpu", "cuda"):
         raise ValueError(f"fusedopt_jax: unknown platform {platform!r} (cpu or cuda)")
+
+
+def build(platform: str, ffi_include) -> Path:
+    """The path of the handler's library for `platform` ('cpu' or 'cuda'), compiled against the XLA
+    FFI headers in `ffi_include` (``jax.ffi.include_dir()``) where the cache does not hold it yet.
+    It steps nothing until units are added to it (build_unit, then its FusedoptJaxAddUnit)."""
+    _check_platform(platform)
     ffi_include = Path(ffi_include)
     if not (ffi_include / "xla" / "ffi" / "api" / "ffi.h").exists():
         raise BuildError(f"fusedopt_jax: {ffi_include}/xla/ffi/api/ffi.h not found (jax.ffi.include_dir())")
-    key = build_key(platform, ffi_include)
+    return _build_entry(platform, ffi_include, None, f"the {platform} handler")
+
+
+def build_unit(platform: str, unit) -> Path:
+    """The path of `unit`'s library (unit_of's tuple) for `platform`, compiled where the cache does
+    not hold it yet."""
+    _check_platform(platform)
+    unit = unit_of(*unit)
+    return _build_entry(platform, Path("/unused"), unit, f"the {platform} unit {unit_name(unit)}")
+
+
+def build_units(platform: str, units, jobs=None):
+    """build_unit for each of `units`, in parallel (FUSEDOPT_JAX_JOBS, default the cores); returns
+    their paths in order. The first failure is raised after the others finished."""
+    units = list(units)
+    jobs = jobs or int(os.environ.get("FUSEDOPT_JAX_JOBS", "0")) or (os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(units) or 1))) as pool:
+        futures = [pool.submit(build_unit, platform, u) for u in units]
+    return [f.result() for f in futures]
+
+
+def _build_entry(platform: str, ffi_include: Path, unit, what: str) -> Path:
+    """One library in the cache (``<platform>-<key>/``): built in a private folder renamed into
+    place when it succeeded, under a lock (concurrent processes wait for one build)."""
+    key = build_key(platform, ffi_include, unit)
     root = cache_root()
     entry = root / f"{platform}-{key}"
-    library = entry / f"libfusedopt_jax_{platform}.so"
-    if library.exists():
-        return library
+    _, _, output = commands(platform, ffi_include, entry, unit)
+    if output.exists():
+        return output
     with open(root / f"{platform}-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if library.exists():
-            return library
+        if output.exists():
+            return output
         work = Path(tempfile.mkdtemp(prefix=f".{platform}-", dir=root))
         try:
-            compiles, link, output = commands(platform, ffi_include, work)
-            _announce(f"compiling the {platform} handlers ({len(compiles)} files) ...")
+            compiles, link, built = commands(platform, ffi_include, work, unit)
+            _announce(f"compiling {what} ...")
             start = time.monotonic()
-            jobs = int(os.environ.get("FUSEDOPT_JAX_JOBS", "0")) or (os.cpu_count() or 1)
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
+            with ThreadPoolExecutor(max_workers=len(compiles)) as pool:
                 results = list(pool.map(_run, compiles))
             results.append(_run(link) if all(r.returncode == 0 for r in results) else None)
             log = "\n".join(" ".join(r.args) + "\n" + r.stdout + r.stderr for r in results if r is not None)
@@ -237,19 +325,20 @@ def build(platform: str, ffi_include) -> Path:
                 failed = root / "failed"
                 failed.mkdir(exist_ok=True)
                 (failed / f"{platform}-{key}.log").write_text(log)
-                raise BuildError(f"fusedopt_jax: the {platform} handlers did not compile; compiler output in "
+                raise BuildError(f"fusedopt_jax: {what} did not compile; compiler output in "
                                  f"{failed / f'{platform}-{key}.log'}\n{_tail(log)}", log=log)
             seconds = time.monotonic() - start
-            (work / "key.json").write_text(json.dumps(dict(platform=platform, seconds=seconds), indent=1))
-            assert output.exists()
+            (work / "key.json").write_text(json.dumps(dict(platform=platform, unit=unit and unit_name(unit),
+                                                           seconds=seconds), indent=1))
+            assert built.exists()
             if entry.exists():
                 shutil.rmtree(entry, ignore_errors=True)
             os.rename(work, entry)
-            _announce(f"compiled the {platform} handlers in {seconds:.1f} s")
+            _announce(f"compiled {what} in {seconds:.1f} s")
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
-    return library
+    return output
 
 
 def _run(command):
@@ -271,18 +360,36 @@ def build_seconds(path) -> float:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Build fusedopt_jax's FFI handlers into the cache.")
+    parser = argparse.ArgumentParser(description="Build fusedopt_jax's FFI handlers and units into the cache.")
     parser.add_argument("--platform", choices=("cpu", "cuda", "all"), default="all")
     parser.add_argument("--ffi-include", help="XLA FFI headers (default: jax.ffi.include_dir())")
+    parser.add_argument("--units", default="all", help="'all' (every unit, in parallel: what a machine that "
+                        "steps many kinds wants ahead), 'none' (the handler alone), or names as "
+                        "adam-fused-float32-float32-float32, comma-separated")
     args = parser.parse_args(argv)
     include = args.ffi_include
     if include is None:
         import jax  # only here: the build itself needs no jax
 
         include = jax.ffi.include_dir()
+    names = {unit_name(u): u for u in all_units()}
+    if args.units == "all":
+        units = all_units()
+    elif args.units == "none":
+        units = []
+    else:
+        unknown = [n for n in args.units.split(",") if n not in names]
+        if unknown:
+            parser.error(f"unknown units {unknown}; known: {', '.join(sorted(names))}")
+        units = [names[n] for n in args.units.split(",")]
     for platform in (("cpu", "cuda") if args.platform == "all" else (args.platform,)):
+        start = time.monotonic()
         path = build(platform, include)
         print(f"{platform}: {path} ({build_seconds(path) or 0:.1f} s to compile)")
+        if units:
+            paths = build_units(platform, units)
+            print(f"{platform}: {len(paths)} units in {paths[0].parent.parent} "
+                  f"({sum(build_seconds(p) or 0 for p in paths):.1f} s of compiles, {time.monotonic() - start:.1f} s in all)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Optax computes it, never as a static attribute: a new learning rate does not rec
 import ctypes
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import jax
@@ -34,35 +35,56 @@ _HYPER_SIZE = 16
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 _lock = threading.Lock()
-_registered = {}  # platform -> library path
-_libraries = {}  # platform -> the loaded library
+_registered = {}  # platform -> the handler library's path
+_libraries = {}  # platform -> the loaded handler library
+_units = {}  # platform -> the units loaded into it
 
 
 def _platform_of(name: str) -> str:
     return "cuda" if name in ("gpu", "cuda") else "cpu"
 
 
-def register(platform: Optional[str] = None) -> str:
+def register(platform: Optional[str] = None, units=()) -> str:
     """Builds (once, cached) and registers the FFI handler for `platform` ('cpu' or 'cuda'; default:
-    jax's default backend). Returns the library's path. Called by every update; call it ahead to
-    pay the compile outside a timed region."""
+    jax's default backend), and builds and loads `units` into it: ``"all"`` (every optimizer kind,
+    form and dtype combination, 46 libraries compiled in parallel) or unit tuples
+    (``_build.unit_of``). Returns the handler library's path. Every update calls it with the units
+    its step needs (the first step over a new combination compiles one unit); call it ahead, with
+    ``units="all"`` where programs run that were not traced in this process (deserialized)."""
     platform = _platform_of(platform or jax.default_backend())
+    units = _build.all_units() if units == "all" else sorted(set(units))
     with _lock:
-        if platform in _registered:
+        loaded = _units.setdefault(platform, set())
+        missing = [u for u in units if u not in loaded]
+        if platform in _registered and not missing:
             return _registered[platform]
-        path = _build.build(platform, jax.ffi.include_dir())
-        library = ctypes.cdll.LoadLibrary(str(path))
-        xla_platform = "CUDA" if platform == "cuda" else "cpu"
-        if platform == "cuda":
-            plain, graph = library.FusedoptJaxStepCuda, library.FusedoptJaxStepCudaGraph
-        else:  # no command buffers on the CPU: one handler under both names
-            plain = graph = library.FusedoptJaxStepCpu
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(plain), platform=xla_platform)
-        jax.ffi.register_ffi_target(GRAPH_TARGET, jax.ffi.pycapsule(graph), platform=xla_platform)
-        library.FusedoptJaxHandlerCalls.restype = ctypes.c_long
-        _registered[platform] = str(path)
-        _libraries[platform] = library  # keeps it loaded
-        return str(path)
+        jobs = int(os.environ.get("FUSEDOPT_JAX_JOBS", "0")) or (os.cpu_count() or 1)
+        # The handler and the units compile at once (a first step waits for the longer).
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            handler = None if platform in _registered else pool.submit(_build.build, platform, jax.ffi.include_dir())
+            built = [pool.submit(_build.build_unit, platform, u) for u in missing]
+        if handler is not None:
+            path = handler.result()
+            library = ctypes.cdll.LoadLibrary(str(path))
+            xla_platform = "CUDA" if platform == "cuda" else "cpu"
+            if platform == "cuda":
+                plain, graph = library.FusedoptJaxStepCuda, library.FusedoptJaxStepCudaGraph
+            else:  # no command buffers on the CPU: one handler under both names
+                plain = graph = library.FusedoptJaxStepCpu
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(plain), platform=xla_platform)
+            jax.ffi.register_ffi_target(GRAPH_TARGET, jax.ffi.pycapsule(graph), platform=xla_platform)
+            library.FusedoptJaxHandlerCalls.restype = ctypes.c_long
+            library.FusedoptJaxAddUnit.restype = ctypes.c_int
+            _registered[platform] = str(path)
+            _libraries[platform] = library  # keeps it loaded
+        library = _libraries[platform]
+        for unit, future in zip(missing, built):
+            message = ctypes.create_string_buffer(1024)
+            if library.FusedoptJaxAddUnit(str(future.result()).encode(), message, len(message)) != 0:
+                raise _build.BuildError(f"fusedopt_jax: the unit {_build.unit_name(unit)} did not load: "
+                                        f"{message.value.decode(errors='replace')}")
+            loaded.add(unit)
+        return _registered[platform]
 
 
 def handler_calls(platform: Optional[str] = None) -> int:
@@ -73,7 +95,7 @@ def handler_calls(platform: Optional[str] = None) -> int:
     return int(_libraries[platform].FusedoptJaxHandlerCalls())
 
 
-def _register_for(leaves):
+def _register_for(leaves, units):
     platforms = {jax.default_backend()}
     for x in leaves:
         try:  # a tracer has no devices: the default backend stands
@@ -81,7 +103,7 @@ def _register_for(leaves):
         except Exception:
             pass
     for p in platforms:
-        register(p)
+        register(p, units)
 
 
 def _f32(x):
@@ -191,7 +213,13 @@ def _call(kind, hyper, params, grads, states, inplace):
         raise TypeError("fusedopt_jax: clip_adamw needs one combination of parameter/state dtypes for every leaf "
                         f"(its global norm is computed within one), not {len(combos)}: {', '.join(sorted(combos))}. "
                         "Use optax.chain(optax.clip_by_global_norm(max_norm), fusedopt_jax.adamw(...)) instead")
-    _register_for(p_leaves + g_leaves)
+    # The units the handler will look for: one per combination of element types in the call.
+    code = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1}
+    units = set()
+    for types in leaf_types:
+        t = [code[jnp.dtype(x)] for x in types] + [code[jnp.dtype(types[0])]] * (3 - len(types))
+        units.add(_build.unit_of(kind, inplace, *t))
+    _register_for(p_leaves + g_leaves, units)
     k = len(states)
     first_out, state_outs = [], [[] for _ in range(k)]
     per_call = _leaves_per_call(kind, n)

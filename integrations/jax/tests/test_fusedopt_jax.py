@@ -375,3 +375,51 @@ def test_cpu_platform():
         p2, _, _ = run_optax_form(optax.adamw(1e-2, weight_decay=0.1), params, grads)
     assert_trees_close(p1, p2, 2e-5, 2e-6, "adamw on the CPU")
     print(f"cpu adamw: {bitwise_fraction(p1, p2):.4f} of the parameters bit for bit equal to optax's")
+
+
+def test_units_cover_every_combination_once():
+    from fusedopt_jax import _build
+    units = _build.all_units()
+    assert len(units) == 46 and len({_build.unit_name(u) for u in units}) == 46
+    # a state the kind does not bind is compiled as the parameter's type; fp32 parameters only
+    # with fp32 states
+    assert _build.unit_of(0, True, 1, 0, 0) == (0, True, 1, 1, 1)
+    assert _build.unit_of(3, False, 1, 0, 1) == (3, False, 1, 0, 1)
+    with pytest.raises(ValueError, match="float32 parameter has float32 states"):
+        _build.unit_of(2, True, 0, 1, 0)
+    with pytest.raises(ValueError, match="unknown optimizer kind"):
+        _build.unit_of(6, True, 0, 0, 0)
+
+
+FIRST_STEP = r"""
+import sys, time
+t0 = time.monotonic()
+import jax, jax.numpy as jnp, optax
+import fusedopt_jax as fj
+params = {"a": jnp.ones((1000,), jnp.float32), "b": jnp.arange(64.0, dtype=jnp.float32)}
+grads = jax.tree.map(lambda x: x * 0.5, params)
+tx = fj.adamw(1e-2, weight_decay=0.1)
+p, _ = jax.jit(tx.step)(params, grads, tx.init(params))
+ref = optax.adamw(1e-2, weight_decay=0.1)
+u, _ = ref.update(grads, ref.init(params), params)
+q = optax.apply_updates(params, u)
+assert all(bool(jnp.allclose(p[k], q[k], rtol=1e-6, atol=1e-7)) for k in params), "not Optax's step"
+print("FIRST_STEP_SECONDS", time.monotonic() - t0)
+"""
+
+
+@pytest.mark.skipif(os.environ.get("FUSEDOPT_JAX_SKIP_CPU") == "1", reason="FUSEDOPT_JAX_SKIP_CPU=1")
+def test_a_first_step_builds_the_handler_and_its_one_unit(tmp_path):
+    # A fresh process and an empty cache, on the CPU platform (its compiles take seconds): the
+    # first AdamW step over float32 leaves compiles the handler and the one unit it uses, not
+    # the 46 combinations.
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEDOPT_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fj.__file__))] +
+                                          [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    done = subprocess.run([sys.executable, "-c", FIRST_STEP], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    libraries = sorted(p.name for p in tmp_path.glob("*/*.so"))
+    assert libraries == ["libfusedopt_jax_cpu.so", "libfusedopt_jax_cpu_adam-fused-float32-float32-float32.so"], libraries
+    print(done.stdout.strip().splitlines()[-1], "(a fresh cache, the CPU platform)")
