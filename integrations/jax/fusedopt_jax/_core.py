@@ -96,10 +96,16 @@ def handler_calls(platform: Optional[str] = None) -> int:
 
 
 def _register_for(leaves, units):
-    platforms = {jax.default_backend()}
+    # Where the step may run: jax's default backend, the device jax.default_device chose, the
+    # leaves' devices where they are concrete (a tracer has none), and every platform whose
+    # handler is registered (fusedopt_jax.register("cpu") before a step traced under jit).
+    platforms = {_platform_of(jax.default_backend())} | set(_registered)
+    chosen = getattr(jax.config, "jax_default_device", None)
+    if chosen is not None:
+        platforms.add(_platform_of(chosen if isinstance(chosen, str) else getattr(chosen, "platform", "")))
     for x in leaves:
-        try:  # a tracer has no devices: the default backend stands
-            platforms.update(d.platform for d in x.devices())
+        try:
+            platforms.update(_platform_of(d.platform) for d in x.devices())
         except Exception:
             pass
     for p in platforms:

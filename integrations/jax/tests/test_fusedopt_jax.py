@@ -423,3 +423,37 @@ def test_a_first_step_builds_the_handler_and_its_one_unit(tmp_path):
     libraries = sorted(p.name for p in tmp_path.glob("*/*.so"))
     assert libraries == ["libfusedopt_jax_cpu.so", "libfusedopt_jax_cpu_adam-fused-float32-float32-float32.so"], libraries
     print(done.stdout.strip().splitlines()[-1], "(a fresh cache, the CPU platform)")
+
+
+MISSING_UNIT = r"""
+import jax, jax.numpy as jnp
+import fusedopt_jax as fj
+from fusedopt_jax import _build, _core
+params = {"a": jnp.ones((100,), jnp.float32)}
+tx = fj.adamw(1e-2)
+state = tx.init(params)
+real = _core._register_for
+_core._register_for = lambda leaves, units: _core.register("cpu")  # as a program nobody traced here
+try:
+    jax.block_until_ready(jax.jit(tx.step)(params, params, state))
+    raise SystemExit("a step without its unit ran")
+except jax.errors.JaxRuntimeError as e:
+    assert 'no unit is loaded for optimizer kind 2, fused form, parameters float32' in str(e), str(e)
+    assert 'fusedopt_jax.register(units="all")' in str(e), str(e)
+_core._register_for = real
+fj.register("cpu", units=[_build.unit_of(2, True, 0, 0, 0)])  # the remedy, for this one unit
+p, _ = jax.jit(tx.step)(params, params, state)
+assert bool(jnp.all(p["a"] < 1)), p
+print("MISSING_UNIT ok")
+"""
+
+
+@pytest.mark.skipif(os.environ.get("FUSEDOPT_JAX_SKIP_CPU") == "1", reason="FUSEDOPT_JAX_SKIP_CPU=1")
+def test_a_program_without_its_unit_fails_clearly(tmp_path):
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEDOPT_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fj.__file__))] +
+                                          [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    done = subprocess.run([sys.executable, "-c", MISSING_UNIT], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "MISSING_UNIT ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
