@@ -11,9 +11,11 @@
 /// written state (and the fused form's parameters) to its operand (input_output_aliases); where
 /// it did not (a backend without aliasing), the operand is copied into the result first.
 ///
-/// Leaves are grouped by element types, and each group runs one cached plan (runner.hpp); plans
-/// are kept per device and geometry for the life of the process (the only state of the
-/// library, guarded by a mutex).
+/// Leaves are grouped by element types, and each group runs one cached plan (runner.hpp) made
+/// by the loaded unit for its combination (unit.cc: a library per optimizer kind, form and
+/// dtypes, loaded by FusedoptJaxAddUnit when Python traces a step that needs it). Plans are
+/// kept per device and geometry for the life of the process, each device's under a mutex of its
+/// own (the library's only state, with the units' list).
 ///
 /// Two CUDA entry points run the same handler: `FusedoptJaxStepCuda`, a plain thunk that XLA
 /// runs at every execution, and `FusedoptJaxStepCudaGraph`, registered command-buffer
@@ -75,12 +77,28 @@ bool to_dtype(ffi::DataType t, dtype& out)
 
 std::size_t width(dtype d) { return d == dtype::f32 ? 4 : 2; }
 
-/// The loaded units' factories (FusedoptJaxAddUnit) and the runners made by them, under one
-/// mutex: units are added while another thread's step may run.
-struct plan_cache {
+/// One device's runners, under a mutex of its own: XLA runs each local device's program on a
+/// thread of its own, and a plan's first build synchronises its stream; one device's calls
+/// never wait for another's.
+struct device_cache {
   std::mutex mutex;
   std::map<std::string, std::unique_ptr<runner>> runners;
+};
+
+/// The loaded units' factories (FusedoptJaxAddUnit: added while steps may run) and the devices'
+/// runners.
+struct plan_cache {
+  std::mutex mutex;  ///< guards `units` and `devices` (the map, not a device's runners)
   std::vector<unit_maker> units;
+  std::map<int, std::unique_ptr<device_cache>> devices;
+
+  device_cache& on(int device)
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    std::unique_ptr<device_cache>& d = devices[device];
+    if (!d) { d = std::make_unique<device_cache>(); }
+    return *d;
+  }
 };
 
 plan_cache& cache()
@@ -110,17 +128,23 @@ ffi::Error fail(std::string message) { return ffi::Error::InvalidArgument("fused
 
 char const* name_of(dtype d) { return d == dtype::f32 ? "float32" : "bfloat16"; }
 
-/// A runner for the group from the first loaded unit that makes one (under the cache's mutex).
+/// A runner for the group from the first loaded unit that makes one.
 std::unique_ptr<runner> make_runner(plan_cache& c, group_key const& key)
 {
-  for (unit_maker make : c.units) {
+  std::vector<unit_maker> units;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    units = c.units;
+  }
+  for (unit_maker make : units) {
     if (runner* r = make(&key)) { return std::unique_ptr<runner>(r); }
   }
   return nullptr;
 }
 
-/// FUSEDOPT_JAX_PROFILE's counters (under the cache's mutex: calls are serialised there anyway).
+/// FUSEDOPT_JAX_PROFILE's counters (under a mutex of their own: devices' calls run at once).
 struct profile {
+  std::mutex mutex;
   long every = 0;
   long calls = 0, bound = 0;
   double seconds = 0;
@@ -140,6 +164,7 @@ profile& profiler()
 void record(double seconds, bool bound)
 {
   profile& p = profiler();
+  std::lock_guard<std::mutex> lock(p.mutex);
   ++p.calls;
   p.bound += bound ? 1 : 0;
   p.seconds += seconds;
@@ -262,10 +287,11 @@ try {
   int const device = device_of(first);
   device_guard guard(device);
   plan_cache& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
+  device_cache& d = c.on(device);
+  std::lock_guard<std::mutex> lock(d.mutex);
   bool bound = false;
   for (auto& [key, leaves] : groups) {
-    std::unique_ptr<runner>& r = c.runners[cache_key(device, key, leaves)];
+    std::unique_ptr<runner>& r = d.runners[cache_key(device, key, leaves)];
     if (!r) { r = make_runner(c, key); }
     if (!r) {
       return fail("no unit is loaded for optimizer kind " + std::to_string(key.kind) + (key.inplace ? ", fused form" : ", Optax's form") +
@@ -330,7 +356,7 @@ extern "C" __attribute__((visibility("default"))) int FusedoptJaxAddUnit(char co
   try {
     backend::plan_cache& c = backend::cache();
     std::lock_guard<std::mutex> lock(c.mutex);
-    c.units.push_back(make);
+    c.units.push_back(make);  // a device's first step with this unit may be waiting for it
   } catch (std::exception const& e) {
     return refuse(e.what());
   }

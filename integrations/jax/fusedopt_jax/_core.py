@@ -210,15 +210,10 @@ def _call(kind, hyper, params, grads, states, inplace):
         promoted = jnp.bfloat16 if all(t == jnp.bfloat16 for t in types) else jnp.float32
         first_types.append(p.dtype if inplace else jnp.dtype(promoted))
     # The handler runs a plan per combination of element types, and a plan's reduction sees its
-    # own leaves only: clip_adamw's groups would each be clipped by their own norm, not the global
-    # one. (The fix at depth is one reduction over every group in the handler.)
-    combos = set()
-    if kind == _CLIP_ADAM:
-        combos = {"/".join(map(str, t)) for t, p in zip(leaf_types, p_leaves) if p.size}
-    if len(combos) > 1:
-        raise TypeError("fusedopt_jax: clip_adamw needs one combination of parameter/state dtypes for every leaf "
-                        f"(its global norm is computed within one), not {len(combos)}: {', '.join(sorted(combos))}. "
-                        "Use optax.chain(optax.clip_by_global_norm(max_norm), fusedopt_jax.adamw(...)) instead")
+    # own leaves only: clip + AdamW's norm must be global (clip_adamw clips mixed pytrees first).
+    if kind == _CLIP_ADAM and len({tuple(t) for t, p in zip(leaf_types, p_leaves) if p.size}) > 1:
+        raise RuntimeError("fusedopt_jax: internal: a fused clip over several dtype combinations (clip_adamw clips "
+                           "those with Optax's clip_by_global_norm first)")
     # The units the handler will look for: one per combination of element types in the call.
     code = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1}
     units = set()
@@ -294,11 +289,16 @@ class FusedTransformation(optax.GradientTransformationExtraArgs):
         return self.update.fused_step(params, grads, state)
 
 
-def _transformation(init, run):
+def _transformation(init, run, needs_params=True):
+    """`needs_params`: whether update needs the parameters, as the Optax counterpart does (adam
+    and sgd do not: there the gradients stand in for them, as a read-only operand whose values
+    the rule, without weight decay, never uses)."""
     def update(updates, state, params=None, **extra_args):
         del extra_args
         if params is None:
-            raise ValueError("fusedopt_jax: update needs the parameters (optax: update(grads, state, params))")
+            if needs_params:
+                raise ValueError("fusedopt_jax: update needs the parameters (optax: update(grads, state, params))")
+            params = updates
         return run(updates, state, params, False)
 
     def fused_step(params, grads, state):
@@ -319,6 +319,15 @@ def _check_wd(weight_decay):
         raise NotImplementedError("fusedopt_jax: a weight-decay schedule is not supported (a number or an array)")
 
 
+def _mixes_dtypes(grads, *states):
+    """Whether the non-empty leaves hold more than one combination of gradient and state dtypes
+    (the handler runs a plan per combination). The trees are checked by _call afterwards."""
+    leaves = [jax.tree.leaves(t) for t in (grads,) + states]
+    if len({len(x) for x in leaves}) != 1:
+        return False  # _call names the mismatch
+    return len({tuple(jnp.result_type(x) for x in column) for column in zip(*leaves) if np.prod(jnp.shape(column[0]))}) > 1
+
+
 def _adam_like(kind, learning_rate, b1, b2, eps, eps_root, weight_decay, max_norm, reference, state_dtype):
     """adam (weight_decay None), adamw, lamb, clip + adamw: their states are Optax's."""
     _check_wd(weight_decay)
@@ -334,18 +343,27 @@ def _adam_like(kind, learning_rate, b1, b2, eps, eps_root, weight_decay, max_nor
     def run(grads, state, params, inplace):
         inner = state[1] if kind == _CLIP_ADAM else state
         adam, lr_state = inner[0], inner[-1]
+        call_kind = kind
+        if kind == _CLIP_ADAM and _mixes_dtypes(grads, adam.mu, adam.nu):
+            # The fused clip's norm is one plan's reduction, and the handler runs a plan per
+            # combination of dtypes: over several, Optax's own clip_by_global_norm (XLA: the global
+            # norm, then the clipped gradients written), then the fused AdamW step.
+            grads, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+            call_kind = _ADAM
         count = _increment(adam.count)
         hyper = _hyper(step_size=_step_size(learning_rate, lr_state), b1=b1, one_minus_b1=_one_minus(b1), b2=b2,
                        one_minus_b2=_one_minus(b2), eps=eps, eps_root=eps_root,
                        weight_decay=0.0 if weight_decay is None else weight_decay,
                        bc1=_bias_correction(b1, count), bc2=_bias_correction(b2, count),
                        max_norm=0.0 if max_norm is None else max_norm)
-        first, (mu, nu) = _call(kind, hyper, params, grads, [("mu", adam.mu), ("nu", adam.nu)], inplace)
+        first, (mu, nu) = _call(call_kind, hyper, params, grads, [("mu", adam.mu), ("nu", adam.nu)], inplace)
         new_inner = (adam._replace(count=count, mu=mu, nu=nu),) + tuple(inner[1:-1]) + (
             _lr_state_after(learning_rate, lr_state),)
         return first, ((state[0], new_inner) if kind == _CLIP_ADAM else new_inner)
 
-    return _transformation(init, run)
+    # Optax's adam needs no parameters; adamw, lamb and the clipped adamw do (their decay and
+    # trust ratio read them).
+    return _transformation(init, run, needs_params=kind != _ADAM or weight_decay is not None)
 
 
 def adam(learning_rate, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None, *, state_dtype=None):
@@ -373,7 +391,9 @@ def lamb(learning_rate, b1=0.9, b2=0.999, eps=1e-6, eps_root=0.0, weight_decay=0
 def clip_adamw(learning_rate, max_norm=1.0, b1=0.9, b2=0.999, eps=1e-8, eps_root=0.0, mu_dtype=None,
                weight_decay=1e-4, *, state_dtype=None):
     """optax.chain(optax.clip_by_global_norm(max_norm), optax.adamw(...)) as one fused call (a
-    reduction pass for the global norm, then the update pass); its state is that chain's."""
+    reduction pass for the global norm, then the update pass); its state is that chain's. Over a
+    pytree of several dtype combinations (the handler's plans, one per combination, each reduce
+    their own leaves) Optax's clip_by_global_norm runs first, then the fused AdamW."""
     reference = optax.chain(optax.clip_by_global_norm(max_norm),
                             optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, eps_root=eps_root, mu_dtype=mu_dtype,
                                         weight_decay=weight_decay))
@@ -420,6 +440,6 @@ def sgd(learning_rate, momentum=None, nesterov=False, accumulator_dtype=None):
             first_state = state[0]._replace(trace=trace)
         return first, (first_state, _lr_state_after(learning_rate, lr_state))
 
-    return _transformation(reference.init, run)
+    return _transformation(reference.init, run, needs_params=False)
 
 

@@ -355,13 +355,45 @@ def test_bad_input_raises_clear_errors():
         tx.update(bad_shape, state, params)
     with pytest.raises(ValueError, match="parameters"):
         tx.update(grads, state)
-    # clip_adamw's global norm is computed within one combination of dtypes: a pytree of float32
-    # and bfloat16 parameters (float32 states) is refused rather than clipped group by group.
-    mixed = dict(params, w0=params["w0"].astype(jnp.bfloat16))
-    clip = fj.clip_adamw(1e-3, max_norm=1.0, state_dtype=jnp.float32)
-    mixed_grads = dict(grads, w0=grads["w0"].astype(jnp.bfloat16))
-    with pytest.raises(TypeError, match="clip_adamw needs one combination"):
-        clip.update(mixed_grads, clip.init(mixed), mixed)
+
+
+def test_clip_adamw_over_mixed_dtypes_clips_by_the_global_norm():
+    # The handler runs a plan per combination of dtypes, so a fused clip's norm would be each
+    # group's: over float32 and bfloat16 parameters (float32 states) clip_adamw clips with
+    # Optax's clip_by_global_norm first, and must give the chain's result. Adam undoes a constant
+    # scale, so the first step's gradients are large (clipped) and the next ones small (not): the
+    # moments then mix the two, and a per-group norm would move the parameters elsewhere.
+    params = make_params()
+    params = dict(params, w0=params["w0"].astype(jnp.bfloat16), w3=params["w3"].astype(jnp.bfloat16))
+    scales = [30.0] + [0.01] * 4
+    grads = [jax.tree.map(lambda g, c=c: (g.astype(jnp.float32) * c).astype(g.dtype), g)
+             for g, c in zip(make_grads(params, steps=5), scales)]
+    assert float(optax.global_norm(grads[0])) > 10 and float(optax.global_norm(grads[1])) < 1
+    adamw = fj.adamw(1e-2, weight_decay=0.1, state_dtype=jnp.float32)
+    expected, _, _ = run_optax_form(optax.chain(optax.clip_by_global_norm(1.0), adamw), params, grads)
+
+    def clip_per_dtype(updates, state, params=None):  # the wrong clip, to show the test sees it
+        out = {}
+        for dtype in {u.dtype for u in updates.values()}:
+            group = {k: u for k, u in updates.items() if u.dtype == dtype}
+            out.update(optax.clip_by_global_norm(1.0).update(group, optax.EmptyState())[0])
+        return out, state
+
+    wrong, _, _ = run_optax_form(optax.chain(optax.GradientTransformation(lambda p: optax.EmptyState(), clip_per_dtype),
+                                             adamw), params, grads)
+    moved = max(float(np.max(np.abs(np.asarray(wrong[k]) - np.asarray(expected[k])) / (np.abs(np.asarray(expected[k])) + 1e-7)))
+                for k in params if params[k].dtype == jnp.float32 and params[k].size)
+    assert moved > 1e-5, f"a per-dtype clip moves float32 parameters by {moved:.2e} only: the test could not see it"
+    for form in (run_optax_form, run_fused_form):
+        got = form(fj.clip_adamw(1e-2, max_norm=1.0, weight_decay=0.1, state_dtype=jnp.float32), params, grads)[0]
+        # XLA computes the clip in both programs: an ulp of its norm moves a float32 parameter
+        # by about 1e-7 of itself and a bfloat16 one by at most a rounding; a per-group norm
+        # moves float32 parameters by about 1e-3 here.
+        for k in params:
+            tight = params[k].dtype == jnp.float32
+            assert_trees_close(got[k], expected[k], 2e-6 if tight else 8e-3, 1e-7 if tight else 1e-5,
+                               f"clip_adamw over mixed dtypes ({form.__name__}), {k}")
+        print(f"clip_adamw, mixed dtypes, {form.__name__}: {bitwise_fraction(got, expected):.4f} bit for bit")
 
 
 @pytest.mark.skipif(os.environ.get("FUSEDOPT_JAX_SKIP_CPU") == "1", reason="FUSEDOPT_JAX_SKIP_CPU=1")
@@ -457,3 +489,16 @@ def test_a_program_without_its_unit_fails_clearly(tmp_path):
                                           [p for p in [os.environ.get("PYTHONPATH")] if p]))
     done = subprocess.run([sys.executable, "-c", MISSING_UNIT], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "MISSING_UNIT ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def test_adam_and_sgd_update_without_params_as_optax():
+    # optax.adam and optax.sgd need no parameters in update(grads, state); neither do ours.
+    params = make_params()
+    grads = make_grads(params, steps=3)
+    for ours, theirs in ((fj.adam(1e-2), optax.adam(1e-2)), (fj.sgd(1e-2), optax.sgd(1e-2)),
+                         (fj.sgd(1e-2, momentum=0.9, nesterov=True), optax.sgd(1e-2, momentum=0.9, nesterov=True))):
+        s1, s2 = ours.init(params), theirs.init(params)
+        for g in grads:
+            u1, s1 = jax.jit(ours.update)(g, s1)
+            u2, s2 = jax.jit(theirs.update)(g, s2)
+            assert_trees_close(u1, u2, 2e-6, 1e-8, "update without params")
