@@ -502,3 +502,27 @@ def test_adam_and_sgd_update_without_params_as_optax():
             u1, s1 = jax.jit(ours.update)(g, s1)
             u2, s2 = jax.jit(theirs.update)(g, s2)
             assert_trees_close(u1, u2, 2e-6, 1e-8, "update without params")
+
+
+def test_two_devices_step_at_once():
+    # jax.pmap runs each device's program on a thread of its own: two handlers at once, each
+    # with its device's plans (a mutex per device). Each replica must step as it does alone.
+    devices = jax.local_devices(backend=jax.default_backend())
+    if len(devices) < 2:
+        pytest.skip("needs two devices of the default backend")
+    devices = devices[:2]
+    params = make_params(dtype=jnp.float32)
+    grads = make_grads(params, steps=3)
+    tx = fj.adamw(1e-2, weight_decay=0.1)
+    stack = lambda t: jax.tree.map(lambda x: jnp.stack([x, x * 2]), t)  # noqa: E731
+    p2 = stack(params)
+    s2 = jax.pmap(tx.init, devices=devices)(p2)
+    step = jax.pmap(tx.step, devices=devices)
+    for g in grads:
+        p2, s2 = step(p2, stack(g), s2)
+    for r, scale in enumerate((1, 2)):
+        alone, _ = run_fused_form(tx, jax.tree.map(lambda x: x * scale, params),
+                                  [jax.tree.map(lambda x: x * scale, g) for g in grads], donate=False)
+        got = jax.tree.map(lambda x: x[r], p2)
+        for k in params:
+            assert np.array_equal(np.asarray(got[k]), np.asarray(alone[k])), (r, k)
