@@ -505,24 +505,30 @@ def test_adam_and_sgd_update_without_params_as_optax():
 
 
 def test_two_devices_step_at_once():
-    # jax.pmap runs each device's program on a thread of its own: two handlers at once, each
-    # with its device's plans (a mutex per device). Each replica must step as it does alone.
+    # Two programs on two devices, dispatched from two threads: two handlers at once, each with
+    # its device's plans (a mutex per device). Each must step as one device does alone.
+    from concurrent.futures import ThreadPoolExecutor
     devices = jax.local_devices(backend=jax.default_backend())
     if len(devices) < 2:
         pytest.skip("needs two devices of the default backend")
-    devices = devices[:2]
     params = make_params(dtype=jnp.float32)
     grads = make_grads(params, steps=3)
     tx = fj.adamw(1e-2, weight_decay=0.1)
-    stack = lambda t: jax.tree.map(lambda x: jnp.stack([x, x * 2]), t)  # noqa: E731
-    p2 = stack(params)
-    s2 = jax.pmap(tx.init, devices=devices)(p2)
-    step = jax.pmap(tx.step, devices=devices)
-    for g in grads:
-        p2, s2 = step(p2, stack(g), s2)
-    for r, scale in enumerate((1, 2)):
-        alone, _ = run_fused_form(tx, jax.tree.map(lambda x: x * scale, params),
-                                  [jax.tree.map(lambda x: x * scale, g) for g in grads], donate=False)
-        got = jax.tree.map(lambda x: x[r], p2)
+    step = jax.jit(tx.step)
+
+    def run_on(device, scale, steps=3):
+        p = jax.device_put(jax.tree.map(lambda x: x * scale, params), device)
+        s = jax.device_put(tx.init(p), device)
+        gs = [jax.device_put(jax.tree.map(lambda x: x * scale, g), device) for g in grads]
+        for _ in range(steps):
+            for g in gs:
+                p, s = step(p, g, s)
+        return jax.block_until_ready(p)
+
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(run_on, devices[:2], (1.0, 2.0)))
+    for device, scale, got in zip(devices[:2], (1.0, 2.0), together):
+        assert {d for x in jax.tree.leaves(got) for d in x.devices()} == {device}
+        alone = run_on(devices[0], scale)
         for k in params:
-            assert np.array_equal(np.asarray(got[k]), np.asarray(alone[k])), (r, k)
+            assert np.array_equal(np.asarray(got[k]), np.asarray(alone[k])), (device, k)
