@@ -424,6 +424,16 @@ def test_units_cover_every_combination_once():
         _build.unit_of(6, True, 0, 0, 0)
 
 
+def run_fresh_cpu_process(code, cache):
+    """`code` in a new Python process on jax's CPU platform with an empty fusedopt_jax cache."""
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSEDOPT_JAX_CACHE=str(cache), JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fj.__file__))] +
+                                          [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+
+
 FIRST_STEP = r"""
 import sys, time
 t0 = time.monotonic()
@@ -446,12 +456,7 @@ def test_a_first_step_builds_the_handler_and_its_one_unit(tmp_path):
     # A fresh process and an empty cache, on the CPU platform (its compiles take seconds): the
     # first AdamW step over float32 leaves compiles the handler and the one unit it uses, not
     # the 46 combinations.
-    import subprocess
-    import sys
-    env = dict(os.environ, FUSEDOPT_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fj.__file__))] +
-                                          [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    done = subprocess.run([sys.executable, "-c", FIRST_STEP], env=env, capture_output=True, text=True, timeout=600)
+    done = run_fresh_cpu_process(FIRST_STEP, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     libraries = sorted(p.name for p in tmp_path.glob("*/*.so"))
     assert libraries == ["libfusedopt_jax_cpu.so", "libfusedopt_jax_cpu_adam-fused-float32-float32-float32.so"], libraries
@@ -483,12 +488,7 @@ print("MISSING_UNIT ok")
 
 @pytest.mark.skipif(os.environ.get("FUSEDOPT_JAX_SKIP_CPU") == "1", reason="FUSEDOPT_JAX_SKIP_CPU=1")
 def test_a_program_without_its_unit_fails_clearly(tmp_path):
-    import subprocess
-    import sys
-    env = dict(os.environ, FUSEDOPT_JAX_CACHE=str(tmp_path), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(fj.__file__))] +
-                                          [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    done = subprocess.run([sys.executable, "-c", MISSING_UNIT], env=env, capture_output=True, text=True, timeout=600)
+    done = run_fresh_cpu_process(MISSING_UNIT, tmp_path)
     assert done.returncode == 0 and "MISSING_UNIT ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
 
 
