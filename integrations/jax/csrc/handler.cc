@@ -294,8 +294,11 @@ try {
     std::unique_ptr<runner>& r = d.runners[cache_key(device, key, leaves)];
     if (!r) { r = make_runner(c, key); }
     if (!r) {
+      std::string states_named;  // the states the kind has, as its unit is named
+      if (states > 0) { states_named += std::string(", states ") + name_of(key.state1); }
+      if (states > 1) { states_named += std::string(" / ") + name_of(key.state2); }
       return fail("no unit is loaded for optimizer kind " + std::to_string(key.kind) + (key.inplace ? ", fused form" : ", Optax's form") +
-                  ", parameters " + name_of(key.param) + ", states " + name_of(key.state1) + " / " + name_of(key.state2) +
+                  ", parameters " + name_of(key.param) + states_named +
                   ": fusedopt_jax builds and loads the units a step needs when the step is traced; a program not traced in "
                   "this process (deserialized) needs fusedopt_jax.register(units=\"all\") first");
     }
@@ -340,27 +343,27 @@ extern "C" __attribute__((visibility("default"))) long FusedoptJaxHandlerCalls()
 extern "C" __attribute__((visibility("default"))) int FusedoptJaxAddUnit(char const* path, char* message, int capacity)
 {
   namespace backend = fusedopt_jax::FUSEDOPT_JAX_BACKEND;
-  auto const refuse = [&](std::string const& why) {
-    if (capacity > 0) { std::snprintf(message, static_cast<std::size_t>(capacity), "%s", why.c_str()); }
+  auto const refuse = [&](char const* why, char const* more = "") {
+    if (capacity > 0) { std::snprintf(message, static_cast<std::size_t>(capacity), "%s%s", why, more); }
     return 1;
   };
-  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    char const* why = dlerror();
-    return refuse(why != nullptr ? why : "dlopen failed");
-  }
-  auto const make = reinterpret_cast<fusedopt_jax::unit_maker>(dlsym(library, fusedopt_jax::unit_maker_symbol));
-  if (make == nullptr) {
-    return refuse(std::string(path) + " has no " + fusedopt_jax::unit_maker_symbol + " (a unit of the other backend?)");
-  }
-  try {
+  try {  // nothing thrown may cross into ctypes
+    void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      char const* why = dlerror();
+      return refuse(why != nullptr ? why : "dlopen failed");
+    }
+    auto const make = reinterpret_cast<fusedopt_jax::unit_maker>(dlsym(library, fusedopt_jax::unit_maker_symbol));
+    if (make == nullptr) { return refuse("the library exports no ", fusedopt_jax::unit_maker_symbol); }  // the other backend's unit?
     backend::plan_cache& c = backend::cache();
     std::lock_guard<std::mutex> lock(c.mutex);
     c.units.push_back(make);  // a device's first step with this unit may be waiting for it
+    return 0;
   } catch (std::exception const& e) {
     return refuse(e.what());
+  } catch (...) {
+    return refuse("an unknown C++ exception");
   }
-  return 0;
 }
 
 #if FUSEDOPT_JAX_CUDA

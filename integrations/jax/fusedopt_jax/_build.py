@@ -199,8 +199,12 @@ def _compile(platform: str, source: Path, obj: Path, defines, extra_includes=())
 
 
 def _link(platform: str, objects, output: Path, libraries=()):
-    if platform == "cuda":  # the CUDA runtime statically: no dependence on where jax's wheels put it
-        return [nvcc(), "-shared", "-cudart", "static"] + _gencode_flags() + [str(o) for o in objects] + ["-o", str(output)] + list(libraries)
+    if platform == "cuda":
+        # The CUDA runtime statically: no dependence on where jax's wheels put it. Its symbols are
+        # not exported (nm -D lists the library's own entry points alone), so a libcudart.so
+        # loaded globally before (torch's) cannot take this library's runtime calls.
+        return ([nvcc(), "-shared", "-cudart", "static"] + _gencode_flags() + [str(o) for o in objects] +
+                ["-o", str(output)] + list(libraries))
     return [cxx(), "-shared"] + [str(o) for o in objects] + ["-o", str(output)] + list(libraries)
 
 
@@ -241,7 +245,11 @@ def _sources_digest() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _compilers_digest(platform: str) -> str:
-    text = _version(cxx()) + (_version(nvcc()) if platform == "cuda" else "")
+    text = _version(cxx())
+    if platform == "cuda":  # nvcc, its host compiler (g++ on PATH unless -ccbin) and its flags from the environment
+        host = shutil.which("g++") or shutil.which("c++")
+        text += _version(nvcc()) + (_version(host) if host else "")
+        text += os.environ.get("NVCC_PREPEND_FLAGS", "") + "|" + os.environ.get("NVCC_APPEND_FLAGS", "")
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -34,38 +34,59 @@ _HYPER = ("step_size", "b1", "one_minus_b1", "b2", "one_minus_b2", "eps", "eps_r
 _HYPER_SIZE = 16
 _SUPPORTED = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # the dicts below; never held while a compiler runs
 _registered = {}  # platform -> the handler library's path
 _libraries = {}  # platform -> the loaded handler library
 _units = {}  # platform -> the units loaded into it
+_building = {}  # (platform, unit or None for the handler) -> the Future of its build
+_pool = None  # the builds' threads, made on the first build
 
 
 def _platform_of(name: str) -> str:
     return "cuda" if name in ("gpu", "cuda") else "cpu"
 
 
+def _start_build(key, fn, *args):
+    """The build of `key`, started now or shared with a thread that started it (under _lock)."""
+    global _pool
+    if _pool is None:
+        jobs = int(os.environ.get("FUSEDOPT_JAX_JOBS", "0")) or (os.cpu_count() or 1)
+        _pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="fusedopt_jax_build")
+    future = _building.get(key)
+    if future is None:
+        future = _building[key] = _pool.submit(fn, *args)
+    return future
+
+
 def register(platform: Optional[str] = None, units=()) -> str:
     """Builds (once, cached) and registers the FFI handler for `platform` ('cpu' or 'cuda'; default:
     jax's default backend), and builds and loads `units` into it: ``"all"`` (every optimizer kind,
     form and dtype combination, 46 libraries compiled in parallel) or unit tuples
-    (``_build.unit_of``). Returns the handler library's path. Every update calls it with the units
-    its step needs (the first step over a new combination compiles one unit); call it ahead, with
-    ``units="all"`` where programs run that were not traced in this process (deserialized)."""
+    (``_build.unit_of``'s arguments). Returns the handler library's path. Every update calls it
+    with the units its step needs (the first step over a new combination compiles one unit); call
+    it ahead, with ``units="all"`` where programs run that were not traced in this process
+    (deserialized). Threads share a build; one whose units are loaded never waits for another's."""
     platform = _platform_of(platform or jax.default_backend())
-    units = _build.all_units() if units == "all" else sorted(set(units))
+    units = _build.all_units() if units == "all" else sorted({_build.unit_of(*u) for u in units})
     with _lock:
         loaded = _units.setdefault(platform, set())
         missing = [u for u in units if u not in loaded]
         if platform in _registered and not missing:
             return _registered[platform]
-        jobs = int(os.environ.get("FUSEDOPT_JAX_JOBS", "0")) or (os.cpu_count() or 1)
-        # The handler and the units compile at once (a first step waits for the longer).
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            handler = None if platform in _registered else pool.submit(_build.build, platform, jax.ffi.include_dir())
-            built = [pool.submit(_build.build_unit, platform, u) for u in missing]
-        if handler is not None:
-            path = handler.result()
-            library = ctypes.cdll.LoadLibrary(str(path))
+        # The handler and the units compile at once (a first step waits for the longest).
+        handler = None if platform in _registered else _start_build((platform, None), _build.build, platform,
+                                                                       jax.ffi.include_dir())
+        builds = [(u, _start_build((platform, u), _build.build_unit, platform, u)) for u in missing]
+    try:
+        handler_path = handler.result() if handler is not None else None
+        paths = [(u, future.result()) for u, future in builds]
+    finally:  # a failed build is tried again by the next call
+        with _lock:
+            for key in [k for k, f in _building.items() if f.done()]:
+                del _building[key]
+    with _lock:
+        if platform not in _registered:
+            library = ctypes.cdll.LoadLibrary(str(handler_path))
             xla_platform = "CUDA" if platform == "cuda" else "cpu"
             if platform == "cuda":
                 plain, graph = library.FusedoptJaxStepCuda, library.FusedoptJaxStepCudaGraph
@@ -75,12 +96,14 @@ def register(platform: Optional[str] = None, units=()) -> str:
             jax.ffi.register_ffi_target(GRAPH_TARGET, jax.ffi.pycapsule(graph), platform=xla_platform)
             library.FusedoptJaxHandlerCalls.restype = ctypes.c_long
             library.FusedoptJaxAddUnit.restype = ctypes.c_int
-            _registered[platform] = str(path)
+            _registered[platform] = str(handler_path)
             _libraries[platform] = library  # keeps it loaded
         library = _libraries[platform]
-        for unit, future in zip(missing, built):
+        for unit, path in paths:
+            if unit in loaded:  # another thread loaded it meanwhile
+                continue
             message = ctypes.create_string_buffer(1024)
-            if library.FusedoptJaxAddUnit(str(future.result()).encode(), message, len(message)) != 0:
+            if library.FusedoptJaxAddUnit(str(path).encode(), message, len(message)) != 0:
                 raise _build.BuildError(f"fusedopt_jax: the unit {_build.unit_name(unit)} did not load: "
                                         f"{message.value.decode(errors='replace')}")
             loaded.add(unit)
