@@ -385,7 +385,8 @@ def test_clip_adamw_over_mixed_dtypes_clips_by_the_global_norm():
     moved = max(float(np.max(np.abs(np.asarray(wrong[k]) - np.asarray(expected[k])) / (np.abs(np.asarray(expected[k])) + 1e-7)))
                 for k in params if params[k].dtype == jnp.float32 and params[k].size)
     print(f"clip_adamw, mixed dtypes: a per-dtype norm moves float32 parameters by {moved:.2e} of themselves")
-    assert moved > 5e-5, f"a per-dtype clip moves float32 parameters by {moved:.2e} only: the test could not see it"
+    # 4.2e-1 on an H200 (2026-11-30): far beyond the tolerances below
+    assert moved > 1e-2, f"a per-dtype clip moves float32 parameters by {moved:.2e} only: the test could not see it"
     # Optax's own chain (its AdamW with float32 moments), at the parity tests' tolerance (XLA may
     # contract its multiply-adds; fusedopt rounds each operation).
     chain = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1, mu_dtype=jnp.float32))
@@ -405,7 +406,9 @@ def test_clip_adamw_over_mixed_dtypes_clips_by_the_global_norm():
             tight = params[k].dtype == jnp.float32
             assert_trees_close(got[k], expected[k], 2e-6 if tight else 8e-3, 1e-7 if tight else 1e-5,
                                f"clip_adamw over mixed dtypes ({form.__name__}), {k}")
-            assert_trees_close(got[k], optax_own[k], 2e-5 if tight else 8e-3, 2e-6 if tight else 1e-5,
+            # bfloat16: test_bf16_optax_form_close_to_optax's tolerance (parameters two roundings
+            # apart were seen: 2.4e-4 at 0.0158)
+            assert_trees_close(got[k], optax_own[k], 2e-5 if tight else 2e-2, 2e-6 if tight else 2e-2,
                                f"clip_adamw over mixed dtypes against Optax's chain ({form.__name__}), {k}")
         print(f"clip_adamw, mixed dtypes, {form.__name__}: {bitwise_fraction(got, expected):.4f} bit for bit with "
               f"clip_by_global_norm + fusedopt_jax.adamw, {bitwise_fraction(got, optax_own):.4f} with Optax's chain")
