@@ -47,8 +47,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
-CSRC = PACKAGE.parent / "csrc"
-INCLUDE = Path(os.environ.get("FUSEDOPT_JAX_INCLUDE", PACKAGE.parent.parent.parent / "include"))
+# An installed package carries its sources and fusedopt's headers beside it (setup.py); a
+# checkout has them in the tree.
+CSRC = PACKAGE / "_csrc" if (PACKAGE / "_csrc").is_dir() else PACKAGE.parent / "csrc"
+INCLUDE = Path(os.environ.get("FUSEDOPT_JAX_INCLUDE") or
+               (PACKAGE / "_include" if (PACKAGE / "_include").is_dir() else PACKAGE.parent.parent.parent / "include"))
 NUM_KINDS = 6
 BUILD_VERSION = 2
 
