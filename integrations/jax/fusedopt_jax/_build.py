@@ -198,7 +198,10 @@ def _compile(platform: str, source: Path, obj: Path, defines, extra_includes=())
     defines = [f"-DFUSEDOPT_JAX_CUDA={1 if cuda else 0}"] + list(defines)
     if cuda and source.name != "handler.cc":  # the handler sees no CUDA header: the C++ compiler's
         return [nvcc()] + _nvcc_flags() + defines + ["-x", "cu", "-c"] + inc + [str(source), "-o", str(obj)]
-    return [cxx()] + CXX_FLAGS + defines + ["-c"] + inc + [str(source), "-o", str(obj)]
+    # A CPU unit's host plans spread a step over OpenMP's threads (OMP_NUM_THREADS; the bits do
+    # not depend on their number): without it, one core.
+    openmp = ["-fopenmp"] if source.name == "unit.cc" else []
+    return [cxx()] + CXX_FLAGS + openmp + defines + ["-c"] + inc + [str(source), "-o", str(obj)]
 
 
 def _link(platform: str, objects, output: Path, libraries=()):
@@ -208,7 +211,7 @@ def _link(platform: str, objects, output: Path, libraries=()):
         # loaded globally before (torch's) cannot take this library's runtime calls.
         return ([nvcc(), "-shared", "-cudart", "static"] + _gencode_flags() + [str(o) for o in objects] +
                 ["-o", str(output)] + list(libraries))
-    return [cxx(), "-shared"] + [str(o) for o in objects] + ["-o", str(output)] + list(libraries)
+    return [cxx(), "-shared", "-fopenmp"] + [str(o) for o in objects] + ["-o", str(output)] + list(libraries)
 
 
 def commands(platform: str, ffi_include: Path, work: Path, unit=None):
