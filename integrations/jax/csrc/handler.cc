@@ -52,16 +52,6 @@ namespace {
 
 constexpr std::int64_t hyper_floats = 16;
 
-int states_of(kind k)
-{
-  switch (k) {
-    case kind::sgd: return 0;
-    case kind::sgd_momentum:
-    case kind::lion: return 1;
-    default: return 2;
-  }
-}
-
 bool to_dtype(ffi::DataType t, dtype& out)
 {
   if (t == ffi::DataType::F32) {

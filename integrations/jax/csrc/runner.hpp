@@ -27,6 +27,18 @@ namespace fusedopt_jax {
 enum class kind : int { sgd = 0, sgd_momentum = 1, adam = 2, lion = 3, lamb = 4, clip_adam = 5 };
 inline constexpr int num_kinds = 6;
 
+/// The state tensors a kind binds per leaf: momentum_buffer / exp_avg, then exp_avg_sq
+/// (fusedopt_jax/_build.py's KIND_STATES).
+constexpr int states_of(kind k)
+{
+  switch (k) {
+    case kind::sgd: return 0;
+    case kind::sgd_momentum:
+    case kind::lion: return 1;
+    default: return 2;
+  }
+}
+
 /// Element types a list may hold. Others are refused in Python before the call.
 enum class dtype : int { f32 = 0, bf16 = 1 };
 

@@ -39,9 +39,9 @@ constexpr dtype this_state1 = static_cast<dtype>(FUSEDOPT_JAX_STATE1);
 constexpr dtype this_state2 = static_cast<dtype>(FUSEDOPT_JAX_STATE2);
 
 template <kind K>
-inline constexpr bool has_state1 = K != kind::sgd;
+inline constexpr bool has_state1 = states_of(K) >= 1;
 template <kind K>
-inline constexpr bool has_state2 = K == kind::adam || K == kind::lamb || K == kind::clip_adam;
+inline constexpr bool has_state2 = states_of(K) >= 2;
 
 template <class T>
 T* typed(void* p)

@@ -149,9 +149,9 @@ def _cuda_include():
     return Path(nvcc()).resolve().parent.parent / "include"
 
 
-# csrc/runner.hpp's `kind` and `dtype`; the states each kind binds.
+# csrc/runner.hpp's `kind` and `dtype`; the states each kind binds (its states_of).
 KIND_NAMES = ("sgd", "sgd_momentum", "adam", "lion", "lamb", "clip_adam")
-_KIND_STATES = (0, 1, 2, 1, 2, 2)
+KIND_STATES = (0, 1, 2, 1, 2, 2)
 _DTYPES = ("float32", "bfloat16")
 
 
@@ -162,7 +162,7 @@ def unit_of(kind: int, inplace: bool, param: int, state1: int, state2: int) -> t
     compiles (a float32 parameter with a bfloat16 state)."""
     if not 0 <= kind < len(KIND_NAMES):
         raise ValueError(f"fusedopt_jax: unknown optimizer kind {kind}")
-    states = _KIND_STATES[kind]
+    states = KIND_STATES[kind]
     state1 = state1 if states >= 1 else param
     state2 = state2 if states >= 2 else param
     if any(t not in (0, 1) for t in (param, state1, state2)) or (param == 0 and (state1, state2) != (0, 0)):
@@ -192,16 +192,17 @@ def unit_name(unit) -> str:
     return "-".join([KIND_NAMES[kind], "fused" if inplace else "optax"] + [_DTYPES[t] for t in (param, state1, state2)])
 
 
-def _compile(platform: str, source: Path, obj: Path, defines, extra_includes=()):
+def _compile(platform: str, source: Path, obj: Path, defines, extra_includes=(), xla=False, openmp=False):
+    """One compile: nvcc for a CUDA source, the C++ compiler for the CPU's and for `xla` sources
+    (the handler: XLA's headers, no CUDA ones); `openmp` for a CPU unit, whose host plans spread a
+    step over OpenMP's threads (OMP_NUM_THREADS; the bits do not depend on their number)."""
     cuda = platform == "cuda"
     inc = [f"-I{INCLUDE}", f"-I{CSRC}"] + [f"-I{d}" for d in extra_includes]
     defines = [f"-DFUSEDOPT_JAX_CUDA={1 if cuda else 0}"] + list(defines)
-    if cuda and source.name != "handler.cc":  # the handler sees no CUDA header: the C++ compiler's
+    if cuda and not xla:
         return [nvcc()] + _nvcc_flags() + defines + ["-x", "cu", "-c"] + inc + [str(source), "-o", str(obj)]
-    # A CPU unit's host plans spread a step over OpenMP's threads (OMP_NUM_THREADS; the bits do
-    # not depend on their number): without it, one core.
-    openmp = ["-fopenmp"] if source.name == "unit.cc" else []
-    return [cxx()] + CXX_FLAGS + openmp + defines + ["-c"] + inc + [str(source), "-o", str(obj)]
+    flags = CXX_FLAGS + (["-fopenmp"] if openmp and not cuda else [])
+    return [cxx()] + flags + defines + ["-c"] + inc + [str(source), "-o", str(obj)]
 
 
 def _link(platform: str, objects, output: Path, libraries=()):
@@ -220,14 +221,15 @@ def commands(platform: str, ffi_include: Path, work: Path, unit=None):
     (csrc/unit.cc compiled for one kind, form and combination of element types)."""
     if unit is None:
         compiles = [_compile(platform, CSRC / "device.cc", work / "device.o", []),
-                    _compile(platform, CSRC / "handler.cc", work / "handler.o", [], [ffi_include])]
+                    _compile(platform, CSRC / "handler.cc", work / "handler.o", [], [ffi_include], xla=True)]
         output = work / f"libfusedopt_jax_{platform}.so"
         return compiles, _link(platform, [work / "device.o", work / "handler.o"], output, ["-ldl"]), output
     kind, inplace, param, state1, state2 = unit
     defines = [f"-DFUSEDOPT_JAX_KIND={kind}", f"-DFUSEDOPT_JAX_INPLACE={int(inplace)}", f"-DFUSEDOPT_JAX_PARAM={param}",
                f"-DFUSEDOPT_JAX_STATE1={state1}", f"-DFUSEDOPT_JAX_STATE2={state2}"]
     output = work / f"libfusedopt_jax_{platform}_{unit_name(unit)}.so"
-    return [_compile(platform, CSRC / "unit.cc", work / "unit.o", defines)], _link(platform, [work / "unit.o"], output), output
+    return ([_compile(platform, CSRC / "unit.cc", work / "unit.o", defines, openmp=True)],
+            _link(platform, [work / "unit.o"], output), output)
 
 
 def _version(tool):

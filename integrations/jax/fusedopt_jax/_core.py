@@ -27,7 +27,6 @@ GRAPH_TARGET = "fusedopt_jax_step_graph"
 
 # csrc/runner.hpp `kind`
 _SGD, _SGD_MOMENTUM, _ADAM, _LION, _LAMB, _CLIP_ADAM = range(6)
-_STATES = {_SGD: 0, _SGD_MOMENTUM: 1, _ADAM: 2, _LION: 1, _LAMB: 2, _CLIP_ADAM: 2}
 # csrc/optax_rules.hpp `hyper_index`
 _HYPER = ("step_size", "b1", "one_minus_b1", "b2", "one_minus_b2", "eps", "eps_root", "weight_decay", "bc1", "bc2",
           "max_norm", "nesterov")
@@ -67,6 +66,9 @@ def register(platform: Optional[str] = None, units=()) -> str:
     it ahead, with ``units="all"`` where programs run that were not traced in this process
     (deserialized). Threads share a build; one whose units are loaded never waits for another's."""
     platform = _platform_of(platform or jax.default_backend())
+    if isinstance(units, str) and units != "all":
+        raise ValueError(f"fusedopt_jax: units must be 'all' or (kind, inplace, param, state1, state2) tuples, "
+                         f"not {units!r}")
     units = _build.all_units() if units == "all" else sorted({_build.unit_of(*u) for u in units})
     with _lock:
         loaded = _units.setdefault(platform, set())

@@ -32,7 +32,6 @@ using namespace fusedopt_jax;
   std::exit(1);
 }
 
-int states_of(int k) { return k == 0 ? 0 : (k == 1 || k == 3) ? 1 : 2; }
 std::size_t width(std::int64_t d) { return d == 0 ? 4 : 2; }
 
 struct reader {
@@ -73,7 +72,7 @@ int main(int argc, char** argv)
   key.state2 = static_cast<dtype>(header[4]);
   key.update = static_cast<dtype>(header[5]);
   std::int64_t const n = header[6], steps = header[7];
-  int const states = states_of(key.kind);
+  int const states = states_of(static_cast<kind>(key.kind));
   std::vector<std::int64_t> sizes(static_cast<std::size_t>(n));
   for (auto& s : sizes) { s = r.one<std::int64_t>(); }
   std::vector<float> hyper(static_cast<std::size_t>(steps * 16));

@@ -27,7 +27,6 @@ from fusedopt_jax import _build  # noqa: E402  (imports no jax)
 
 F32, BF16 = 0, 1
 SGD, SGD_MOMENTUM, ADAM, LION = 0, 1, 2, 3
-STATES = {SGD: 0, SGD_MOMENTUM: 1, ADAM: 2, LION: 1}
 SIZES = [1, 3, 16, 17, 255, 1000, 4097]
 STEPS = 3
 # csrc/optax_rules.hpp's hyper_index
@@ -93,7 +92,7 @@ def reference(kind, h, p, g, s1, s2):
 def check(harness, kind, inplace, param, state1, state2, rng):
     unit = _build.unit_of(kind, inplace, param, state1, state2)
     _, _, param, state1, state2 = unit
-    states = STATES[kind]
+    states = _build.KIND_STATES[kind]
     update = BF16 if (param, state1, state2) == (BF16, BF16, BF16) else F32
     library = _build.build_unit("cpu", unit)
     p0 = [stored([rng.gauss(0, 1) for _ in range(n)], param) for n in SIZES]
