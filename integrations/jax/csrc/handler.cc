@@ -97,8 +97,10 @@ plan_cache& cache()
   return *c;
 }
 
-/// Geometry of one group on one device: the key of its plan.
-std::string cache_key(int device, group_key const& k, std::vector<leaf> const& leaves)
+/// Geometry of one group on one device, and the call's place in its pytree (the `first` attribute,
+/// its first leaf's index): the key of its plan. Calls of one step over equal geometry (a model's repeated blocks
+/// split into calls of 256 leaves) keep a plan each instead of rebinding one in turn.
+std::string cache_key(int device, std::int64_t first_leaf, group_key const& k, std::vector<leaf> const& leaves)
 {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a of the sizes
   for (leaf const& l : leaves) {
@@ -108,7 +110,7 @@ std::string cache_key(int device, group_key const& k, std::vector<leaf> const& l
       h *= 1099511628211ull;
     }
   }
-  return std::to_string(device) + ":" + std::to_string(k.kind) + ":" + std::to_string(k.inplace) + ":" +
+  return std::to_string(device) + ":" + std::to_string(first_leaf) + ":" + std::to_string(k.kind) + ":" + std::to_string(k.inplace) + ":" +
          std::to_string(static_cast<int>(k.param)) + std::to_string(static_cast<int>(k.state1)) +
          std::to_string(static_cast<int>(k.state2)) + std::to_string(static_cast<int>(k.update)) + ":" +
          std::to_string(leaves.size()) + ":" + std::to_string(h);
@@ -188,9 +190,16 @@ std::atomic<long>& handler_calls()
   return calls;
 }
 
+/// Calls that bound their leaves anew (a new plan or a rebind): tests see plans kept.
+std::atomic<long>& handler_binds()
+{
+  static std::atomic<long> binds{0};
+  return binds;
+}
+
 // A function-try-block: nothing thrown (a CUDA error in copy_async, an allocation) may cross
 // XLA's C interface; it becomes the call's error, a Python exception.
-ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
+ffi::Error step(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, std::int64_t first_leaf, ffi::RemainingArgs args,
                 ffi::RemainingRets rets)
 try {
   auto const started = std::chrono::steady_clock::now();
@@ -281,7 +290,7 @@ try {
   std::lock_guard<std::mutex> lock(d.mutex);
   bool bound = false;
   for (auto& [key, leaves] : groups) {
-    std::unique_ptr<runner>& r = d.runners[cache_key(device, key, leaves)];
+    std::unique_ptr<runner>& r = d.runners[cache_key(device, first_leaf, key, leaves)];
     if (!r) { r = make_runner(c, key); }
     if (!r) {
       std::string states_named;  // the states the kind has, as its unit is named
@@ -294,6 +303,7 @@ try {
     }
     bound = r->run(leaves, hyper_data, stream) || bound;
   }
+  if (bound) { handler_binds().fetch_add(1, std::memory_order_relaxed); }
   if (profiler().every > 0) {
     record(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), bound);
   }
@@ -305,15 +315,16 @@ try {
 }
 
 #if FUSEDOPT_JAX_CUDA
-ffi::Error step_cuda(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args,
+ffi::Error step_cuda(void* stream, std::int64_t kind_value, bool inplace, std::int64_t n, std::int64_t first_leaf, ffi::RemainingArgs args,
                      ffi::RemainingRets rets)
 {
-  return step(stream, kind_value, inplace, n, args, rets);
+  return step(stream, kind_value, inplace, n, first_leaf, args, rets);
 }
 #else
-ffi::Error step_cpu(std::int64_t kind_value, bool inplace, std::int64_t n, ffi::RemainingArgs args, ffi::RemainingRets rets)
+ffi::Error step_cpu(std::int64_t kind_value, bool inplace, std::int64_t n, std::int64_t first_leaf, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets)
 {
-  return step(nullptr, kind_value, inplace, n, args, rets);
+  return step(nullptr, kind_value, inplace, n, first_leaf, args, rets);
 }
 #endif
 
@@ -325,6 +336,11 @@ ffi::Error step_cpu(std::int64_t kind_value, bool inplace, std::int64_t n, ffi::
 extern "C" __attribute__((visibility("default"))) long FusedoptJaxHandlerCalls()
 {
   return fusedopt_jax::FUSEDOPT_JAX_BACKEND::handler_calls().load();
+}
+
+extern "C" __attribute__((visibility("default"))) long FusedoptJaxHandlerBinds()
+{
+  return fusedopt_jax::FUSEDOPT_JAX_BACKEND::handler_binds().load();
 }
 
 /// Loads the unit library at `path` (unit.cc, built by fusedopt_jax/_build.py for this backend)
@@ -372,6 +388,7 @@ auto cuda_binding()
       .Attr<std::int64_t>("kind")
       .Attr<bool>("inplace")
       .Attr<std::int64_t>("n")
+      .Attr<std::int64_t>("first")
       .RemainingArgs()
       .RemainingRets();
 }
@@ -386,6 +403,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FusedoptJaxStepCpu, fusedopt_jax::host_backend::st
                                   .Attr<std::int64_t>("kind")
                                   .Attr<bool>("inplace")
                                   .Attr<std::int64_t>("n")
+                                  .Attr<std::int64_t>("first")
                                   .RemainingArgs()
                                   .RemainingRets());
 #endif

@@ -97,6 +97,7 @@ def register(platform: Optional[str] = None, units=()) -> str:
             jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(plain), platform=xla_platform)
             jax.ffi.register_ffi_target(GRAPH_TARGET, jax.ffi.pycapsule(graph), platform=xla_platform)
             library.FusedoptJaxHandlerCalls.restype = ctypes.c_long
+            library.FusedoptJaxHandlerBinds.restype = ctypes.c_long
             library.FusedoptJaxAddUnit.restype = ctypes.c_int
             _registered[platform] = str(handler_path)
             _libraries[platform] = library  # keeps it loaded
@@ -118,6 +119,15 @@ def handler_calls(platform: Optional[str] = None) -> int:
     platform = _platform_of(platform or jax.default_backend())
     register(platform)
     return int(_libraries[platform].FusedoptJaxHandlerCalls())
+
+
+def handler_binds(platform: Optional[str] = None) -> int:
+    """How many of the handler's calls in this process bound their leaves anew (a new plan, or
+    a plan rebound to other addresses): a jitted, donated step's calls stop binding after its
+    first executions."""
+    platform = _platform_of(platform or jax.default_backend())
+    register(platform)
+    return int(_libraries[platform].FusedoptJaxHandlerBinds())
 
 
 def _register_for(leaves, units):
@@ -261,7 +271,7 @@ def _call(kind, hyper, params, grads, states, inplace):
             aliases.update({1 + i: i for i in range(m)})
         operands = [hyper] + p_leaves[part] + g_leaves[part] + [x for leaves in s_leaves for x in leaves[part]]
         outs = jax.ffi.ffi_call(GRAPH_TARGET if COMMAND_BUFFERS else TARGET, results, input_output_aliases=aliases)(
-            *operands, kind=np.int64(kind), inplace=bool(inplace), n=np.int64(m))
+            *operands, kind=np.int64(kind), inplace=bool(inplace), n=np.int64(m), first=np.int64(lo))
         first_out += outs[:m]
         for j in range(k):
             state_outs[j] += outs[(1 + j) * m:(2 + j) * m]

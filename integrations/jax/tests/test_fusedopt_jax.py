@@ -552,3 +552,23 @@ def test_two_devices_step_at_once():
         alone = run_on(devices[0], scale)
         for k in params:
             assert np.array_equal(np.asarray(got[k]), np.asarray(alone[k])), (device, k)
+
+
+def test_calls_of_equal_geometry_keep_a_plan_each():
+    # 512 leaves of one shape: a step of two calls of 256 leaves with equal geometry (as a model's
+    # repeated blocks give). Each call keeps its own plan, so a donated step stops binding after
+    # its first executions; one plan shared by the two calls would rebind at every call.
+    params = {f"w{i:03d}": jnp.full((64,), i / 512, jnp.float32) for i in range(512)}
+    grads = jax.tree.map(lambda x: x * 0.1, params)
+    tx = fj.adamw(1e-3)
+    step = jax.jit(tx.step, donate_argnums=(0, 2))
+    p, s = jax.tree.map(jnp.copy, params), tx.init(params)
+    for _ in range(3):
+        p, s = step(p, grads, s)
+    jax.block_until_ready(p)
+    before, calls = fj_core.handler_binds(), fj_core.handler_calls()
+    for _ in range(5):
+        p, s = step(p, grads, s)
+    jax.block_until_ready(p)
+    assert fj_core.handler_calls() - calls == 10
+    assert fj_core.handler_binds() - before == 0
