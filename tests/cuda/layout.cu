@@ -151,6 +151,62 @@ TEST_CASE("list lengths 0, 1, 423, 424 and 100000 on every transport", "[cuda][l
   }
 }
 
+TEST_CASE("a plan of one tensor computes its chunks: every size edge, placement and shape", "[cuda][layout]")
+{
+  // The update of a plan with one non-empty tensor reads no chunk entries (tables.cuh,
+  // one_tensor_table): chunk 0 holds the head, the others one block iteration each. Empty
+  // tensors around it leave it the only one; the element index and tensor must stay the
+  // host's (by_position), over every scenario (the block loop, the fast shape, misplacement).
+  std::vector<std::vector<std::int64_t>> const lists = {
+    {1}, {7}, {1023}, {1024}, {1025}, {2047}, {2049}, {4097}, {0, 16391, 0}, {(std::int64_t{1} << 20) + 3}};
+  for (auto const& sizes : lists) {
+    std::string const label = "one tensor of " + std::to_string(sizes[sizes.size() / 2]);
+    for (scenario const& how : scenarios()) {
+      problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>, spec<slot::exp_avg_t, float>,
+              spec<slot::exp_avg_sq_t, float, fill::positive>>
+        adam(sizes, how.placement, 31);
+      check_trajectory(adam, [](std::int64_t) { return fo::rules::adamw{}; }, how, 2, label + ", fp32 AdamW");
+      problem<spec<slot::param_t, fo::bfloat16>, spec<slot::grad_t, fo::bfloat16, fill::symmetric, true>,
+              spec<slot::exp_avg_t, float>, spec<slot::exp_avg_sq_t, float, fill::positive>>
+        mixed(sizes, how.placement, 32);
+      check_trajectory(mixed, [](std::int64_t) { return fo::rules::adamw{}; }, how, 2, label + ", bf16 AdamW");
+      problem<spec<slot::param_t, float>, spec<slot::exp_avg_t, fo::bfloat16>> where(sizes, how.placement, 33);
+      check_trajectory(where, [](std::int64_t) { return by_position{}; }, how, 2, label + ", positions");
+    }
+  }
+}
+
+TEST_CASE("a plan of one tensor follows a rebind", "[cuda][layout]")
+{
+  // The one tensor's addresses travel in the launch's parameters: a rebind must reach them.
+  std::int64_t const n = (std::int64_t{1} << 16) + 5;
+  std::vector<float> start(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < start.size(); ++i) { start[i] = 1.0f + static_cast<float>(i % 97) * 0.25f; }
+  device_array<float> first(start.size()), second(start.size());
+  upload_bytes(first.get(), start.data(), start.size() * sizeof(float));
+  upload_bytes(second.get(), start.data(), start.size() * sizeof(float));
+  auto const bound = [n](float* data) {
+    fo::tensor_list<float> list;
+    list.push_back(data, n);
+    return fo::bind(slot::param = std::move(list));
+  };
+  auto plan = fo::cuda::make_plan(bound(first.get()));
+  plan.run(halve_plus_one{});
+  plan.rebind(bound(second.get()));
+  plan.run(halve_plus_one{});
+  plan.run(halve_plus_one{});
+  FO_TEST_CUDA(cudaDeviceSynchronize());
+  std::vector<float> once = start, twice = start;
+  fo::tensor_list<float> host_once, host_twice;
+  host_once.push_back(once.data(), n);
+  host_twice.push_back(twice.data(), n);
+  fo::host::apply(halve_plus_one{}, fo::bind(slot::param = host_once));
+  fo::host::apply(halve_plus_one{}, fo::bind(slot::param = host_twice));
+  fo::host::apply(halve_plus_one{}, fo::bind(slot::param = host_twice));
+  CHECK(first.download() == once);
+  CHECK(second.download() == twice);
+}
+
 TEST_CASE("mixed element types in one launch (half, bfloat16, float, double)", "[cuda][layout]")
 {
   for (scenario const& how : scenarios()) {

@@ -93,6 +93,16 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
     global_.chunks = static_cast<detail::chunk_entry const*>(memory);
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
     global_.evict_first = evict_first ? 1 : 0;
+    // One tensor: the update computes its chunks, one block iteration each, unless the
+    // chunk length was asked for. Not where states are quantized (their chunks hold whole
+    // quantization blocks and their launch is a persistent grid).
+    if constexpr (!(::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
+      if (tensors_.size() == 1 && opts.chunk_elements == 0) {
+        one_tensor_ = detail::one_tensor_table(
+          tensors_[0], lists_.tensor_size(static_cast<std::size_t>(tensors_[0].index)),
+          detail::update_iteration_elements<Policy, lists_type>(persistent_.plain_fast_shape), evict_first);
+      }
+    }
   }
   std::vector<detail::chunk_range> ranges;
   if (opts.reduction_capacity > 0) {
@@ -161,9 +171,22 @@ struct plan_steps {
   static void update(Plan const& plan, Rule const& rule, step_info const& step, pass_results<P> const& results,
                      cudaStream_t stream)
   {
+    using lists_type = typename Plan::lists_type;
+    // A plan of one tensor launches without chunk entries (one_tensor_table), but for rules
+    // with factored passes, whose tiles follow the plan's chunks.
+    if constexpr (!::fusedopt::detail::access<Rule, lists_type>::stores_quantized &&
+                  ::fusedopt::detail::factor_count_v<Rule> == 0) {
+      if (plan.one_tensor_.num_chunks > 0) {
+        auto table = plan.one_tensor_;
+        table.only = plan.tensors_[0];  // the addresses as last bound
+        launch_update<typename Plan::policy_type, Rule, lists_type>(rule, step, table, results, plan.max_blocks_,
+                                                                     plan.persistent_, stream, plan.programmatic_);
+        return;
+      }
+    }
     plan.for_each_table([&](auto const& table) {
-      launch_update<typename Plan::policy_type, Rule, typename Plan::lists_type>(
-        rule, step, table, results, plan.max_blocks_, plan.persistent_, stream, plan.programmatic_);
+      launch_update<typename Plan::policy_type, Rule, lists_type>(rule, step, table, results, plan.max_blocks_,
+                                                                   plan.persistent_, stream, plan.programmatic_);
     });
   }
 

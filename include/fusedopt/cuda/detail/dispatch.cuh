@@ -355,6 +355,21 @@ inline constexpr bool plain_shapes_differ_v =
   vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, false> !=
     vectors_per_thread<Policy, vector_width<Bound>::value, vector_width<Bound>::widest, true>;
 
+/// Elements one block of the update takes in one iteration, in the shape its launch takes
+/// (launch_update: the fast one where it differs and `fast_shape`): the chunk of an update
+/// over one tensor (one_tensor_table), so that every block loads once and leaves.
+template <class Policy, class Bound>
+constexpr std::int64_t update_iteration_elements(bool fast_shape)
+{
+  constexpr int width = vector_width<Bound>::value;
+  constexpr std::size_t widest = vector_width<Bound>::widest;
+  constexpr std::int64_t fast = std::int64_t{plain_shape_v<Policy, width, true>.block_threads} * width *
+                                vectors_per_thread<Policy, width, widest, true>;
+  constexpr std::int64_t slow = std::int64_t{plain_shape_v<Policy, width, false>.block_threads} * width *
+                                vectors_per_thread<Policy, width, widest, false>;
+  return plain_shapes_differ_v<Policy, Bound> && fast_shape ? fast : slow;
+}
+
 /// Enqueues the update over one table, with the results of the rule's P passes.
 /// `persistent` chooses the shape, and sizes the grid where the rule stores quantized states
 /// (persistent_grid_of).
