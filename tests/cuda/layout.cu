@@ -154,14 +154,26 @@ TEST_CASE("list lengths 0, 1, 423, 424 and 100000 on every transport", "[cuda][l
 TEST_CASE("a plan of one tensor computes its chunks: every size edge, placement and shape", "[cuda][layout]")
 {
   // The update of a plan with one non-empty tensor reads no chunk entries (tables.cuh,
-  // one_tensor_table): chunk 0 holds the head, the others one block iteration each. Empty
-  // tensors around it leave it the only one; the element index and tensor must stay the
-  // host's (by_position), over every scenario (the block loop, the fast shape, misplacement).
+  // one_tensor_table) where no chunk length or block loop is asked for: chunk 0 holds the
+  // head, the others one block iteration each. Empty tensors around it leave it the only one;
+  // the element index and tensor must stay the host's (by_position), in both shapes and all
+  // three placements, and through the chunk table where the scenario asks for one.
+  using fo::cuda::transport;
+  auto const automatic = fo::cuda::l2_eviction::automatic;
+  auto const fast = fo::cuda::memory_speed::fast;
+  std::vector<scenario> cases = {
+    {"plan/one-tensor/aligned", false, transport::device_table, 0, 0, shift::none},
+    {"plan/one-tensor/same-shift", false, transport::device_table, 0, 0, shift::same},
+    {"plan/one-tensor/mixed-shift", false, transport::device_table, 0, 0, shift::mixed},
+    {"plan/one-tensor/fast-memory-shape/same-shift", false, transport::device_table, 0, 0, shift::same, automatic, fast},
+    {"plan/one-tensor/fast-memory-shape/mixed-shift", false, transport::device_table, 0, 0, shift::mixed, automatic, fast},
+  };
+  for (scenario const& how : scenarios()) { cases.push_back(how); }
   std::vector<std::vector<std::int64_t>> const lists = {
     {1}, {7}, {1023}, {1024}, {1025}, {2047}, {2049}, {4097}, {0, 16391, 0}, {(std::int64_t{1} << 20) + 3}};
   for (auto const& sizes : lists) {
     std::string const label = "one tensor of " + std::to_string(sizes[sizes.size() / 2]);
-    for (scenario const& how : scenarios()) {
+    for (scenario const& how : cases) {
       problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>, spec<slot::exp_avg_t, float>,
               spec<slot::exp_avg_sq_t, float, fill::positive>>
         adam(sizes, how.placement, 31);

@@ -295,8 +295,8 @@ class basic_plan {
   // Reduction workspace: pass results, chunk partials, the chunk range of each row.
   detail::reduction_workspace workspace_;
   detail::global_table<num_slots> global_{};
-  // A plan of one tensor: the update's table without chunk entries (one_tensor_table; its
-  // tensor's addresses taken from tensors_ at each launch); num_chunks 0 where not used.
+  // A plan of one tensor: the update's table without chunk entries (one_tensor_table; the
+  // address table's current copy set at each launch); num_chunks 0 where not used.
   detail::global_table<num_slots> one_tensor_{};
   std::vector<detail::table_4k<num_slots>> tables_4k_;
   std::vector<detail::table_32k<num_slots>> tables_32k_;

@@ -94,12 +94,12 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
     global_.num_chunks = static_cast<std::int64_t>(layout.chunks.size());
     global_.evict_first = evict_first ? 1 : 0;
     // One tensor: the update computes its chunks, one block iteration each, unless the
-    // chunk length was asked for. Not where states are quantized (their chunks hold whole
-    // quantization blocks and their launch is a persistent grid).
+    // chunk length or a block loop (max_blocks) was asked for. Not where states are quantized
+    // (their chunks hold whole quantization blocks and their launch is a persistent grid).
     if constexpr (!(::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
-      if (tensors_.size() == 1 && opts.chunk_elements == 0) {
-        one_tensor_ = detail::one_tensor_table(
-          tensors_[0], lists_.tensor_size(static_cast<std::size_t>(tensors_[0].index)),
+      if (tensors_.size() == 1 && opts.chunk_elements == 0 && max_blocks_ == 0) {
+        one_tensor_ = detail::one_tensor_table<num_slots>(
+          lists_.tensor_size(static_cast<std::size_t>(tensors_[0].index)), tensors_[0].head,
           detail::update_iteration_elements<Policy, lists_type>(persistent_.plain_fast_shape), evict_first);
       }
     }
@@ -178,7 +178,7 @@ struct plan_steps {
                   ::fusedopt::detail::factor_count_v<Rule> == 0) {
       if (plan.one_tensor_.num_chunks > 0) {
         auto table = plan.one_tensor_;
-        table.only = plan.tensors_[0];  // the addresses as last bound
+        table.tensors = plan.tables_.current();  // the copy of the address table that is current now
         launch_update<typename Plan::policy_type, Rule, lists_type>(rule, step, table, results, plan.max_blocks_,
                                                                      plan.persistent_, stream, plan.programmatic_);
         return;

@@ -174,7 +174,7 @@ FUSEDOPT_KERNEL void __launch_bounds__((update_threads_v<Policy, Rule, Bound, Fa
     // launch (table_written). Blocks of a dependent launch that take SMs while the kernel before
     // finishes then start with their first loads when it ends, not with two dependent reads.
     if (blockIdx.x >= table.num_chunks) { return; }
-    chunk_entry const first = table.chunk(blockIdx.x);
+    chunk_entry const first = table.first_chunk(blockIdx.x);
     tensor_entry<Bound::num_slots> const first_tensor = table.tensor(first.tensor);
     await_predecessor();
     constexpr int unroll = vectors_per_thread<Policy, width, widest, FastMemory>;

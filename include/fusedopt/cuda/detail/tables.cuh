@@ -91,24 +91,26 @@ template <>
 struct queue_param<false> {};
 
 /// Tables in device memory (plans): any number of tensors and chunks, one launch. Where
-/// `chunks` is null, the launch is an update over a plan of one tensor (one_tensor_table): the
-/// tensor travels by value and a chunk's range is computed, so a block reads nothing before
-/// its data (two dependent loads fewer a block: on an H200, 2^28 float32 elements of Adam
-/// went from 1778 to 1756-1759 us, docs/tuning.md "One tensor").
+/// `chunks` is null, the launch is an update over a plan of one tensor (one_tensor_table):
+/// its chunks' ranges are computed, so a block's one table read (the tensor's entry) does not
+/// wait for another (2^28 float32 elements of Adam on an H200: 1767-1770 -> 1760-1766 us,
+/// AdamW over bf16 1424-1427 -> 1396-1397 us; docs/tuning.md, "One tensor").
 template <std::size_t S>
 struct global_table {
   chunk_entry const* chunks;
   tensor_entry<S> const* tensors;
   std::int64_t num_chunks;
   std::int32_t evict_first;  ///< streaming accesses evict first from L2 (else evict normal)
-  // One tensor (chunks == nullptr): its entry, the elements of its chunk 0 (which holds the
-  // head, as make_layout cuts it), of every later chunk, and in all.
-  tensor_entry<S> only;
+  // One tensor (chunks == nullptr): the elements of its chunk 0 (which holds the head, as
+  // make_layout cuts it), of every later chunk, and in all.
   std::int64_t only_first;
   std::int64_t only_chunk;
   std::int64_t only_size;
 
-  __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const
+  __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
+  /// A block's first chunk in the update; the only one where `chunks` is null (a grid of one
+  /// block per chunk: no block loop).
+  __device__ __forceinline__ chunk_entry first_chunk(std::int64_t c) const
   {
     if (chunks != nullptr) { return chunks[c]; }
     if (c == 0) { return chunk_entry{0, 0, static_cast<std::int32_t>(only_first)}; }
@@ -116,22 +118,19 @@ struct global_table {
     std::int64_t const left = only_size - begin;
     return chunk_entry{begin, 0, static_cast<std::int32_t>(left < only_chunk ? left : only_chunk)};
   }
-  __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const
-  {
-    return chunks != nullptr ? tensors[t] : only;
-  }
+  __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
 };
 
-/// The update's table for a plan of one tensor of `size` elements (global_table with no chunk
-/// entries): chunks of `chunk` elements, cut as make_layout cuts them (chunk 0 holds the head).
+/// The update's table for a plan of one tensor of `size` elements, whose entry is at `tensor`
+/// in device memory (global_table with no chunk entries): chunks of `chunk` elements, cut as
+/// make_layout cuts them (chunk 0 holds the head of `head` elements).
 template <std::size_t S>
-global_table<S> one_tensor_table(tensor_entry<S> const& tensor, std::int64_t size, std::int64_t chunk, bool evict_first)
+global_table<S> one_tensor_table(std::int64_t size, int head, std::int64_t chunk, bool evict_first)
 {
   global_table<S> table{};
-  table.only = tensor;
   table.only_size = size;
   table.only_chunk = chunk;
-  table.only_first = std::min(size, chunk + std::max(tensor.head, 0));
+  table.only_first = std::min(size, chunk + std::max(head, 0));
   table.num_chunks = 1 + (size - table.only_first + chunk - 1) / chunk;
   table.evict_first = evict_first ? 1 : 0;
   return table;
@@ -153,6 +152,7 @@ struct inline_table {
   std::int32_t evict_first;  ///< as global_table::evict_first
 
   __device__ __forceinline__ chunk_entry chunk(std::int64_t c) const { return chunks[c]; }
+  __device__ __forceinline__ chunk_entry first_chunk(std::int64_t c) const { return chunks[c]; }
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
 };
 
