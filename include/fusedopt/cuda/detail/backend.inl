@@ -98,9 +98,11 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
     // (their chunks hold whole quantization blocks and their launch is a persistent grid).
     if constexpr (!(::fusedopt::is_blockwise_v<typename B::element_type> || ...)) {
       if (tensors_.size() == 1 && opts.chunk_elements == 0 && max_blocks_ == 0) {
-        one_tensor_ = detail::one_tensor_table<num_slots>(
+        auto const table = detail::one_tensor_table<num_slots>(
           lists_.tensor_size(static_cast<std::size_t>(tensors_[0].index)), tensors_[0].head,
           detail::update_iteration_elements<Policy, lists_type>(persistent_.plain_fast_shape), evict_first);
+        // A block for every chunk (grid_of's cap is never reached below 2^40 elements).
+        if (table.num_chunks <= std::numeric_limits<std::int32_t>::max()) { one_tensor_ = table; }
       }
     }
   }

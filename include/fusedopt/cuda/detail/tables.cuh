@@ -93,8 +93,8 @@ struct queue_param<false> {};
 /// Tables in device memory (plans): any number of tensors and chunks, one launch. Where
 /// `chunks` is null, the launch is an update over a plan of one tensor (one_tensor_table):
 /// its chunks' ranges are computed, so a block's one table read (the tensor's entry) does not
-/// wait for another (2^28 float32 elements of Adam on an H200: 1767-1770 -> 1760-1766 us,
-/// AdamW over bf16 1424-1427 -> 1396-1397 us; docs/tuning.md, "One tensor").
+/// wait for another (2^28 elements on an H200: Adam fp32 1769 -> 1754-1756 us, AdamW over bf16
+/// 1425-1426 -> 1395-1396 us; docs/tuning.md, "One tensor: the update without chunk entries").
 template <std::size_t S>
 struct global_table {
   chunk_entry const* chunks;
@@ -121,9 +121,9 @@ struct global_table {
   __device__ __forceinline__ tensor_entry<S> tensor(std::int32_t t) const { return tensors[t]; }
 };
 
-/// The update's table for a plan of one tensor of `size` elements, whose entry is at `tensor`
-/// in device memory (global_table with no chunk entries): chunks of `chunk` elements, cut as
-/// make_layout cuts them (chunk 0 holds the head of `head` elements).
+/// The update's table for a plan of one tensor of `size` elements (global_table with no chunk
+/// entries; the launch sets `tensors`): chunks of `chunk` elements, cut as make_layout cuts
+/// them (chunk 0 also holds the `head` elements before the first aligned vector).
 template <std::size_t S>
 global_table<S> one_tensor_table(std::int64_t size, int head, std::int64_t chunk, bool evict_first)
 {
