@@ -173,6 +173,20 @@ TEST_CASE("a plan of one tensor computes its chunks: every size edge, placement 
     {1}, {7}, {1023}, {1024}, {1025}, {2047}, {2049}, {4097}, {0, 16391, 0}, {(std::int64_t{1} << 20) + 3}};
   for (auto const& sizes : lists) {
     std::string const label = "one tensor of " + std::to_string(sizes[sizes.size() / 2]);
+    {
+      // Which plans take the path: one non-empty tensor, no chunk length, no block cap.
+      problem<spec<slot::param_t, float>> p(sizes, shift::none, 30);
+      fo::cuda::options opts;
+      CHECK(fo::cuda::make_plan(p.lists(true), opts).update_computes_chunks());
+      opts.max_blocks = 3;
+      CHECK_FALSE(fo::cuda::make_plan(p.lists(true), opts).update_computes_chunks());
+      opts.max_blocks = 0;
+      opts.chunk_elements = 40;
+      CHECK_FALSE(fo::cuda::make_plan(p.lists(true), opts).update_computes_chunks());
+      opts.chunk_elements = 0;
+      opts.metadata = fo::cuda::transport::param_4k;
+      CHECK_FALSE(fo::cuda::make_plan(p.lists(true), opts).update_computes_chunks());
+    }
     for (scenario const& how : cases) {
       problem<spec<slot::param_t, float>, spec<slot::grad_t, float, fill::symmetric, true>, spec<slot::exp_avg_t, float>,
               spec<slot::exp_avg_sq_t, float, fill::positive>>
@@ -197,9 +211,10 @@ TEST_CASE("a plan of one tensor computes its chunks: every size edge, placement 
   }
 }
 
-TEST_CASE("a plan of one tensor follows a rebind", "[cuda][layout]")
+TEST_CASE("a plan of one tensor follows a rebind and a capture", "[cuda][layout][graph]")
 {
-  // The one tensor's addresses travel in the launch's parameters: a rebind must reach them.
+  // The one tensor's entry is read from the address table's current copy at each launch: a
+  // rebind must reach it.
   std::int64_t const n = (std::int64_t{1} << 16) + 5;
   std::vector<float> start(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < start.size(); ++i) { start[i] = 1.0f + static_cast<float>(i % 97) * 0.25f; }
@@ -212,6 +227,7 @@ TEST_CASE("a plan of one tensor follows a rebind", "[cuda][layout]")
     return fo::bind(slot::param = std::move(list));
   };
   auto plan = fo::cuda::make_plan(bound(first.get()));
+  REQUIRE(plan.update_computes_chunks());
   plan.run(halve_plus_one{});
   plan.rebind(bound(second.get()));
   plan.run(halve_plus_one{});
@@ -226,6 +242,20 @@ TEST_CASE("a plan of one tensor follows a rebind", "[cuda][layout]")
   fo::host::apply(halve_plus_one{}, fo::bind(slot::param = host_twice));
   CHECK(first.download() == once);
   CHECK(second.download() == twice);
+
+  // Captured: three replays of a one-tensor run are three eager steps.
+  cudaStream_t stream = nullptr;
+  FO_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto captured_plan = fo::cuda::make_plan(bound(first.get()), {}, stream);
+  REQUIRE(captured_plan.update_computes_chunks());
+  {
+    captured_graph const graph(stream, [&] { captured_plan.run(halve_plus_one{}, {}, stream); });
+    for (int k = 0; k < 3; ++k) { graph.launch(stream); }
+    FO_TEST_CUDA(cudaStreamSynchronize(stream));
+  }
+  FO_TEST_CUDA(cudaStreamDestroy(stream));
+  for (int k = 0; k < 3; ++k) { fo::host::apply(halve_plus_one{}, fo::bind(slot::param = host_once)); }
+  CHECK(first.download() == once);
 }
 
 TEST_CASE("mixed element types in one launch (half, bfloat16, float, double)", "[cuda][layout]")
@@ -311,6 +341,7 @@ TEST_CASE("launches per run follow the transport", "[cuda][layout]")
   fo::cuda::options opts;
   CHECK(fo::cuda::make_plan(lists, opts).launches_per_run() == 1);
   CHECK(fo::cuda::make_plan(lists, opts).metadata() == fo::cuda::transport::device_table);
+  CHECK_FALSE(fo::cuda::make_plan(lists, opts).update_computes_chunks());  // 5000 tensors: the chunk table
   opts.metadata = fo::cuda::transport::param_4k;
   auto const small = fo::cuda::make_plan(lists, opts).launches_per_run();
   CHECK(small > 1);

@@ -247,6 +247,10 @@ class basic_plan {
   [[nodiscard]] lists_type const& lists() const { return lists_; }
   /// @brief The transport in use (never `automatic`).
   [[nodiscard]] transport metadata() const { return transport_; }
+  /// @brief True when the update of a rule without 8-bit or factored states reads no chunk
+  /// table: a plan of one non-empty tensor on device tables, without a requested chunk length
+  /// or block cap, whose blocks compute their chunks (docs/cuda.md, "One tensor").
+  [[nodiscard]] bool update_computes_chunks() const { return one_tensor_.num_chunks > 0; }
 
  private:
   friend struct detail::plan_steps;
