@@ -175,7 +175,8 @@ struct plan_steps {
   {
     using lists_type = typename Plan::lists_type;
     // A plan of one tensor launches without chunk entries (one_tensor_table), but for rules
-    // with factored passes, whose tiles follow the plan's chunks.
+    // that store 8-bit states (a persistent grid over the chunk table) or have factored passes
+    // (whose tiles follow the plan's chunks).
     if constexpr (!::fusedopt::detail::access<Rule, lists_type>::stores_quantized &&
                   ::fusedopt::detail::factor_count_v<Rule> == 0) {
       if (plan.one_tensor_.num_chunks > 0) {
