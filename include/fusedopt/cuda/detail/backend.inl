@@ -174,11 +174,10 @@ struct plan_steps {
                      cudaStream_t stream)
   {
     using lists_type = typename Plan::lists_type;
-    // A plan of one tensor launches without chunk entries (one_tensor_table), but for rules
-    // that store 8-bit states (a persistent grid over the chunk table) or have factored passes
-    // (whose tiles follow the plan's chunks).
-    if constexpr (!::fusedopt::detail::access<Rule, lists_type>::stores_quantized &&
-                  ::fusedopt::detail::factor_count_v<Rule> == 0) {
+    // A plan of one tensor launches without chunk entries (one_tensor_table; never made
+    // where 8-bit states are bound), but for rules with factored passes, whose tiles follow the
+    // plan's chunks.
+    if constexpr (::fusedopt::detail::factor_count_v<Rule> == 0) {
       if (plan.one_tensor_.num_chunks > 0) {
         auto table = plan.one_tensor_;
         table.tensors = plan.tables_.current();  // the copy of the address table that is current now
