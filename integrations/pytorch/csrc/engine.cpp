@@ -37,6 +37,7 @@ layout layout_of(family f, hyper const& h, std::uint32_t float_states)
   l.centered = f == family::rmsprop && h.centered;
   l.clip = f == family::lamb && h.max_grad_norm > 0.0;
   l.kahan = supports_low_precision(f) && h.kahan;
+  l.master = supports_low_precision(f) && h.master_weights;
   return l;
 }
 
@@ -81,13 +82,18 @@ void check_quantized_state(at::Tensor const& p, at::Tensor const& s, std::size_t
   check_quantized_bytes(s, p.numel(), "fusedopt_torch: parameter ", index);
 }
 
-/// A state of parameter `p`: 8-bit states or a tensor of the parameter's layout (of float32
-/// where `in_float`: a user rule's state kept in float32).
-void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index, bool in_float = false)
+/// The dtype a state must have: the parameter's, float32 (a user rule's state kept in float32,
+/// every state of layout::master), or either (before the group's layout is known).
+enum class state_dtype { param, float32, either };
+
+/// A state of parameter `p`: 8-bit states or a tensor of the parameter's layout, of the dtype
+/// `expected` says.
+void check_state(at::Tensor const& p, at::Tensor const& s, std::size_t index, state_dtype expected = state_dtype::param)
 {
   if (holds_quantized(s)) {
     check_quantized_state(p, s, index);
-  } else if (in_float) {
+  } else if (expected == state_dtype::float32 ||
+             (expected == state_dtype::either && s.scalar_type() == at::kFloat)) {
     check_same_layout(p, s, "state", index, at::kFloat);
   } else {
     check_same_layout(p, s, "state", index);
@@ -219,7 +225,10 @@ class engine {
         dtype_of(params[i]);
         if (states[i]) {
           for (std::size_t k = 0; k < states[i]->size(); ++k) {
-            check_state(params[i], (*states[i])[k], i, in_float(k));
+            // The group's layout (master weights: float32 states) is known at its first step,
+            // where check_states looks again.
+            check_state(params[i], (*states[i])[k], i,
+                        supports_low_precision(family_) ? state_dtype::either : state_of(layout{}, k));
           }
           d.states[i] = *states[i];
           d.has_state[i] = 1;
@@ -448,16 +457,18 @@ class engine {
                              " must be 8-bit states as its first state is");
         check_quantized_state(d.params[i], states[k], i);
       } else {
-        check_state(d.params[i], states[k], i, in_float(k));
+        check_state(d.params[i], states[k], i, state_of(d.lay, k));
       }
     }
     return quantized;
   }
 
-  /// Whether state k is kept in float32 (a user rule's dtype policy).
-  [[nodiscard]] bool in_float(std::size_t k) const
+  /// The dtype of state k under layout `l`: float32 for a master layout's states and a user
+  /// rule's float32 states (its dtype policy), else the parameter's.
+  [[nodiscard]] state_dtype state_of(layout const& l, std::size_t k) const
   {
-    return family_ == family::user && k < 32 && ((float_states_ >> k) & 1u) != 0;
+    bool const in_float = l.master || (family_ == family::user && k < 32 && ((float_states_ >> k) & 1u) != 0);
+    return in_float ? state_dtype::float32 : state_dtype::param;
   }
 
   /// A plan of bucket `b` over `x` from the unit the provider gives (compiling it the first

@@ -116,6 +116,25 @@ struct builder_for<low_precision_of<Build, Compensated>, T> {
   static constexpr bool enabled = !Compensated || std::is_same_v<T, fo::bfloat16> || std::is_same_v<T, fo::half>;
 };
 
+/// 16-bit parameters with a float32 master copy (layout::master): the family's rule runs on the
+/// master (rules::with_master: the master loaded and stored exactly, the parameter stored as its
+/// rounding to nearest even and never loaded).
+template <class Build>
+struct on_master : Build {
+  template <class F>
+  void run_with(hyper const& h, F&& f) const
+  {
+    Build::run_with(h, [&](auto const& rule) { f(rules::with_master<std::decay_t<decltype(rule)>>{rule}); });
+  }
+};
+
+template <class Build, class T>
+struct builder_for<on_master<Build>, T> {
+  using type = on_master<Build>;
+  // A master only for 16-bit parameters: no kernels for the others.
+  static constexpr bool enabled = std::is_same_v<T, fo::bfloat16> || std::is_same_v<T, fo::half>;
+};
+
 using build_sgd = builder<rule_of<rules::sgd>, true>;
 using build_adam = builder<rule_of<rules::adam>, true>;
 using build_adamw = builder<rule_of<rules::adamw>, true>;
@@ -147,7 +166,7 @@ struct build_nadam : builder<rule_of<rules::nadam>> {
 // Layout bits (plans.hpp's layout::bits), for in_layout's branches.
 constexpr std::uint32_t amsgrad_bit = layout::amsgrad_bit, momentum_bit = layout::momentum_bit,
                         centered_bit = layout::centered_bit, clip_bit = layout::clip_bit, kahan_bit = layout::kahan_bit,
-                        quantized_bit = layout::quantized_bit;
+                        quantized_bit = layout::quantized_bit, master_bit = layout::master_bit;
 
 template <class B>
 std::unique_ptr<plan> sgd_plan(dtype t, layout const& l, lists const& x, void* s)
@@ -168,13 +187,31 @@ std::unique_ptr<plan> sgd_plan(dtype t, layout const& l, lists const& x, void* s
 template <class B, class Build, bool Quantized>
 std::unique_ptr<plan> adam_plan_of(dtype t, layout const& l, lists const& x, void* s)
 {
-  // States: exp_avg, exp_avg_sq, [max_exp_avg_sq: amsgrad], [kahan_comp: kahan].
+  // States: exp_avg, exp_avg_sq, [max_exp_avg_sq: amsgrad], [kahan_comp: kahan | master: master].
   using namespace slot;
   using m = moment<Quantized, exp_avg_t>;
   using v = moment<Quantized, exp_avg_sq_t>;
   using plain = low_precision_of<Build, false>;
   using compensated = low_precision_of<Build, true>;
   constexpr std::uint32_t q = Quantized ? quantized_bit : 0;
+  if (l.master) {
+    // Python refuses master_weights with 8-bit states and with kahan: no kernels for them.
+    if constexpr (Quantized) {
+      throw fo::error("fusedopt_torch: master_weights takes full-precision states, not 8-bit ones");
+    } else {
+      FUSEDOPT_EXPECTS(!l.kahan, "fusedopt_torch: master_weights and kahan are two ways to keep low-precision "
+                                 "updates: choose one");
+      using mastered = on_master<Build>;
+      if (l.amsgrad) {
+        return in_layout<B, amsgrad_bit | master_bit>([&](auto) {
+          return plan_of<B, mastered, as_float<m>, as_float<v>, as_float<max_exp_avg_sq_t>, as_float<master_t>>(t, x,
+                                                                                                                  s);
+        });
+      }
+      return in_layout<B, master_bit>(
+        [&](auto) { return plan_of<B, mastered, as_float<m>, as_float<v>, as_float<master_t>>(t, x, s); });
+    }
+  }
   if (l.amsgrad) {
     if constexpr (Quantized) {
       // No AMSGrad with 8-bit moments: Python refuses it, and no kernels are built for it.

@@ -90,6 +90,9 @@ struct hyper {
   /// state (rules::with_kahan; a layout), or stochastic rounding of bfloat16 parameters.
   bool kahan = false;
   bool stochastic_rounding = false;
+  /// Low-precision parameters with a float32 master copy (layout::master): the family's rule
+  /// runs on the master, the parameter is its rounding (rules::with_master).
+  bool master_weights = false;
   /// A user rule's hyperparameters, in the order its spec declares them (user_rule.hpp): a
   /// number (bools and integers as doubles), or, where `user_pointers[k]` is set, a double in
   /// the plan's memory refreshed from a Tensor every step (as lr_pointer).
@@ -105,7 +108,7 @@ struct hyper {
   X(max_grad_norm) X(momentum_decay)
 #define FUSEDOPT_TORCH_HYPER_FLAGS(X) \
   X(amsgrad) X(maximize) X(nesterov) X(centered) X(decoupled_weight_decay) X(bias_correction) X(grad_averaging) \
-  X(adam_w_mode) X(use_nvlamb) X(kahan) X(stochastic_rounding)
+  X(adam_w_mode) X(use_nvlamb) X(kahan) X(stochastic_rounding) X(master_weights)
 
 /// @brief Which optional state slots a plan binds: options that change the plan's lists (the
 /// other options are read at every step). A change of layout rebuilds the plan.
@@ -118,19 +121,22 @@ struct layout {
   /// The moments (exp_avg, exp_avg_sq, momentum_buffer) as 8-bit blockwise states
   /// (FUSEDOPT_TORCH_QUANTIZED_FAMILIES): set per bucket, from its parameters' state tensors.
   bool quantized = false;
+  /// A float32 master copy of each 16-bit parameter as the last state, and every state in
+  /// float32 (supports_low_precision families; rules::with_master).
+  bool master = false;
   /// A user rule's states kept in float32 whatever the parameter's dtype: bit k for state k
   /// (the rule's dtype policy, fusedopt_torch.State(dtype="float32")).
   std::uint32_t float_states = 0;
 
   /// The options above as bits (amsgrad 1, momentum 2, centered 4, clip 8, kahan 16,
-  /// quantized 32): what a unit compiled for one layout is keyed by (float_states apart).
+  /// quantized 32, master 64): what a unit compiled for one layout is keyed by (float_states apart).
   [[nodiscard]] constexpr std::uint32_t bits() const
   {
     return (amsgrad ? 1u : 0u) | (momentum ? 2u : 0u) | (centered ? 4u : 0u) | (clip ? 8u : 0u) |
-           (kahan ? 16u : 0u) | (quantized ? 32u : 0u);
+           (kahan ? 16u : 0u) | (quantized ? 32u : 0u) | (master ? 64u : 0u);
   }
   static constexpr std::uint32_t amsgrad_bit = 1, momentum_bit = 2, centered_bit = 4, clip_bit = 8, kahan_bit = 16,
-                                 quantized_bit = 32;
+                                 quantized_bit = 32, master_bit = 64;
 
   friend bool operator==(layout const& a, layout const& b)
   {
@@ -188,7 +194,8 @@ constexpr std::int64_t quantized_state_bytes(std::int64_t elements)
   return (4 * quantized_blocks(elements) + 255) / 256 * 256 + quantized_blocks(elements) * quantized_block_elements;
 }
 
-/// @brief The families that take `kahan` and `stochastic_rounding` for low-precision parameters.
+/// @brief The families that take `kahan`, `stochastic_rounding` and `master_weights` for
+/// low-precision parameters.
 constexpr bool supports_low_precision(family f) { return f == family::adam || f == family::adamw; }
 
 /// @brief The families torch gives `_step_supports_amp_scaling` (its fused optimizers), and

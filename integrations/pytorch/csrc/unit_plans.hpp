@@ -300,7 +300,7 @@ std::unique_ptr<plan> plan_of(dtype t, lists const& x, void* s, int reduction_ca
         [](lists const& y) { return bind_with_states<T, States...>(y, std::index_sequence_for<States...>{}); }, x,
         typename builder::type{}, s, reduction_capacity);
     } else {
-      throw fo::error("fusedopt_torch: a Kahan compensation is for bfloat16 and float16 parameters");
+      throw fo::error("fusedopt_torch: a Kahan compensation and master weights are for bfloat16 and float16 parameters");
     }
   });
 }

@@ -25,7 +25,7 @@ INCLUDE = _HERE / "_include" if (_HERE / "_include").is_dir() else _HERE.parent.
 # plans.hpp's enums, by name.
 DTYPES = ("f32", "f64", "f16", "bf16")
 FAMILIES = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "lamb", "lion", "radam", "adamax", "adadelta", "nadam")
-LAYOUT_BITS = {"amsgrad": 1, "momentum": 2, "centered": 4, "clip": 8, "kahan": 16, "quantized": 32}
+LAYOUT_BITS = {"amsgrad": 1, "momentum": 2, "centered": 4, "clip": 8, "kahan": 16, "quantized": 32, "master": 64}
 
 # Bumped when the generated code changes in a way the library's digest would not see.
 GENERATOR_VERSION = 1

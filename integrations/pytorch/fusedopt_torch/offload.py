@@ -13,8 +13,13 @@ memory, the step on the CPU through fusedopt's host backend, overlapped with bac
 
 What is where: the GPU holds the parameters (any of float32, bfloat16, float16) and, for a
 moment, their gradients; 0 bytes of optimizer state. The host holds a float32 master of every
-parameter and its gradient's float32 copy (pinned memory: they cross PCIe), and the optimizer's
-states (ordinary memory: they never leave the host).
+parameter and its gradient's copy (pinned memory: they cross PCIe), and the optimizer's states
+(ordinary memory: they never leave the host). With Adam or AdamW (``master_weights``), a 16-bit
+parameter's gradient crosses PCIe in its own dtype and the host step reads it so, updates the
+float32 master and states and writes the 16-bit parameter into a pinned copy that crosses back:
+half the PCIe bytes of float32 copies each way, no conversion kernel on the GPU, and one pass
+over the host's memory (28 bytes a parameter). Other optimizers step the float32 master over a
+float32 copy of the gradient (converted on the GPU) and the parameter is converted back on the GPU.
 
 How: the parameters of each group are split into buckets of ``bucket_bytes`` of float32 masters,
 in the reverse of their order (the order backward finishes their gradients, as DDP assumes).
@@ -51,6 +56,7 @@ docs/memory.md, "CPU offload".
 import contextlib
 import copy
 import functools
+import inspect
 import queue
 import threading
 
@@ -60,7 +66,7 @@ from .in_backward import refuse_partial_steps
 
 __all__ = ["CPUOffload"]
 
-_ALIGN = 64  # elements: every master and gradient view starts 256 bytes into its pinned buffer
+_ALIGN = 64  # elements: every view of a pinned buffer starts a multiple of 128 bytes into it
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -84,18 +90,31 @@ def _check_offloadable(probe):
                          "float16 parameters stepped as they are")
 
 
+def _pinned_views(tensors, dtype, zero=False):
+    """Views of one pinned buffer of `dtype` shaped as `tensors` (the pinned allocator rounds every
+    allocation up to a power of two: one large one wastes the least)."""
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        total += (t.numel() + _ALIGN - 1) // _ALIGN * _ALIGN
+    flat = (torch.zeros if zero else torch.empty)(max(total, 1), dtype=dtype, pin_memory=True)
+    return [flat[start:start + t.numel()].view(t.shape) for t, start in zip(tensors, offsets)]
+
+
 class _Bucket:
     """Parameters of one group stepped together: their masters and gradients' host copies (views
-    of the group's pinned buffers), the fusedopt optimizer over the masters, and this
+    of the group's pinned buffers), the tensors the fusedopt optimizer steps (`stepped`: the
+    masters, or with master weights the parameters' 16-bit host copies, whose state 'master' is
+    the master), that optimizer (`inner`: the indices of each of its groups), and this
     iteration's progress."""
 
-    __slots__ = ("group_index", "params", "positions", "masters", "grads", "optimizer", "expected", "ready",
-                 "launched", "copied", "gathered", "versions")
+    __slots__ = ("group_index", "params", "positions", "masters", "grads", "stepped", "optimizer", "inner",
+                 "expected", "ready", "launched", "copied", "gathered", "versions")
 
-    def __init__(self, group_index, params, positions, masters, grads, optimizer):
+    def __init__(self, group_index, params, positions, masters, grads, stepped, optimizer, inner):
         self.group_index = group_index
         self.params, self.positions, self.masters, self.grads = params, positions, masters, grads
-        self.optimizer = optimizer
+        self.stepped, self.optimizer, self.inner = stepped, optimizer, inner
         self.expected = sum(1 for p in params if p.requires_grad)
         self.ready = 0
         self.launched = False  # gradients copied this iteration (stepped, or gathered for a clip)
@@ -135,9 +154,14 @@ class CPUOffload(Optimizer):
             raise ValueError(f"CPUOffload: bucket_bytes must be positive, not {bucket_bytes}")
         if not torch.cuda.is_available():
             raise RuntimeError("CPUOffload: offloads the step of CUDA parameters, and CUDA is not available")
+        if "master_weights" in kwargs:
+            raise ValueError("CPUOffload keeps float32 masters itself (16-bit parameters go through master_weights "
+                             "where the optimizer class has it): do not pass master_weights")
         # The class's defaults, and its own checks of the arguments (torch's messages).
         probe = optimizer_class([torch.zeros(1)], **kwargs)
         _check_offloadable(probe)
+        # 16-bit gradients in and 16-bit parameters out of the host step (Adam, AdamW).
+        self._master_weights = "master_weights" in inspect.signature(optimizer_class.__init__).parameters
         self.optimizer_class = optimizer_class
         self.bucket_bytes = int(bucket_bytes)
         self.overlap = bool(overlap)
@@ -216,9 +240,10 @@ class CPUOffload(Optimizer):
             packed["params"] = list(range(start, start + len(group["params"])))
             for j, p in enumerate(group["params"]):
                 b, i = self._where[p]
-                entries = b.optimizer.state.get(b.masters[i])
+                # Without 'master' (master weights' state): the masters travel in 'master_params'.
+                entries = {k: v for k, v in b.optimizer.state.get(b.stepped[i], {}).items() if k != "master"}
                 if entries:
-                    state[start + j] = dict(entries)
+                    state[start + j] = entries
                 if p.dtype != torch.float32:
                     masters[start + j] = b.masters[i]
             start += len(group["params"])
@@ -247,17 +272,19 @@ class CPUOffload(Optimizer):
         for b in self._buckets:
             saved = saved_groups[b.group_index]
             ids = [saved["params"][j] for j in b.positions]
-            inner_group = {k: v for k, v in saved.items() if k != "params"}
-            inner_group["params"] = ids
+            hyper = {k: v for k, v in saved.items() if k != "params"}
+            inner_groups = [dict(hyper, **inner["options"], params=[ids[i] for i in inner["indices"]])
+                            for inner in b.inner]
             # Copies: torch's load keeps a CPU tensor of the right dtype as it is (shared with the caller's).
-            own = {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in states[i].items()}
-                   for i in ids if i in states}
-            b.optimizer.load_state_dict({"state": own, "param_groups": [inner_group]})
+            own = {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in states[i].items()
+                       if k != "master"} for i in ids if i in states}
+            b.optimizer.load_state_dict({"state": own, "param_groups": inner_groups})
             for i, saved_id in enumerate(ids):
                 if saved_id in saved_masters:
                     b.masters[i].copy_(saved_masters[saved_id])
                     with torch.no_grad():
                         b.params[i].data.copy_(b.masters[i])
+                self._link_master(b, i)
             b.versions = [p._version for p in b.params]
 
     def __getstate__(self):
@@ -269,6 +296,17 @@ class CPUOffload(Optimizer):
         """The float32 master of CUDA parameter p (a CPU tensor in pinned memory)."""
         b, i = self._where[p]
         return b.masters[i]
+
+    @staticmethod
+    def _link_master(b, i, create=False):
+        """With master weights: the master is the state 'master' of the host copy of parameter i
+        (where it has state, or `create`: before its first step), and the copy, at the master's
+        rounding, is what crosses back."""
+        if b.stepped[i] is not b.masters[i]:
+            if create or b.stepped[i] in b.optimizer.state:
+                b.optimizer.state[b.stepped[i]]["master"] = b.masters[i]
+            if not create:
+                b.stepped[i].copy_(b.masters[i])
 
     @property
     def buckets(self):
@@ -286,8 +324,8 @@ class CPUOffload(Optimizer):
             self._accumulating = previous
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
-        """torch.nn.utils.clip_grad_norm_ over the host copies of the gradients (float32), before
-        any bucket steps: call it between backward() and step(), with ``overlap=False`` (with
+        """torch.nn.utils.clip_grad_norm_ over the host copies of the gradients (float32, or with
+        master weights the 16-bit parameters' own dtype), before any bucket steps: call it between backward() and step(), with ``overlap=False`` (with
         overlap the buckets step during backward). Returns the total norm (a CPU tensor)."""
         if self.overlap:
             raise RuntimeError("CPUOffload(overlap=True) steps each bucket during backward: no moment has every "
@@ -299,19 +337,19 @@ class CPUOffload(Optimizer):
         for b in self._buckets:
             if b.gathered is not None:
                 b.gathered[0].synchronize()
-        masters = []  # in the groups' order, as torch's clip over the parameters sums them
+        held = []  # in the groups' order, as torch's clip over the parameters sums them
         for group in self.param_groups:
             for p in group["params"]:
                 b, i = self._where[p]
                 if b.gathered is not None and i in b.copied:
-                    b.masters[i].grad = b.grads[i]
-                    masters.append(b.masters[i])
+                    b.stepped[i].grad = b.grads[i]  # (16-bit gradients with master weights)
+                    held.append(b.stepped[i])
         try:
             kwargs = {} if foreach is None else {"foreach": foreach}
-            return torch.nn.utils.clip_grad_norm_(masters, max_norm, norm_type, error_if_nonfinite, **kwargs)
+            return torch.nn.utils.clip_grad_norm_(held, max_norm, norm_type, error_if_nonfinite, **kwargs)
         finally:
-            for m in masters:
-                m.grad = None
+            for h in held:
+                h.grad = None
 
     def remove_hooks(self):
         """Takes the post-accumulate-grad hooks away (they and the optimizer keep each other
@@ -342,20 +380,20 @@ class CPUOffload(Optimizer):
             with torch.cuda.device(self._device):
                 self._d2h, self._h2d = torch.cuda.Stream(), torch.cuda.Stream()
                 self._written = torch.cuda.Event()
-        offsets, total = [], 0
-        for p in params:
-            offsets.append(total)
-            total += (p.numel() + _ALIGN - 1) // _ALIGN * _ALIGN
-        # One pinned buffer each for the group's masters and gradients (the pinned allocator
-        # rounds every allocation up to a power of two: one large one wastes the least).
-        master_flat = torch.empty(max(total, 1), dtype=torch.float32, pin_memory=True)
-        grad_flat = torch.zeros(max(total, 1), dtype=torch.float32, pin_memory=True)
-        masters, grads = [], []
-        for p, start in zip(params, offsets):
-            m = master_flat[start:start + p.numel()].view(p.shape)
+        masters = _pinned_views(params, torch.float32)
+        for m, p in zip(masters, params):
             m.copy_(p.detach())
-            masters.append(m)
-            grads.append(grad_flat[start:start + p.numel()].view(p.shape))
+        # The dtype a parameter's gradient and its stepped host tensor have: the parameter's own
+        # with master weights (16-bit in, 16-bit out), else float32 (the master itself).
+        wire = [p.dtype if self._master_weights and p.dtype != torch.float32 else torch.float32 for p in params]
+        grads, stepped = [None] * len(params), list(masters)
+        for dtype in set(wire):
+            js = [j for j in range(len(params)) if wire[j] == dtype]
+            for j, g in zip(js, _pinned_views([params[j] for j in js], dtype, zero=True)):
+                grads[j] = g
+            if dtype != torch.float32:
+                for j, h in zip(js, _pinned_views([params[j] for j in js], dtype)):
+                    stepped[j] = h
         # Buckets in the reverse order of the group's parameters.
         order, chunk, chunk_bytes = list(range(len(params)))[::-1], [], 0
         chunks = []
@@ -369,10 +407,19 @@ class CPUOffload(Optimizer):
             chunks.append(chunk)
         hyper = {k: v for k, v in group.items() if k != "params"}
         for chunk in chunks:
-            inner = self.optimizer_class([dict(hyper, params=[masters[j] for j in chunk])], **self._kwargs)
-            inner._release_gil = True  # its host step runs on the worker thread without the GIL
+            # One group of the optimizer for the float32 masters, one with master weights for the
+            # 16-bit parameters' host copies.
+            inner = [dict(indices=[i for i, j in enumerate(chunk) if (wire[j] != torch.float32) == low],
+                          options=dict(master_weights=True) if low else {}) for low in (False, True)]
+            inner = [g for g in inner if g["indices"]]
+            optimizer = self.optimizer_class(
+                [dict(hyper, **g["options"], params=[stepped[chunk[i]] for i in g["indices"]]) for g in inner],
+                **self._kwargs)
+            optimizer._release_gil = True  # its host step runs on the worker thread without the GIL
             b = _Bucket(group_index, [params[j] for j in chunk], chunk, [masters[j] for j in chunk],
-                        [grads[j] for j in chunk], inner)
+                        [grads[j] for j in chunk], [stepped[j] for j in chunk], optimizer, inner)
+            for i in range(len(chunk)):
+                self._link_master(b, i)  # the host copies' first values
             self._buckets.append(b)
             for i, p in enumerate(b.params):
                 self._where[p] = (b, i)
@@ -409,6 +456,8 @@ class CPUOffload(Optimizer):
         for i, p in enumerate(b.params):
             if p._version != b.versions[i]:
                 b.masters[i].copy_(p.detach())
+                if b.stepped[i] is not b.masters[i]:
+                    b.stepped[i].copy_(p.detach())
                 b.versions[i] = p._version
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self._device))
@@ -417,7 +466,7 @@ class CPUOffload(Optimizer):
             for i in b.copied:
                 p = b.params[i]
                 g = p.grad
-                b.grads[i].copy_(g, non_blocking=True)  # converted to float32 on the GPU, then copied
+                b.grads[i].copy_(g, non_blocking=True)  # (converted to float32 on the GPU first where it is 16-bit)
                 g.record_stream(self._d2h)  # its memory is not reused before the copy is done
                 p.grad = None
             copied = torch.cuda.Event()
@@ -440,22 +489,25 @@ class CPUOffload(Optimizer):
         try:
             copied.synchronize()  # the GIL is released while waiting
             for i in b.copied:
-                b.masters[i].grad = b.grads[i]
+                b.stepped[i].grad = b.grads[i]
+                if "master" not in b.optimizer.state.get(b.stepped[i], ()):
+                    self._link_master(b, i, create=True)  # its first step: the state starts at the master
             try:
                 group = self.param_groups[b.group_index]
-                inner_group = b.optimizer.param_groups[0]
-                for k, v in group.items():
-                    if k != "params":
-                        inner_group[k] = v
+                for inner_group in b.optimizer.param_groups:
+                    for k, v in group.items():
+                        if k != "params":
+                            inner_group[k] = v
                 b.optimizer.step()
             finally:
                 for i in b.copied:
-                    b.masters[i].grad = None
+                    b.stepped[i].grad = None
             with torch.cuda.device(self._device), torch.cuda.stream(self._h2d), torch.no_grad():
                 self._h2d.wait_event(ready)  # after every use of the parameters queued before their gradients
                 for i in b.copied:
-                    # .data: a write autograd does not count (backward may still be running)
-                    b.params[i].data.copy_(b.masters[i], non_blocking=True)
+                    # .data: a write autograd does not count (backward may still be running); the
+                    # master converted on the GPU, or the 16-bit host copy as it is
+                    b.params[i].data.copy_(b.stepped[i], non_blocking=True)
                 self._written.record(self._h2d)
                 self._wrote = True
         except BaseException as e:  # noqa: B902 - handed to step()
@@ -478,23 +530,23 @@ class _StateView:
 
     def __getitem__(self, p):
         b, i = self._offload._where[p]
-        return b.optimizer.state[b.masters[i]]
+        return b.optimizer.state[b.stepped[i]]
 
     def get(self, p, default=None):
         where = self._offload._where.get(p)
         if where is None:
             return default
         b, i = where
-        return b.optimizer.state.get(b.masters[i], default)
+        return b.optimizer.state.get(b.stepped[i], default)
 
     def __contains__(self, p):
         where = self._offload._where.get(p)
-        return where is not None and where[0].masters[where[1]] in where[0].optimizer.state
+        return where is not None and bool(where[0].optimizer.state.get(where[0].stepped[where[1]]))
 
     def __iter__(self):
         for b in self._offload._buckets:
-            for p, m in zip(b.params, b.masters):
-                if m in b.optimizer.state:
+            for p, s in zip(b.params, b.stepped):
+                if b.optimizer.state.get(s):
                     yield p
 
     def __len__(self):

@@ -39,6 +39,8 @@ def _hyper(group, **fields):
     the device: no synchronisation, capturable; their fields keep the defaults here."""
     if "kahan" in group:
         fields.update(kahan=bool(group["kahan"]), stochastic_rounding=bool(group["stochastic_rounding"]))
+    if group.get("master_weights", False):
+        fields.update(master_weights=True)
     return _ext.load().Hyper.of(lr=group["lr"], **fields)
 
 
@@ -208,9 +210,29 @@ def _check_fused_flags(fused, foreach, differentiable):
             raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
-def _check_low_precision(kahan, stochastic_rounding):
-    if kahan and stochastic_rounding:
-        raise ValueError("kahan and stochastic_rounding are two ways to keep low-precision updates: choose one")
+def _check_low_precision(kahan, stochastic_rounding, master_weights=False):
+    chosen = [name for name, on in (("kahan", kahan), ("stochastic_rounding", stochastic_rounding),
+                                    ("master_weights", master_weights)) if on]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)} are ways to keep low-precision updates: choose one")
+
+
+def _load_keeping_float32(optimizer, state_dict, kept, load):
+    """``load(state_dict)`` (torch's load_state_dict, which casts every floating state to its
+    parameter's dtype) with the states ``kept(saved_group, key)`` names set apart and restored
+    in float32 instead, on their parameter's device."""
+    group_of = {i: g for g in state_dict["param_groups"] for i in g["params"]}
+    aside, others = {}, {}
+    for i, entries in state_dict["state"].items():
+        group = group_of.get(i, {})
+        aside[i] = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor) and kept(group, k)}
+        others[i] = {k: v for k, v in entries.items() if k not in aside[i]}
+    saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+    load({**state_dict, "state": others})
+    targets = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, p in zip(saved, targets):
+        for key, value in aside.get(i, {}).items():
+            optimizer.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
 
 
 def _reject_unsupported(name, differentiable=False):
@@ -561,9 +583,11 @@ class FusedOptimizer(Optimizer):
         self._engine_ahead = False
 
     def _check_low_precision_param(self, group, p):
-        """kahan needs bfloat16 or float16 parameters, stochastic_rounding bfloat16 ones."""
+        """kahan and master_weights need bfloat16 or float16 parameters, stochastic_rounding bfloat16 ones."""
         if group.get("kahan", False):
             option, allowed = "kahan=True", (torch.bfloat16, torch.float16)
+        elif group.get("master_weights", False):
+            option, allowed = "master_weights=True", (torch.bfloat16, torch.float16)
         elif group.get("stochastic_rounding", False):
             option, allowed = "stochastic_rounding=True", (torch.bfloat16,)
         else:
@@ -805,6 +829,12 @@ class Adam(FusedOptimizer):
     compensation state ``state[p]['kahan_comp']`` of the parameter's dtype, updated in the same
     pass (fusedopt.rules.with_kahan: 2 more bytes read and written per bf16 parameter), and
     ``stochastic_rounding=True`` rounds each new bfloat16 parameter stochastically (no state).
+    ``master_weights=True`` keeps a float32 master copy ``state[p]['master']`` (created from the
+    parameter at its first step) and every moment in float32; the step runs on the master, and
+    the parameter is stored as the master rounded to nearest (fusedopt.rules.with_master: the
+    parameter is written, never read; apex's ``FusedAdam(master_weights=True)``): 16 bytes of
+    state per parameter, and the parameter's bits are those of a float32 AdamW step on the
+    master, rounded.
     """
 
     _family = "adam"
@@ -814,8 +844,8 @@ class Adam(FusedOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *, foreach=None,
                  maximize=False, capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False,
-                 kahan=False, stochastic_rounding=False):
-        _check_low_precision(kahan, stochastic_rounding)
+                 kahan=False, stochastic_rounding=False, master_weights=False):
+        _check_low_precision(kahan, stochastic_rounding, master_weights)
         if isinstance(lr, torch.Tensor):
             if foreach and not capturable:
                 raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
@@ -834,6 +864,8 @@ class Adam(FusedOptimizer):
                         decoupled_weight_decay=decoupled_weight_decay)
         if kahan or stochastic_rounding:  # absent otherwise: state_dict()'s groups stay torch's
             defaults.update(kahan=kahan, stochastic_rounding=stochastic_rounding)
+        if master_weights:
+            defaults.update(master_weights=True)
         super().__init__(params, defaults)
         _check_fused_flags(fused, foreach, differentiable)
         _reject_unsupported(self._name, differentiable)
@@ -856,11 +888,31 @@ class Adam(FusedOptimizer):
 
     def _state_keys(self, group):
         keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+        if group.get("master_weights", False):
+            return keys + ("master",)
         return keys + ("kahan_comp",) if group.get("kahan", False) else keys
 
     def _layout_bits(self, group, p):
+        low = p.dtype in (torch.bfloat16, torch.float16)
         return ((_LAYOUT["amsgrad"] if group["amsgrad"] else 0)
-                | (_LAYOUT["kahan"] if group.get("kahan", False) and p.dtype in (torch.bfloat16, torch.float16) else 0))
+                | (_LAYOUT["kahan"] if group.get("kahan", False) and low else 0)
+                | (_LAYOUT["master"] if group.get("master_weights", False) and low else 0))
+
+    def _new_state(self, p, group, key):
+        if not group.get("master_weights", False):
+            return super()._new_state(p, group, key)
+        if key == "master":
+            return p.detach().to(dtype=torch.float32, copy=True, memory_format=torch.preserve_format)
+        return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+
+    def load_state_dict(self, state_dict):
+        # master_weights: the moments and the master stay float32 (torch would cast them to the
+        # parameter's dtype).
+        if not any(g.get("master_weights", False) for g in state_dict["param_groups"]):
+            return super().load_state_dict(state_dict)
+        return _load_keeping_float32(self, state_dict, lambda group, key: group.get("master_weights", False)
+                                     and key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master"),
+                                     super().load_state_dict)
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
@@ -876,11 +928,11 @@ class AdamW(Adam):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, kahan=False,
-                 stochastic_rounding=False):
+                 stochastic_rounding=False, master_weights=False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                          foreach=foreach, maximize=maximize, capturable=capturable, differentiable=differentiable,
                          fused=fused, decoupled_weight_decay=True, kahan=kahan,
-                         stochastic_rounding=stochastic_rounding)
+                         stochastic_rounding=stochastic_rounding, master_weights=master_weights)
 
 
 class Adagrad(FusedOptimizer):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from . import _build, _codegen, _ext
-from .optimizers import _DTYPE_INDEX, FusedOptimizer, _EightBitStates, _is_dtensor, _signedness
+from .optimizers import _DTYPE_INDEX, FusedOptimizer, _EightBitStates, _is_dtensor, _load_keeping_float32, _signedness
 
 __all__ = ["rule", "State", "RuleOptimizer", "RuleCompileError"]
 
@@ -322,16 +322,7 @@ class RuleOptimizer(FusedOptimizer):
         kept = {k for k, s in self._states.items() if s.dtype == "float32"}
         if not kept:
             return super().load_state_dict(state_dict)
-        aside, others = {}, {}
-        for i, entries in state_dict["state"].items():
-            aside[i] = {k: v for k, v in entries.items() if k in kept and isinstance(v, torch.Tensor)}
-            others[i] = {k: v for k, v in entries.items() if k not in aside[i]}
-        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
-        super().load_state_dict({**state_dict, "state": others})
-        targets = [p for g in self.param_groups for p in g["params"]]
-        for i, p in zip(saved, targets):
-            for key, value in aside.get(i, {}).items():
-                self.state[p][key] = value.to(device=p.device, dtype=torch.float32, copy=True)
+        return _load_keeping_float32(self, state_dict, lambda group, key: key in kept, super().load_state_dict)
 
     @classmethod
     def compile(cls, device="cuda", dtype=torch.float32, amp=False):

@@ -1,7 +1,9 @@
 """Low-precision parameters (issue 16 item 3): Adam/AdamW(kahan=True) keeps a compensation state
 of the parameter's dtype and tracks the fp32 trajectory far closer than plain bfloat16;
 stochastic_rounding=True is unbiased where round-to-nearest loses every update; both are
-refused for parameters they do not apply to; the compensation travels in state_dict()."""
+refused for parameters they do not apply to; the compensation travels in state_dict().
+master_weights=True (issue 46) steps a float32 master with float32 moments: its bits are those
+of the same optimizer's float32 step, and the parameter is the master rounded to nearest."""
 
 import os
 import sys
@@ -130,3 +132,113 @@ def test_low_precision_options_refused_where_they_do_not_apply():
     assert torch.equal(p, before) and torch.equal(half, torch.zeros(3, dtype=torch.float16))
     # Without the options a group stays torch's (no extra keys in state_dict()).
     assert "kahan" not in ft.AdamW([torch.nn.Parameter(torch.zeros(3))]).state_dict()["param_groups"][0]
+
+
+def _same_step_in_float32(cls, device, dtype, amsgrad, steps=6, n=3000, scale=None):
+    """cls(master_weights=True) over `dtype` parameters beside cls over float32 copies of them,
+    with the same gradients (`dtype` values): (master run, float32 run) after `steps` steps.
+    `scale`: GradScaler's fused protocol with that grad_scale (the float32 run gets the
+    gradients divided by it)."""
+    g = torch.Generator().manual_seed(11)
+    shapes = [(n,), (7, 33), (1,), (64, 64)]
+    low = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).to(device=device, dtype=dtype)) for s in shapes]
+    full = [torch.nn.Parameter(p.detach().float()) for p in low]
+    kw = dict(lr=3e-3, weight_decay=0.1, amsgrad=amsgrad)
+    o_low, o_full = cls(low, master_weights=True, **kw), cls(full, **kw)
+    for t in range(steps):
+        for a, b in zip(low, full):
+            grad = (torch.randn(a.shape, generator=g) * 0.1).to(device=device, dtype=dtype)
+            a.grad = grad
+            b.grad = grad.float() if scale is None else grad.float() / scale
+        if scale is not None:
+            o_low.grad_scale = torch.tensor(scale, device=device)
+            o_low.found_inf = torch.tensor(0.0, device=device)
+        o_low.step()
+        o_full.step()
+    return (low, o_low), (full, o_full)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+@pytest.mark.parametrize("cls", [ft.Adam, ft.AdamW], ids=["Adam", "AdamW"])
+def test_master_weights_step_the_float32_master(cls, amsgrad, dtype, device):
+    need_device(device)
+    (low, o_low), (full, o_full) = _same_step_in_float32(cls, device, dtype, amsgrad)
+    keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+    for a, b in zip(low, full):
+        state = o_low.state[a]
+        assert state["master"].dtype == torch.float32 and all(state[k].dtype == torch.float32 for k in keys)
+        assert torch.equal(a.detach(), state["master"].to(dtype)), "the parameter is the master rounded to nearest"
+        assert o_low.state[a]["step"].item() == o_full.state[b]["step"].item()
+        pairs = [(state["master"], b.detach())] + [(state[k], o_full.state[b][k]) for k in keys]
+        if device == "cpu":
+            # The host units do not contract a * b + c: the same float arithmetic, the same bits.
+            assert all(torch.equal(x, y) for x, y in pairs), "the master's step is the float32 step, bit for bit"
+        else:
+            # Two CUDA kernels of one rule may contract a * b + c differently (nvcc's -fmad=true:
+            # docs/cuda.md): the last bits of a step can differ.
+            for x, y in pairs:
+                torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_master_weights_under_grad_scaler_protocol(device):
+    """float16 parameters with a float32 master under GradScaler's fused protocol (apex's
+    FusedAdam(master_weights=True) use): the gradients divided by grad_scale, a step with
+    found_inf set changes nothing."""
+    need_device(device)
+    (low, o_low), (full, _) = _same_step_in_float32(ft.AdamW, device, torch.float16, False, steps=3, scale=1024.0)
+    for a, b in zip(low, full):
+        torch.testing.assert_close(o_low.state[a]["master"], b.detach(), rtol=1e-6 if device != "cpu" else 0, atol=0)
+    before = [(a.detach().clone(), {k: v.clone() for k, v in o_low.state[a].items()}) for a in low]
+    for a in low:
+        a.grad = torch.full_like(a, float("inf"))
+    o_low.grad_scale = torch.tensor(1024.0, device=device)
+    o_low.found_inf = torch.tensor(1.0, device=device)
+    o_low.step()
+    for a, (p_before, s_before) in zip(low, before):
+        assert torch.equal(a.detach(), p_before)
+        for k in ("exp_avg", "exp_avg_sq", "master"):
+            assert torch.equal(o_low.state[a][k], s_before[k]), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_master_weights_state_dict_round_trip(device):
+    need_device(device)
+    p1 = torch.nn.Parameter(weights(device, torch.bfloat16, n=300))
+    p2 = torch.nn.Parameter(p1.detach().clone())
+    o1 = ft.AdamW([p1], master_weights=True, **KW)
+    o2 = ft.AdamW([p2], master_weights=True, **KW)
+    g = torch.Generator().manual_seed(9)
+    grads = [(torch.randn(300, generator=g) * 0.1).to(device=device, dtype=torch.bfloat16) for _ in range(10)]
+    for t in range(5):
+        p1.grad, p2.grad = grads[t].clone(), grads[t].clone()
+        o1.step()
+        o2.step()
+    saved = o2.state_dict()
+    assert saved["param_groups"][0]["master_weights"] is True
+    assert all(saved["state"][0][k].dtype == torch.float32 for k in ("exp_avg", "exp_avg_sq", "master"))
+    # The updates (~1e-4 on weights of ~0.02) are below a bf16 ulp: only the master holds them.
+    assert not torch.equal(saved["state"][0]["master"], p2.detach().float())
+    o3 = ft.AdamW([p2], master_weights=True, **KW)
+    o3.load_state_dict(saved)  # torch would cast the states to bfloat16: they stay float32
+    assert all(o3.state[p2][k].dtype == torch.float32 for k in ("exp_avg", "exp_avg_sq", "master"))
+    for t in range(5, 10):
+        p1.grad, p2.grad = grads[t].clone(), grads[t].clone()
+        o1.step()
+        o3.step()
+    assert torch.equal(p1, p2) and torch.equal(o1.state[p1]["master"], o3.state[p2]["master"])
+
+
+def test_master_weights_refused_where_they_do_not_apply():
+    bf16 = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    for other in ("kahan", "stochastic_rounding"):
+        with pytest.raises(ValueError, match="choose one"):
+            ft.AdamW([bf16], master_weights=True, **{other: True})
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.ones(3)
+    with pytest.raises(ValueError, match="master_weights=True is for bfloat16 or float16 parameters"):
+        ft.AdamW([p], master_weights=True).step()
+    assert torch.equal(p, torch.zeros(3)) and not ft.AdamW([p]).state
+    assert "master_weights" not in ft.AdamW([p]).state_dict()["param_groups"][0]
