@@ -9,6 +9,8 @@ in one process on the GPU machine, one iteration = forward + backward + the step
   in_backward       fusedopt_torch.step_in_backward(AdamW): backward() alone (buckets of 32 MiB)
   torch_per_param   torch's recipe: one torch.optim.AdamW(fused=True) per parameter, stepped and
                     zeroed in a post-accumulate-grad hook
+  no_step           forward and backward alone, the gradients dropped (set to None) after: each
+                    mode's step costs its iteration less this one's (medians, and fastest ones)
 
 Per mode: median iteration time over --iterations (after two warm-up iterations that create the
 states), the optimizer's host time per iteration (step() and zero_grad(), or the hooks' bucket
@@ -75,7 +77,11 @@ def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile
             host[0] += time.perf_counter() - start
         return wrapper
     hooks = []  # removed at the end: hooks live in C++, where the collector does not see their cycles
-    if mode == "ordinary":
+    if mode == "no_step":
+        def step():
+            for p in params:
+                p.grad = None
+    elif mode == "ordinary":
         opt = ft.AdamW(params, lr=1e-4, weight_decay=0.1)
 
         @timed
@@ -138,7 +144,7 @@ def run(mode, iterations, tokens, name, checkpointing=False, cache=True, profile
     row = dict(iteration_ms=statistics.median(times) * 1e3, iteration_ms_min=min(times) * 1e3,
                optimizer_host_ms=host[0] / iterations * 1e3, iterations_ms=[round(t * 1e3, 2) for t in times],
                peak_mib=max(peaks) / 2**20, grad_mib=grad_bytes / 2**20)
-    if mode != "torch_per_param":  # plans built over all iterations (none after the first ones)
+    if opt is not None:  # plans built over all iterations (none after the first ones)
         row.update(plan_rebuilds=opt.plan_rebuilds(), plan_reuses=opt.plan_reuses())
         # The engine's own clocks (csrc/engine.cpp, host_times) over the timed iterations: its
         # steps (one per bucket inside backward) and the C++ host time of each phase, per iteration.
@@ -222,7 +228,7 @@ def main():
         r = rows["in_backward"]
         print(f"in_backward: iteration {r['time_vs_ordinary']:.4f}x the ordinary loop's by medians, "
               f"{r['time_vs_ordinary_pairs_median']:.4f}x by the median of adjacent pairs", flush=True)
-    for mode in () if args.interleave else ("ordinary", "in_backward", "torch_per_param"):
+    for mode in () if args.interleave else ("no_step", "ordinary", "in_backward", "torch_per_param"):
         model, rows[mode] = run(mode, args.iterations, tokens, args.model, args.checkpointing, args.cache,
                                 args.profile, args.untied)
         r = rows[mode]
@@ -244,6 +250,19 @@ def main():
         r["time_vs_ordinary"] = r["iteration_ms"] / base["iteration_ms"]
         print(f"{mode}: peak lower by {100 * r['memory_saved_of_gradients']:.1f}% of the gradients' bytes, iteration "
               f"{r['time_vs_ordinary']:.3f}x the ordinary loop's")
+    if not args.interleave:
+        # What each mode's step adds to forward and backward (issue 46: the step inside backward
+        # against torch's per-parameter recipe), by medians and by the fastest iterations.
+        bare = rows["no_step"]
+        for mode in ("ordinary", "in_backward", "torch_per_param"):
+            r = rows[mode]
+            r["step_ms"] = r["iteration_ms"] - bare["iteration_ms"]
+            r["step_ms_by_min"] = r["iteration_ms_min"] - bare["iteration_ms_min"]
+            print(f"{mode}: the step adds {r['step_ms']:.2f} ms (medians), {r['step_ms_by_min']:.2f} ms (fastest)")
+        ours, theirs = rows["in_backward"], rows["torch_per_param"]
+        for key in ("step_ms", "step_ms_by_min"):
+            if ours[key] > 0:
+                print(f"torch_per_param's step / in_backward's ({key}): {theirs[key] / ours[key]:.2f}x")
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=args.model, batch=args.batch,
                   tokens=args.tokens, checkpointing=args.checkpointing, autocast_cache=args.cache, untied=args.untied,
                   interleaved=args.interleave,
