@@ -242,3 +242,77 @@ def test_master_weights_refused_where_they_do_not_apply():
         ft.AdamW([p], master_weights=True).step()
     assert torch.equal(p, torch.zeros(3)) and not ft.AdamW([p]).state
     assert "master_weights" not in ft.AdamW([p]).state_dict()["param_groups"][0]
+
+
+def _mixed_params(device, seed=5):
+    """bfloat16 matrices (their group with master_weights) and float32 vectors (a group without)."""
+    g = torch.Generator().manual_seed(seed)
+    low = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).to(device=device, dtype=torch.bfloat16))
+           for s in ((40, 24), (24, 8), (300,))]
+    full = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).to(device)) for s in ((24,), (8,))]
+    return low, full
+
+
+def _backward(low, full, k):
+    """loss = sum(p * c) with gradients c (bf16 values for every parameter)."""
+    g = torch.Generator().manual_seed(50 + k)
+    loss = 0
+    for p in low + full:
+        c = (torch.randn(p.shape, generator=g) * 0.1).to(torch.bfloat16).float().to(p.device)
+        loss = loss + (p.float() * c).sum()
+    loss.backward()
+
+
+def _mixed_optimizer(low, full):
+    return ft.AdamW([{"params": low, "master_weights": True}, {"params": full, "lr": 1e-3}], lr=3e-3, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_master_weights_in_one_group_of_two(device):
+    """A group of bf16 parameters with master_weights beside a float32 group: the masters and the
+    float32 parameters follow AdamW over float32 copies (CPU: bit for bit)."""
+    need_device(device)
+    low, full = _mixed_params(device)
+    ref = [torch.nn.Parameter(p.detach().float()) for p in low + full]
+    opt = _mixed_optimizer(low, full)
+    opt_ref = ft.AdamW([{"params": ref[:3]}, {"params": ref[3:], "lr": 1e-3}], lr=3e-3, weight_decay=0.1)
+    for k in range(5):
+        for o, (a, b) in ((opt, (low, full)), (opt_ref, (ref[:3], ref[3:]))):
+            _backward(a, b, k)
+            o.step()
+            o.zero_grad(set_to_none=True)
+    assert all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in low)
+    assert "master" not in opt.state[full[0]] and opt.state[full[0]]["exp_avg"].dtype == torch.float32
+    for p in low:
+        assert torch.equal(p.detach(), opt.state[p]["master"].to(torch.bfloat16))
+    for m, r in zip([opt.state[p]["master"] for p in low] + [p.detach() for p in full], ref):
+        if device == "cpu":
+            assert torch.equal(m, r.detach())
+        else:
+            torch.testing.assert_close(m, r.detach(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_master_weights_inside_backward(device):
+    """The same optimizer stepped inside backward (step_in_backward, several buckets) gives the
+    ordinary loop's bits, masters and moments included."""
+    need_device(device)
+    if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        pytest.skip("step_in_backward needs torch >= 2.1 (post-accumulate-grad hooks)")
+    (low_a, full_a), (low_b, full_b) = _mixed_params(device), _mixed_params(device)
+    opt_a, opt_b = _mixed_optimizer(low_a, full_a), _mixed_optimizer(low_b, full_b)
+    stepper = ft.step_in_backward(opt_b, bucket_bytes=1024)
+    try:
+        for k in range(5):
+            _backward(low_a, full_a, k)
+            opt_a.step()
+            opt_a.zero_grad(set_to_none=True)
+            _backward(low_b, full_b, k)
+            assert all(p.grad is None for p in low_b + full_b), "a gradient was not freed"
+        assert stepper.buckets > 1
+        for a, b in zip(low_a + full_a, low_b + full_b):
+            assert torch.equal(a, b)
+            for key, value in opt_a.state[a].items():
+                assert torch.equal(value, opt_b.state[b][key]), key
+    finally:
+        stepper.remove()
