@@ -325,8 +325,9 @@ class CPUOffload(Optimizer):
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         """torch.nn.utils.clip_grad_norm_ over the host copies of the gradients (float32, or with
-        master weights the 16-bit parameters' own dtype), before any bucket steps: call it between backward() and step(), with ``overlap=False`` (with
-        overlap the buckets step during backward). Returns the total norm (a CPU tensor)."""
+        master weights the 16-bit parameters' own dtype), before any bucket steps: call it between
+        backward() and step(), with ``overlap=False`` (with overlap the buckets step during
+        backward). Returns the total norm (a CPU tensor)."""
         if self.overlap:
             raise RuntimeError("CPUOffload(overlap=True) steps each bucket during backward: no moment has every "
                                "gradient before a step. Construct it with overlap=False to clip (the norm is "

@@ -832,9 +832,9 @@ class Adam(FusedOptimizer):
     ``master_weights=True`` keeps a float32 master copy ``state[p]['master']`` (created from the
     parameter at its first step) and every moment in float32; the step runs on the master, and
     the parameter is stored as the master rounded to nearest (fusedopt.rules.with_master: the
-    parameter is written, never read; apex's ``FusedAdam(master_weights=True)``): 16 bytes of
-    state per parameter, and the parameter's bits are those of a float32 AdamW step on the
-    master, rounded.
+    parameter is written, never read; apex's ``FusedAdam(master_weights=True)``): 12 bytes of
+    state per parameter (16 with AMSGrad), and the master's bits are those of the same
+    optimizer's float32 step (on the CPU; on CUDA within the last bits).
     """
 
     _family = "adam"
