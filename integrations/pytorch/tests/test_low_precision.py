@@ -303,3 +303,29 @@ def test_master_weights_inside_backward(device):
                 assert torch.equal(value, opt_b.state[b][key]), key
     finally:
         stepper.remove()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_master_weights_with_the_fused_clip(device):
+    """opt.clip_grad_norm_ fused into a master_weights step: the masters follow AdamW over float32
+    copies clipped the same way (the norm taken over the same gradient values)."""
+    need_device(device)
+    g = torch.Generator().manual_seed(21)
+    low = [torch.nn.Parameter((torch.randn(s, generator=g) * 0.05).to(device=device, dtype=torch.bfloat16))
+           for s in ((40, 24), (300,))]
+    full = [torch.nn.Parameter(p.detach().float()) for p in low]
+    o_low, o_full = ft.AdamW(low, master_weights=True, lr=1e-2), ft.AdamW(full, lr=1e-2)
+    for _ in range(4):
+        for a, b in zip(low, full):
+            a.grad = (torch.randn(a.shape, generator=g) * 3).to(device=device, dtype=torch.bfloat16)
+            b.grad = a.grad.float()
+        o_low.clip_grad_norm_(1.0)  # norms of about 100: every step clipped
+        o_full.clip_grad_norm_(1.0)
+        o_low.step()
+        o_full.step()
+    for a, b in zip(low, full):
+        if device == "cpu":
+            assert torch.equal(o_low.state[a]["master"], b.detach())
+        else:
+            torch.testing.assert_close(o_low.state[a]["master"], b.detach(), rtol=1e-6, atol=1e-9)
+        assert torch.equal(a.detach(), o_low.state[a]["master"].to(torch.bfloat16))
