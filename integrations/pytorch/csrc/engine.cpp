@@ -225,10 +225,9 @@ class engine {
         dtype_of(params[i]);
         if (states[i]) {
           for (std::size_t k = 0; k < states[i]->size(); ++k) {
-            // The group's layout (master weights: float32 states) is known at its first step,
-            // where check_states looks again.
-            check_state(params[i], (*states[i])[k], i,
-                        supports_low_precision(family_) ? state_dtype::either : state_of(layout{}, k));
+            // The dtype a state must have follows the group's layout (master weights: float32),
+            // known at the group's first step, where check_states checks it before anything runs.
+            check_state(params[i], (*states[i])[k], i, state_dtype::either);
           }
           d.states[i] = *states[i];
           d.has_state[i] = 1;

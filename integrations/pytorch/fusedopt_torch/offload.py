@@ -105,8 +105,8 @@ class _Bucket:
     """Parameters of one group stepped together: their masters and gradients' host copies (views
     of the group's pinned buffers), the tensors the fusedopt optimizer steps (`stepped`: the
     masters, or with master weights the parameters' 16-bit host copies, whose state 'master' is
-    the master), that optimizer (`inner`: the indices of each of its groups), and this
-    iteration's progress."""
+    the master), that optimizer (`inner`: the indices of each of its groups, the float32 masters'
+    first, then the 16-bit copies' with master weights), and this iteration's progress."""
 
     __slots__ = ("group_index", "params", "positions", "masters", "grads", "stepped", "optimizer", "inner",
                  "expected", "ready", "launched", "copied", "gathered", "versions")
@@ -273,8 +273,8 @@ class CPUOffload(Optimizer):
             saved = saved_groups[b.group_index]
             ids = [saved["params"][j] for j in b.positions]
             hyper = {k: v for k, v in saved.items() if k != "params"}
-            inner_groups = [dict(hyper, **inner["options"], params=[ids[i] for i in inner["indices"]])
-                            for inner in b.inner]
+            inner_groups = [dict(hyper, **self._inner_options(b, indices), params=[ids[i] for i in indices])
+                            for indices in b.inner]
             # Copies: torch's load keeps a CPU tensor of the right dtype as it is (shared with the caller's).
             own = {i: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in states[i].items()
                        if k != "master"} for i in ids if i in states}
@@ -284,7 +284,9 @@ class CPUOffload(Optimizer):
                     b.masters[i].copy_(saved_masters[saved_id])
                     with torch.no_grad():
                         b.params[i].data.copy_(b.masters[i])
-                self._link_master(b, i)
+                self._refresh_host_copy(b, i)
+                if b.stepped[i] in b.optimizer.state:
+                    self._link_master(b, i)
             b.versions = [p._version for p in b.params]
 
     def __getstate__(self):
@@ -298,15 +300,21 @@ class CPUOffload(Optimizer):
         return b.masters[i]
 
     @staticmethod
-    def _link_master(b, i, create=False):
-        """With master weights: the master is the state 'master' of the host copy of parameter i
-        (where it has state, or `create`: before its first step), and the copy, at the master's
-        rounding, is what crosses back."""
+    def _inner_options(b, indices):
+        """The options of the bucket optimizer's group of `indices`: master weights for 16-bit copies."""
+        return {} if b.stepped[indices[0]] is b.masters[indices[0]] else {"master_weights": True}
+
+    @staticmethod
+    def _link_master(b, i):
+        """With master weights: the pinned master is the state 'master' of parameter i's host copy."""
         if b.stepped[i] is not b.masters[i]:
-            if create or b.stepped[i] in b.optimizer.state:
-                b.optimizer.state[b.stepped[i]]["master"] = b.masters[i]
-            if not create:
-                b.stepped[i].copy_(b.masters[i])
+            b.optimizer.state[b.stepped[i]]["master"] = b.masters[i]
+
+    @staticmethod
+    def _refresh_host_copy(b, i):
+        """With master weights: parameter i's 16-bit host copy (what crosses back) takes the master's rounding."""
+        if b.stepped[i] is not b.masters[i]:
+            b.stepped[i].copy_(b.masters[i])
 
     @property
     def buckets(self):
@@ -410,17 +418,16 @@ class CPUOffload(Optimizer):
         for chunk in chunks:
             # One group of the optimizer for the float32 masters, one with master weights for the
             # 16-bit parameters' host copies.
-            inner = [dict(indices=[i for i, j in enumerate(chunk) if (wire[j] != torch.float32) == low],
-                          options=dict(master_weights=True) if low else {}) for low in (False, True)]
-            inner = [g for g in inner if g["indices"]]
-            optimizer = self.optimizer_class(
-                [dict(hyper, **g["options"], params=[stepped[chunk[i]] for i in g["indices"]]) for g in inner],
-                **self._kwargs)
-            optimizer._release_gil = True  # its host step runs on the worker thread without the GIL
+            inner = [[i for i, j in enumerate(chunk) if (wire[j] != torch.float32) == low] for low in (False, True)]
+            inner = [indices for indices in inner if indices]
             b = _Bucket(group_index, [params[j] for j in chunk], chunk, [masters[j] for j in chunk],
-                        [grads[j] for j in chunk], [stepped[j] for j in chunk], optimizer, inner)
+                        [grads[j] for j in chunk], [stepped[j] for j in chunk], None, inner)
+            b.optimizer = self.optimizer_class(
+                [dict(hyper, **self._inner_options(b, indices), params=[b.stepped[i] for i in indices])
+                 for indices in inner], **self._kwargs)
+            b.optimizer._release_gil = True  # its host step runs on the worker thread without the GIL
             for i in range(len(chunk)):
-                self._link_master(b, i)  # the host copies' first values
+                self._refresh_host_copy(b, i)  # the host copies' first values
             self._buckets.append(b)
             for i, p in enumerate(b.params):
                 self._where[p] = (b, i)
@@ -457,8 +464,7 @@ class CPUOffload(Optimizer):
         for i, p in enumerate(b.params):
             if p._version != b.versions[i]:
                 b.masters[i].copy_(p.detach())
-                if b.stepped[i] is not b.masters[i]:
-                    b.stepped[i].copy_(p.detach())
+                self._refresh_host_copy(b, i)
                 b.versions[i] = p._version
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self._device))
@@ -492,7 +498,7 @@ class CPUOffload(Optimizer):
             for i in b.copied:
                 b.stepped[i].grad = b.grads[i]
                 if "master" not in b.optimizer.state.get(b.stepped[i], ()):
-                    self._link_master(b, i, create=True)  # its first step: the state starts at the master
+                    self._link_master(b, i)  # its first step: the state starts at the master
             try:
                 group = self.param_groups[b.group_index]
                 for inner_group in b.optimizer.param_groups:

@@ -906,13 +906,12 @@ class Adam(FusedOptimizer):
         return torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
 
     def load_state_dict(self, state_dict):
-        # master_weights: the moments and the master stay float32 (torch would cast them to the
-        # parameter's dtype).
+        # master_weights: every state but the step count (torch's to place) stays float32 (torch
+        # would cast them to the parameter's dtype).
         if not any(g.get("master_weights", False) for g in state_dict["param_groups"]):
             return super().load_state_dict(state_dict)
         return _load_keeping_float32(self, state_dict, lambda group, key: group.get("master_weights", False)
-                                     and key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "master"),
-                                     super().load_state_dict)
+                                     and key != self._step_key, super().load_state_dict)
 
     def _hyper(self, group):
         b1, b2 = group["betas"]
