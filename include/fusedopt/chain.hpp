@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -46,23 +47,55 @@ struct prepared_chain {
   }
 };
 
+/// The union of the declarations of parts From, From + 1, ... (the parts an update pass runs).
+template <std::size_t From, class Indices, class... Declared>
+struct merge_from;
+template <std::size_t From, std::size_t... K, class... Declared>
+struct merge_from<From, std::index_sequence<K...>, Declared...> {
+  using type = typename merge_all<std::conditional_t<(K >= From), Declared, slots<>>...>::type;
+};
+
+/// True when every slot of `Writes` is in `Stored` (never for "every bound slot").
+template <class Writes, class Stored>
+struct writes_stored : std::false_type {};
+template <class... S, class Stored>
+struct writes_stored<slots<S...>, Stored> : std::bool_constant<(contains_v<Stored, S> && ...)> {};
+
 }  // namespace detail
 
 /// @brief A rule made of other rules, run one after the other on the same element registers.
 /// Its `reads`, `writes` and `registers` are the unions of its parts' (a part without a
-/// declaration makes the chain read/write every bound slot).
+/// declaration makes the chain read/write every bound slot): those of the parts its update pass
+/// runs, from `resume` on (all of them unless a part's factored pass stores: rule_traits.hpp).
 template <class... Rules>
 struct chain_rule {
   static_assert(sizeof...(Rules) > 0, "fusedopt::chain needs at least one rule");
 
-  using reads = typename detail::merge_all<detail::rule_reads_t<Rules>...>::type;
-  using writes = typename detail::merge_all<detail::rule_writes_t<Rules>...>::type;
+  /// The first part the update pass runs: the last part whose factored pass stores slots
+  /// (detail::resume_part; 0 when none does). The parts before it ran in that pass, which
+  /// stored what they wrote, so the update neither runs them nor loads what only they read.
+  static constexpr std::size_t resume = detail::resume_part<Rules...>();
+  using reads = typename detail::merge_from<resume, std::index_sequence_for<Rules...>, detail::rule_reads_t<Rules>...>::type;
+  using writes = typename detail::merge_from<resume, std::index_sequence_for<Rules...>, detail::rule_writes_t<Rules>...>::type;
   using registers = typename detail::merge_all<detail::rule_registers_t<Rules>...>::type;
 
   using part_indices = std::index_sequence_for<Rules...>;
+  static constexpr std::size_t part_count = sizeof...(Rules);
 
   detail::pack<Rules...> parts;
 
+ private:
+  template <std::size_t... K>
+  static constexpr bool prefix_writes_stored(std::index_sequence<K...>)
+  {
+    using stored = detail::pass_stored_t<std::tuple_element_t<resume, std::tuple<Rules...>>>;
+    return ((K >= resume || detail::writes_stored<detail::rule_writes_t<Rules>, stored>::value) && ...);
+  }
+  static_assert(prefix_writes_stored(std::index_sequence_for<Rules...>{}),
+                "fusedopt: a part before one whose factored pass stores (stored_by_pass) may write only slots that "
+                "pass stores: the update pass does not run it again");
+
+ public:
   /// @brief The K-th part, e.g. to change a hyperparameter between steps.
   template <std::size_t K>
   FUSEDOPT_HOST_DEVICE constexpr auto& get()

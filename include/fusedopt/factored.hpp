@@ -171,6 +171,7 @@ struct factored_table {
   std::int64_t tiles = 0;     ///< sum of tiles()
   std::int64_t lines = 0;     ///< sum of lines()
   std::int64_t matrices = 0;  ///< sum of matrices over tensors with statistics
+  std::int64_t elements = 0;  ///< elements of the tensors with statistics (a storing pass's check)
 };
 
 
@@ -417,6 +418,7 @@ class factored_layout {
                      ((s.cols + factored_tile_cols - 1) / factored_tile_cols);
       table.lines += s.matrices * (s.rows + (s.columns ? s.cols : 0));
       table.matrices += s.matrices;
+      table.elements += s.matrices * s.rows * s.cols;
     }
     return table;
   }

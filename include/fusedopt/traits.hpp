@@ -45,6 +45,9 @@ inline constexpr int factor_count_v = detail::factor_count_v<Rule>;
 /// @brief The slots factored pass `J` of `Rule` reads.
 template <class Rule, int J>
 using factor_reads_t = typename detail::factor_traits<Rule, J>::reads;
+/// @brief The slots factored pass J stores (its owner's `stored_by_pass`; slots<> for most).
+template <class Rule, int J>
+using factor_stores_t = typename detail::factor_traits<Rule, J>::stores;
 
 /// @brief The per-element body a step of `Rule` without reduction passes runs: what its
 /// `prepare(step)` returns, or the rule itself bound to the step where it has no `prepare`.
@@ -84,7 +87,9 @@ struct memory_traffic {
   template <int... J>
   static constexpr std::size_t factor_bytes(std::integer_sequence<int, J...>)
   {
-    return (std::size_t{0} + ... + read_bytes<factor_reads_t<Rule, J>>(static_cast<Lists const*>(nullptr)));
+    return (std::size_t{0} + ... +
+            (read_bytes<factor_reads_t<Rule, J>>(static_cast<Lists const*>(nullptr)) +
+             read_bytes<factor_stores_t<Rule, J>>(static_cast<Lists const*>(nullptr))));
   }
 
  public:
@@ -96,7 +101,7 @@ struct memory_traffic {
   /// Bytes of the update pass: each loaded slot once, each stored slot once.
   static constexpr std::size_t update_bytes = access::bytes_per_element();
   /// Bytes of the whole step: the update pass and every reduction and factored pass's reads
-  /// (not a factored pass's statistics and tile partials, which depend on the shapes:
+  /// and a factored pass's stores (not a factored pass's statistics and tile partials, which depend on the shapes:
   /// docs/rules.md, "Factored passes"). An 8-bit quantized slot counts 1 byte (its code) here;
   /// see exact_bytes.
   static constexpr std::size_t bytes = update_bytes + pass_bytes(std::make_integer_sequence<int, pass_count_v<Rule>>{}) +

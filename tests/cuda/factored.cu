@@ -194,8 +194,8 @@ TEMPLATE_TEST_CASE("came's statistics and steps on the GPU have the host backend
   auto const dims = bit_shapes();
   std::vector<std::int64_t> sizes;
   for (auto const& s : dims) { sizes.push_back(elements(s)); }
-  statistics<host_executor, S> host_second(dims), host_confidence(dims, false);
-  statistics<cuda_executor, S> device_second(dims), device_confidence(dims, false);
+  statistics<host_executor, S> host_second(dims), host_confidence(dims);
+  statistics<cuda_executor, S> device_second(dims), device_confidence(dims);
   slot_data<T> host_param(sizes, 0), host_grad(sizes, 0), device_param(sizes, 0), device_grad(sizes, 0);
   slot_data<S> host_m(sizes, 0), device_m(sizes, 0);
   random r(12);

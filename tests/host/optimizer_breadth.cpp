@@ -117,9 +117,10 @@ TEST_CASE("the new optimizers move the bytes docs/rules.md states (fp32)", "[opt
   STATIC_REQUIRE(fp32_bytes<r::prodigy, s::p0_t, s::s_t, s::exp_avg_sq_t> == 20 + 32);
   // Factored passes count their slot reads (not the tile partials and statistics, docs/rules.md):
   // Adafactor's reads grad (4), its reduction pass param and grad (8); CAME's first factored
-  // pass grad, its reduction pass grad, its second factored pass grad and exp_avg.
+  // pass grad, its reduction pass grad, its second factored pass grad and exp_avg and stores
+  // exp_avg; its update reads param and exp_avg and stores param.
   STATIC_REQUIRE(fp32_bytes<r::adafactor> == 4 + 8 + 12);
-  STATIC_REQUIRE(fp32_bytes<r::came, s::exp_avg_t> == 4 + 4 + 8 + 20);
+  STATIC_REQUIRE(fp32_bytes<r::came, s::exp_avg_t> == 4 + 4 + 12 + 12);
 }
 
 TEST_CASE("the new optimizers are trivially copyable", "[optimizers]")

@@ -142,6 +142,23 @@ struct access<Rule, bound_lists<B...>> {
     }
   }
 
+  /// Stores element `i` of every bound slot in `Stored` (what a factored pass stores:
+  /// stored_by_pass); slots bound to const lists are not stored.
+  template <class Stored, std::size_t... K>
+  FUSEDOPT_HOST_DEVICE static void store_stored(element_type const& e, void* const* bases, std::int64_t i,
+                                                std::index_sequence<K...>)
+  {
+    static_assert(((!contains_v<Stored, typename B::slot_type> || !is_blockwise_v<typename B::element_type>) && ...),
+                  "fusedopt: a factored pass cannot store 8-bit quantized states");
+    (store_if<K, contains_v<Stored, typename B::slot_type> && !std::is_const_v<typename B::element_type>>(e, bases, i),
+     ...);
+  }
+  template <std::size_t K, bool Store>
+  FUSEDOPT_HOST_DEVICE static void store_if(element_type const& e, void* const* bases, std::int64_t i)
+  {
+    if constexpr (Store) { static_cast<element_t<K>*>(bases[K])[i] = from_opmath<element_t<K>>(e.at(K)); }
+  }
+
   /// Registers start at zero.
   FUSEDOPT_HOST_DEVICE static void clear_registers(element_type& e)
   {

@@ -95,6 +95,7 @@ template <class R>
 struct factor_traits<R, 0, std::enable_if_t<is_factoring<R>::value>> {
   using owner = R;
   using reads = rule_reads_t<R>;
+  using stores = pass_stored_t<R>;  ///< slots<> unless the owner declares stored_by_pass
 };
 template <int J, class... Parts>
 struct factor_traits<chain_rule<Parts...>, J, void> {
@@ -102,6 +103,7 @@ struct factor_traits<chain_rule<Parts...>, J, void> {
   using inner = factor_traits<std::tuple_element_t<part, std::tuple<Parts...>>, J - factor_offset<part, Parts...>()>;
   using owner = typename inner::owner;
   using reads = typename merge_declared<typename parts_reads<slots<Parts...>, part>::type, typename inner::reads>::type;
+  using stores = typename inner::stores;
 };
 template <class R, int J>
 struct factor_traits<R, J, std::enable_if_t<is_named_v<R> && !is_factoring<R>::value>>
@@ -218,13 +220,28 @@ FUSEDOPT_HOST_DEVICE void load_factor_element(typename Access::element_type& e, 
   Access::clear_registers(e);
 }
 
-/// The value of element i of `tensor` in a factored pass: the element loaded, the body run.
-template <class Access, class Reads, class Body>
+/// Stores what factored pass J stores of an element its body ran on (nothing for most passes).
+template <class Access, class Stores>
+FUSEDOPT_HOST_DEVICE void store_factor_element(typename Access::element_type const& e, void* const* bases,
+                                               std::int64_t i)
+{
+  if constexpr (!std::is_same_v<Stores, slots<>>) {
+    Access::template store_stored<Stores>(e, bases, i, std::make_index_sequence<Access::num_slots>{});
+  } else {
+    (void)e, (void)bases, (void)i;
+  }
+}
+
+/// The value of element i of `tensor` in a factored pass: the element loaded, the body run,
+/// what the pass stores stored.
+template <class Access, class Reads, class Stores, class Body>
 FUSEDOPT_HOST_DEVICE double factor_value(Body const& body, void* const* bases, std::int64_t tensor, std::int64_t i)
 {
   typename Access::element_type e;
   load_factor_element<Access, Reads>(e, bases, tensor, i);
-  return body(e);
+  double const value = body(e);
+  store_factor_element<Access, Stores>(e, bases, i);
+  return value;
 }
 
 /// A folded statistic, stored: `fold(old, sum, count)` in the arithmetic type of T.

@@ -14,12 +14,16 @@
 /// | `after_step(reduced, step)`              | has_after_step     | nothing after the update             |
 /// | `finished_size`, `prepare_finish(step)`  | has_finish         | no per-tensor values after the pass  |
 /// | `chain_type`, `as_chain()`               | is_named_v         | the rule is its own whole            |
+/// | `stored_by_pass` (slot list, a part      | has_pass_stores    | its factored pass stores nothing     |
+/// |   with a factored pass)                  |                    |                                      |
 ///
 /// A named optimizer (rules::chained: `chain_type` and `as_chain()`, no passes of its own) is
 /// treated as its chain wherever passes or hooks are derived; is_named_v is that one test.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -188,6 +192,58 @@ struct has_chain_type<R, std::void_t<typename R::chain_type, decltype(std::declv
 /// its chain's.
 template <class R>
 inline constexpr bool is_named_v = !is_reducing<R>::value && has_chain_type<R>::value;
+
+/// A part whose factored pass (factored.hpp) stores the slots `stored_by_pass` lists: the
+/// values its pass body leaves in the element. The update pass then resumes at that part (see
+/// stores_in_pass): its `prepare(step)` body is what is left of it after the pass, and its
+/// `reads` and `writes` are that body's.
+template <class R, class = void>
+struct has_pass_stores : std::false_type {};
+template <class R>
+struct has_pass_stores<R, std::void_t<typename R::stored_by_pass>> : std::true_type {};
+
+/// True when a rule's update pass resumes after a storing pass: it or one of its parts (at any
+/// depth) has one. The parts of a chain before the last such part are left out of its update
+/// pass, reads and writes (chain_rule::resume).
+template <class R, class = void>
+struct stores_in_pass : has_pass_stores<R> {};
+template <class... Parts>
+struct stores_in_pass<chain_rule<Parts...>, void> : std::bool_constant<(stores_in_pass<Parts>::value || ...)> {};
+template <class R>
+struct stores_in_pass<R, std::enable_if_t<!has_pass_stores<R>::value && is_named_v<R>>>
+  : stores_in_pass<typename R::chain_type> {};
+
+/// The part of a chain where its update pass starts: the last part that stores in its pass
+/// (0 when none does).
+template <class... Parts>
+constexpr std::size_t resume_part()
+{
+  constexpr bool stores[] = {stores_in_pass<Parts>::value...};
+  std::size_t resume = 0;
+  for (std::size_t k = 0; k < sizeof...(Parts); ++k) {
+    if (stores[k]) { resume = k; }
+  }
+  return resume;
+}
+
+/// What a storing pass stores: the part's `stored_by_pass`, found through chains (slots<> for
+/// rules without such a pass).
+template <class R, class = void>
+struct pass_stored {
+  using type = slots<>;
+};
+template <class R>
+struct pass_stored<R, std::enable_if_t<has_pass_stores<R>::value>> {
+  using type = typename R::stored_by_pass;
+};
+template <class... Parts>
+struct pass_stored<chain_rule<Parts...>, void>
+  : pass_stored<std::tuple_element_t<resume_part<Parts...>(), std::tuple<Parts...>>> {};
+template <class R>
+struct pass_stored<R, std::enable_if_t<!has_pass_stores<R>::value && is_named_v<R>>>
+  : pass_stored<typename R::chain_type> {};
+template <class R>
+using pass_stored_t = typename pass_stored<R>::type;
 
 }  // namespace detail
 FUSEDOPT_NAMESPACE_END

@@ -445,10 +445,14 @@ class plan {
   template <class Rule, int... J>
   void check_factored(Rule const& rule, std::integer_sequence<int, J...>) const
   {
-    (check_factored_table(detail::factor_owner<J>(rule).factors()), ...);
+    (check_factored_table(detail::factor_owner<J>(rule).factors(),
+                          !std::is_same_v<typename detail::factor_traits<Rule, J>::stores, slots<>>),
+     ...);
   }
+  // A pass that stores (stored_by_pass) must visit every element: an entry with statistics for
+  // every tensor with elements.
   template <class T>
-  void check_factored_table(factored_table<T> const& table) const
+  void check_factored_table(factored_table<T> const& table, bool stores) const
   {
     std::size_t const n = lists_.num_tensors();
     FUSEDOPT_EXPECTS(table.num_tensors == static_cast<std::int64_t>(n) && (n == 0 || table.tensors != nullptr),
@@ -456,6 +460,10 @@ class plan {
                        " entries for lists of " + std::to_string(n) + " tensors");
     for (std::size_t t = 0; t < n; ++t) {
       factored_tensor<T> const& e = table.tensors[t];
+      FUSEDOPT_EXPECTS(!stores || lists_.tensor_size(t) == 0 || e.rows > 0,
+                       "factored statistics: entry " + std::to_string(t) +
+                         " has none, but the pass stores every element (a vector needs its row statistics: "
+                         "factored_layout::add_torch_shape(dims, true))");
       if (e.rows == 0) { continue; }
       FUSEDOPT_EXPECTS(e.matrices * e.rows * e.cols == lists_.tensor_size(t) && e.row != nullptr,
                        "factored statistics: entry " + std::to_string(t) + " (" + std::to_string(e.matrices) + " x " +
@@ -485,6 +493,7 @@ class plan {
   {
     using access = detail::access<Rule, lists_type>;
     using reads = typename detail::factor_traits<Rule, J>::reads;
+    using stores = typename detail::factor_traits<Rule, J>::stores;
     using T = detail::factor_state_t<Rule, J>;
     auto const owner = detail::factor_owner<J>(rule);
     factored_table<T> const table = owner.factors();
@@ -503,7 +512,7 @@ class plan {
 #if defined(_OPENMP)
 #  pragma omp parallel for schedule(static) num_threads(threads)
 #endif
-      for (std::int64_t k = 0; k < tiles; ++k) { sum_tile<access, reads>(body, e, bases, tensor, k); }
+      for (std::int64_t k = 0; k < tiles; ++k) { sum_tile<access, reads, stores>(body, e, bases, tensor, k); }
       std::int64_t const lines = e.lines();
 #if defined(_OPENMP)
 #  pragma omp parallel for schedule(static) num_threads(threads)
@@ -522,7 +531,7 @@ class plan {
     }
   }
 
-  template <class Access, class Reads, class Body, class T>
+  template <class Access, class Reads, class Stores, class Body, class T>
   static void sum_tile(Body const& body, factored_tensor<T> const& e, void* const* bases, std::int64_t tensor,
                        std::int64_t k)
   {
@@ -541,7 +550,7 @@ class plan {
     for (std::int64_t r = 0; r < h; ++r) {
       double v[B];
       for (std::int64_t c = 0; c < B; ++c) {
-        v[c] = c < w ? detail::factor_value<Access, Reads>(tensor_body, bases, tensor, first + r * e.cols + c) : 0.0;
+        v[c] = c < w ? detail::factor_value<Access, Reads, Stores>(tensor_body, bases, tensor, first + r * e.cols + c) : 0.0;
       }
       for (std::int64_t c = 0; c < w; ++c) { columns[c] += v[c]; }
       double lane[lanes];

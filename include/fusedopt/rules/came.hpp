@@ -6,9 +6,9 @@
 /// (factored.hpp): the factored second moment of grad^2 + eps1 (its row and column statistics,
 /// a full exp_avg_sq for a tensor of fewer than two dimensions), the RMS of the update it gives
 /// (a reduction pass, for the clipping), the factored confidence statistics of
-/// (U - m)^2 + eps2 (m the new exp_avg, from the clipped U), then the update. The reference
-/// loops over tensors with a norm per tensor; here nothing is read back, and the step can be
-/// captured in a CUDA graph.
+/// (U - m)^2 + eps2 (m the new exp_avg, from the clipped U; that pass stores m), then the
+/// update, which reads only the parameter and m. The reference loops over tensors with a norm
+/// per tensor; here nothing is read back, and the step can be captured in a CUDA graph.
 #pragma once
 
 #include <cstdint>
@@ -190,11 +190,15 @@ struct clip_update_by_rms {
   FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&, reduced const& r) const { return {r}; }
 };
 
-/// @brief CAME's confidence: exp_avg = beta1 exp_avg + (1 - beta1) update; then for a matrix
-/// update = approx(res_row, res_col) exp_avg, the factored statistics of the instability
-/// (update - exp_avg)^2 + eps2 averaged with beta3 (factoring part: its pass forms the new
-/// exp_avg in registers), for a tensor of fewer than two dimensions update = exp_avg (it has no
-/// confidence statistics: an entry of zero rows).
+/// @brief CAME's confidence: exp_avg = beta1 exp_avg + (1 - beta1) update, formed and stored by
+/// its factored pass (stored_by_pass), with the factored statistics of the instability
+/// (update - exp_avg)^2 + eps2 averaged with beta3; then, in the update pass (which resumes
+/// here: the parts before it ran in that pass, and the gradient is not read again), for a
+/// matrix update = approx(res_row, res_col) exp_avg, for a tensor of fewer than two dimensions
+/// update = exp_avg. The pass visits every element, so a vector has statistics here too
+/// (add_torch_shape(dims), a row statistic per element), which no step reads: the reference
+/// keeps none. Bytes (float): the pass reads grad and exp_avg and stores exp_avg, the update
+/// reads exp_avg and param and stores param: 12 + 12 (8 + 20 when the update formed exp_avg).
 template <class T>
 struct came_confidence {
   scalar<double> beta1{0.9};
@@ -202,7 +206,8 @@ struct came_confidence {
   scalar<double> eps2{1e-16};
   factored_table<T> statistics{};
   using reads = slots<slot::exp_avg_t>;
-  using writes = slots<slot::exp_avg_t>;
+  using writes = slots<>;
+  using stored_by_pass = slots<slot::exp_avg_t>;
 
   FUSEDOPT_HOST_DEVICE factored_table<T> factors() const { return statistics; }
 
@@ -212,7 +217,8 @@ struct came_confidence {
     return m * static_cast<O>(beta1) + static_cast<O>(1.0 - beta1) * u;
   }
 
-  /// The reference's `(update - exp_avg)**2 + eps[1]`, with the new exp_avg.
+  /// The new exp_avg (left in the element, which the pass stores), and the reference's
+  /// `(update - exp_avg)**2 + eps[1]` with it.
   struct instability {
     double beta1, eps2;
     template <class E>
@@ -220,7 +226,9 @@ struct came_confidence {
     {
       using O = typename E::value_type;
       O const u = e[slot::update];
-      O const d = u - momentum(e[slot::exp_avg], u, beta1);
+      O& m = e[slot::exp_avg];
+      m = momentum(m, u, beta1);
+      O const d = u - m;
       return static_cast<double>(d * d + static_cast<O>(eps2));
     }
   };
@@ -230,21 +238,19 @@ struct came_confidence {
   FUSEDOPT_HOST_DEVICE fold prepare_fold(step_info const&) const { return {beta3.get()}; }
   FUSEDOPT_HOST_DEVICE detail::came_line_factors prepare_line_factors(step_info const&) const { return {}; }
 
+  /// The update pass's part: exp_avg is the pass's (loaded).
   struct tensor_direction {
     factored_lookup<T> stats;
-    double beta1;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
       using O = typename E::value_type;
-      O& m = e[slot::exp_avg];
-      m = momentum(m, e[slot::update], beta1);
+      O const m = e[slot::exp_avg];
       e[slot::update] = stats.factored() ? static_cast<O>(stats.factor_of(e)) * m : m;
     }
   };
   struct prepared {
     factored_table<T> statistics;
-    double beta1;
     template <class E>
     FUSEDOPT_HOST_DEVICE void operator()(E& e) const
     {
@@ -252,10 +258,10 @@ struct came_confidence {
     }
     FUSEDOPT_HOST_DEVICE tensor_direction for_tensor(std::int64_t tensor) const
     {
-      return {factored_lookup<T>::of(statistics, tensor), beta1};
+      return {factored_lookup<T>::of(statistics, tensor)};
     }
   };
-  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {statistics, beta1.get()}; }
+  FUSEDOPT_HOST_DEVICE prepared prepare(step_info const&) const { return {statistics}; }
 
   template <class Bound>
   void validate(Bound) const
@@ -302,11 +308,13 @@ struct came_step {
 /// double ones. Slots: param, grad, exp_avg (float for half/bfloat16 parameters, as the
 /// reference's). The statistics are the caller's: `second_moment` (exp_avg_sq_row and _col of
 /// each tensor of two or more dimensions, exp_avg_sq of the others;
-/// factored_layout::add_torch_shape) and `confidence` (exp_avg_res_row and _col; none for the
-/// others: add_torch_shape(dims, false)). The chain: scale_by_came_second_moment (factored
-/// pass) -> clip_update_by_rms (reducing) -> came_confidence (factored pass) -> came_step.
-/// fp32: 4 + 4 + 8 (the passes) + 20 (update) = 36 bytes per element, plus the two factored
-/// passes' tile partials and the statistics (factored.hpp).
+/// factored_layout::add_torch_shape) and `confidence` (exp_avg_res_row and _col; for the others
+/// a row statistic per element that no step reads: add_torch_shape(dims) too, as the
+/// confidence pass visits every element; both backends refuse a table without them). The
+/// chain: scale_by_came_second_moment (factored pass) -> clip_update_by_rms (reducing) ->
+/// came_confidence (factored pass, which stores exp_avg) -> came_step; the update pass runs the
+/// last two. fp32: 4 + 4 + 12 (the passes) + 12 (update) = 32 bytes per element, plus the two
+/// factored passes' tile partials and the statistics (factored.hpp).
 template <class T>
 struct basic_came : chained<basic_came<T>, chain_rule<scale_by_came_second_moment<T>, clip_update_by_rms,
                                                       came_confidence<T>, came_step>> {

@@ -4,7 +4,9 @@
 /// (fusedopt/factored.hpp), loaded with ctypes by fusedopt_torch/came.py. Built as the adafactor
 /// unit is (adafactor_unit.hpp), with two tables: the second moment's (exp_avg_sq_row and
 /// exp_avg_sq_col, or exp_avg_sq below two dimensions) and the confidence's (exp_avg_res_row
-/// and exp_avg_res_col; none below two dimensions).
+/// and exp_avg_res_col; below two dimensions a row statistic per element that the confidence
+/// pass needs to visit the tensor and no step reads, kept in the table's workspace: CAME.py has
+/// none there, so the caller gives none).
 ///
 /// A unit's source defines FUSEDOPT_CAME_UNIT_CUDA (1: the CUDA plan, 0: the host plan) and
 /// FUSEDOPT_CAME_UNIT_T (the element type of the parameters and gradients), then includes this
@@ -101,11 +103,10 @@ struct holder {
 };
 
 /// CAME.py's factoring of the n tensors: shape t is dims[offset .. offset + ndims[t]); each must
-/// hold sizes[t] elements (checked here, as the CUDA backend cannot check its table). `vectors`:
-/// whether a tensor of fewer than two dimensions has statistics (exp_avg_sq: yes; the
-/// confidence: no).
+/// hold sizes[t] elements (checked here, as the CUDA backend cannot check its table). Both
+/// tables factor alike: a tensor of fewer than two dimensions has a statistic per element.
 inline fo::factored_layout layout_of(std::int64_t const* sizes, std::int64_t const* dims, std::int64_t const* ndims,
-                                     std::int64_t n, bool vectors)
+                                     std::int64_t n)
 {
   fo::factored_layout layout;
   std::int64_t offset = 0;
@@ -113,7 +114,7 @@ inline fo::factored_layout layout_of(std::int64_t const* sizes, std::int64_t con
     FUSEDOPT_EXPECTS(ndims[t] >= 0, "came: tensor " + std::to_string(t) + " has a negative number of dimensions");
     std::vector<std::int64_t> const shape(dims + offset, dims + offset + ndims[t]);
     offset += ndims[t];
-    layout.add_torch_shape(shape, vectors);
+    layout.add_torch_shape(shape);
     std::int64_t elements = 1;
     for (auto d : shape) { elements *= d; }
     FUSEDOPT_EXPECTS(elements == sizes[t], "came: tensor " + std::to_string(t) + " has " + std::to_string(sizes[t]) +
@@ -123,23 +124,46 @@ inline fo::factored_layout layout_of(std::int64_t const* sizes, std::int64_t con
 }
 
 /// The table of `layout` over the statistics rows[t] and cols[t] (either may be null where the
-/// layout keeps none). CUDA: the entries are copied on `on`, which the plan's make then
-/// synchronises; `host_entries` keeps their source until then.
+/// layout keeps none). With `own_vectors`, a vector's row statistics (the confidence's, which
+/// no step reads) are the workspace's, after the pass's doubles, zeros. CUDA: the entries are
+/// copied on `on`, which the plan's make then synchronises; `host_entries` keeps their source
+/// until then.
 #if FUSEDOPT_CAME_UNIT_CUDA
 inline statistics statistics_of(fo::factored_layout const& layout, void* const* rows, void* const* cols,
-                                std::vector<fo::factored_tensor<state>>& host_entries, cudaStream_t on)
+                                bool own_vectors, std::vector<fo::factored_tensor<state>>& host_entries,
+                                cudaStream_t on)
 #else
-inline statistics statistics_of(fo::factored_layout const& layout, void* const* rows, void* const* cols)
+inline statistics statistics_of(fo::factored_layout const& layout, void* const* rows, void* const* cols,
+                                bool own_vectors)
 #endif
 {
-  std::vector<state*> row_pointers, col_pointers;
-  for (std::size_t t = 0; t < layout.num_tensors(); ++t) {
-    row_pointers.push_back(static_cast<state*>(rows[t]));
-    col_pointers.push_back(static_cast<state*>(cols[t]));
+  std::int64_t const pass_doubles = layout.workspace_doubles();
+  std::int64_t owned = 0;  // a double per owned statistic: room for float and double
+  for (std::size_t t = 0; own_vectors && t < layout.num_tensors(); ++t) {
+    if (layout.col_elements(t) == 0) { owned += layout.row_elements(t); }
   }
   statistics s;
 #if FUSEDOPT_CAME_UNIT_CUDA
-  s.workspace = device_array<double>(static_cast<std::size_t>(layout.workspace_doubles()));
+  s.workspace = device_array<double>(static_cast<std::size_t>(pass_doubles + owned));
+  if (owned > 0) {
+    FUSEDOPT_CUDA_TRY(cudaMemsetAsync(data_of(s.workspace) + pass_doubles, 0,
+                                      static_cast<std::size_t>(owned) * sizeof(double), on));
+  }
+#else
+  s.workspace.resize(static_cast<std::size_t>(pass_doubles + owned));
+#endif
+  std::vector<state*> row_pointers, col_pointers;
+  std::int64_t next = pass_doubles;
+  for (std::size_t t = 0; t < layout.num_tensors(); ++t) {
+    if (own_vectors && layout.col_elements(t) == 0) {
+      row_pointers.push_back(reinterpret_cast<state*>(data_of(s.workspace) + next));
+      next += layout.row_elements(t);
+    } else {
+      row_pointers.push_back(static_cast<state*>(rows[t]));
+    }
+    col_pointers.push_back(static_cast<state*>(cols[t]));
+  }
+#if FUSEDOPT_CAME_UNIT_CUDA
   host_entries = layout.entries<state>(row_pointers, col_pointers, data_of(s.workspace));
   s.entries = device_array<fo::factored_tensor<state>>(host_entries.size());
   if (!host_entries.empty()) {
@@ -148,7 +172,6 @@ inline statistics statistics_of(fo::factored_layout const& layout, void* const* 
   }
   s.table = layout.table<state>(s.entries.get());
 #else
-  s.workspace.resize(static_cast<std::size_t>(layout.workspace_doubles()));
   s.entries = layout.entries<state>(row_pointers, col_pointers, data_of(s.workspace));
   // The table points into `entries`' and `workspace`'s heap memory, which moves keep.
   s.table = layout.table<state>(s.entries.data());
@@ -164,7 +187,7 @@ inline statistics statistics_of(fo::factored_layout const& layout, void* const* 
 /// exp_avg_sq_row and exp_avg_sq_col (of shapes shape[:-1] and shape[:-2] + shape[-1:]), or,
 /// below two dimensions, sq_rows[t] is exp_avg_sq (sq_cols[t] ignored, may be null);
 /// res_rows[t] and res_cols[t] are exp_avg_res_row and exp_avg_res_col (ignored, may be null,
-/// below two dimensions). Or null with the message in `error`. CUDA: built on the current
+/// below two dimensions: the plan keeps those tensors' unread confidence statistics itself). Or null with the message in `error`. CUDA: built on the current
 /// device and `stream`, which it synchronises. `threads`: the host's (0: OpenMP's default).
 FUSEDOPT_TORCH_C_EXPORT void* fusedopt_came_make(void* const* params, void const* const* grads, void* const* exp_avgs,
                                                    std::int64_t const* sizes, std::int64_t const* dims,
@@ -176,22 +199,21 @@ FUSEDOPT_TORCH_C_EXPORT void* fusedopt_came_make(void* const* params, void const
   using namespace fusedopt_came_unit;
   std::unique_ptr<holder> made;
   int const status = guarded(error, error_size, [&] {
-    auto const second_layout = layout_of(sizes, dims, ndims, n, true);
-    auto const confidence_layout = layout_of(sizes, dims, ndims, n, false);
+    auto const layout = layout_of(sizes, dims, ndims, n);
     auto lists = bind_lists(params, grads, exp_avgs, sizes, n);
     auto const count = static_cast<std::size_t>(n);
 #if FUSEDOPT_CAME_UNIT_CUDA
     (void)threads;
     auto const on = static_cast<cudaStream_t>(stream);
     std::vector<fo::factored_tensor<state>> second_entries, confidence_entries;
-    auto second = statistics_of(second_layout, sq_rows, sq_cols, second_entries, on);
-    auto confidence = statistics_of(confidence_layout, res_rows, res_cols, confidence_entries, on);
+    auto second = statistics_of(layout, sq_rows, sq_cols, false, second_entries, on);
+    auto confidence = statistics_of(layout, res_rows, res_cols, true, confidence_entries, on);
     // synchronises `on`: the tables have landed
     auto plan = fo::cuda::make_plan(lists, ::fusedopt_torch::c_unit::factored_rule_options(), on);
 #else
     (void)stream;
-    auto second = statistics_of(second_layout, sq_rows, sq_cols);
-    auto confidence = statistics_of(confidence_layout, res_rows, res_cols);
+    auto second = statistics_of(layout, sq_rows, sq_cols, false);
+    auto confidence = statistics_of(layout, res_rows, res_cols, true);
     fo::host::options opts;
     opts.threads = static_cast<int>(threads);
     auto plan = fo::host::make_plan(lists, opts);

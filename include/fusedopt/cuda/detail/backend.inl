@@ -214,17 +214,25 @@ struct plan_steps {
   /// Refuses a factored pass's statistics table that does not cover the plan's tensors: its count
   /// and its pointer are host values (the entries themselves are in device memory, which the host
   /// backend reads and this one cannot), and a default or short table would send the kernels
-  /// reading entries that are not there.
+  /// reading entries that are not there. A pass that stores (stored_by_pass) must visit every
+  /// element: its table's statistics must cover all `elements` (factored_table::elements).
   template <class Rule, int... J>
-  static void check_factored_tables(Rule const& rule, std::size_t tensors, std::integer_sequence<int, J...>)
+  static void check_factored_tables(Rule const& rule, std::size_t tensors, std::int64_t elements,
+                                    std::integer_sequence<int, J...>)
   {
-    auto const check = [tensors](auto const& table) {
+    auto const check = [tensors, elements](auto const& table, bool stores) {
       FUSEDOPT_EXPECTS(table.num_tensors == static_cast<std::int64_t>(tensors) &&
                          (table.num_tensors == 0 || table.tensors != nullptr),
                        "factored statistics: the table has " + std::to_string(table.num_tensors) +
                          " entries for lists of " + std::to_string(tensors) + " tensors");
+      FUSEDOPT_EXPECTS(!stores || table.elements == elements,
+                       "factored statistics: the pass stores every element, but the table's statistics cover " +
+                         std::to_string(table.elements) + " of the lists' " + std::to_string(elements) +
+                         " (a vector needs its row statistics: factored_layout::add_torch_shape(dims, true))");
     };
-    (check(::fusedopt::detail::factor_owner<J>(rule).factors()), ...);
+    (check(::fusedopt::detail::factor_owner<J>(rule).factors(),
+           !std::is_same_v<typename ::fusedopt::detail::factor_traits<Rule, J>::stores, slots<>>),
+     ...);
     (void)check;
   }
 
@@ -298,7 +306,10 @@ void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cuda
     FUSEDOPT_EXPECTS(transport_ == transport::device_table,
                      "a rule with a factored pass (factored.hpp: Adafactor, ...) needs the plan's tables in device "
                      "memory: transport::device_table (the default)");
-    detail::plan_steps::check_factored_tables(rule, lists_.num_tensors(), std::make_integer_sequence<int, factored>{});
+    std::int64_t elements = 0;  // a few hundred additions, for rules with factored passes only
+    for (std::size_t t = 0; t < lists_.num_tensors(); ++t) { elements += lists_.tensor_size(t); }
+    detail::plan_steps::check_factored_tables(rule, lists_.num_tensors(), elements,
+                                              std::make_integer_sequence<int, factored>{});
   }
   // Every check is done: from here on work is enqueued.
   detail::plan_steps::begin(*this, step, stream);

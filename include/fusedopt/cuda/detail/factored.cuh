@@ -124,6 +124,7 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_l
 {
   using access = ::fusedopt::detail::access<Rule, Bound>;
   using reads = typename ::fusedopt::detail::factor_traits<Rule, J>::reads;
+  using stores = typename ::fusedopt::detail::factor_traits<Rule, J>::stores;
   constexpr int H = static_cast<int>(factored_tile_rows), B = static_cast<int>(factored_tile_cols);
   constexpr int group = 8;  // rows whose partials one butterfly forms
   static_assert(B == 64 && H % group == 0, "a tile row is two columns a lane, its rows groups of eight");
@@ -175,10 +176,15 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_l
           x.set_narrow_index(decltype(narrow)::value);
         }
       };
+      // What the pass stores (stored_by_pass; nothing for most passes), after its value.
+      auto const store = [&](element_type const& x, bool element_in, std::int64_t at) {
+        if (element_in) { ::fusedopt::detail::store_factor_element<access, stores>(x, bases, at); }
+      };
       for (int r0 = 0; r0 < (full ? H : h); r0 += group) {
         double v0[group], v1[group];
         if constexpr (factored_tiles_loads_first<Rule, Bound, J>) {
           element_type x0[group], x1[group];
+          std::int64_t const group_at = row_at;
 #pragma unroll
           for (int q = 0; q < group; ++q) {
             load(x0[q], in(r0 + q, in0), row_at);
@@ -189,6 +195,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_l
           for (int q = 0; q < group; ++q) {
             v0[q] = value(x0[q], in(r0 + q, in0));
             v1[q] = value(x1[q], in(r0 + q, in1));
+            store(x0[q], in(r0 + q, in0), group_at + q * e.cols);
+            store(x1[q], in(r0 + q, in1), group_at + q * e.cols + 32);
           }
         } else {
           // Each element's own locals: arrays declared for the whole group, filled and read in
@@ -200,6 +208,8 @@ FUSEDOPT_KERNEL void __launch_bounds__(factored_block_threads, (factored_tiles_l
             load(x1, in(r0 + q, in1), row_at + 32);
             v0[q] = value(x0, in(r0 + q, in0));
             v1[q] = value(x1, in(r0 + q, in1));
+            store(x0, in(r0 + q, in0), row_at);
+            store(x1, in(r0 + q, in1), row_at + 32);
             row_at += e.cols;
           }
         }
