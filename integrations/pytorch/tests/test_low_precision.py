@@ -299,8 +299,13 @@ def test_master_weights_inside_backward(device):
         assert stepper.buckets > 1
         for a, b in zip(low_a + full_a, low_b + full_b):
             assert torch.equal(a, b)
-            for key, value in opt_a.state[a].items():
-                assert torch.equal(value, opt_b.state[b][key]), key
+        # Through state_dict(): it refreshes the 'step' entries, which steps leave as they were.
+        state_a, state_b = opt_a.state_dict()["state"], opt_b.state_dict()["state"]
+        assert state_a.keys() == state_b.keys()
+        for index, state in state_a.items():
+            assert state.keys() == state_b[index].keys()
+            for key, value in state.items():
+                assert torch.equal(value, state_b[index][key]), (index, key)
     finally:
         stepper.remove()
 
