@@ -302,11 +302,12 @@ class factored_layout {
  public:
   /// @brief A tensor seen as `matrices` matrices of `rows` x `cols`; `columns` false keeps row
   /// statistics only (a vector: rows = its elements, cols = 1). rows 0: no statistics (the
-  /// pass skips the tensor), for a rule that reads none there: CAME's confidence statistics of
-  /// a vector. Adafactor's and CAME's second moments read the row statistics of every
-  /// non-empty tensor: give their tables vectors (add_torch_shape's default). An entry of no
-  /// rows there would be read through a null pointer, and neither backend can tell it from a
-  /// confidence entry, where it is valid.
+  /// pass skips the tensor), for a rule that reads none there and whose pass stores nothing
+  /// (a pass that stores, as CAME's confidence, must visit every element: both backends refuse
+  /// such an entry for a tensor with elements). Adafactor's and CAME's second moments read the
+  /// row statistics of every non-empty tensor: give their tables vectors (add_torch_shape's
+  /// default). An entry of no rows there would be read through a null pointer, which neither
+  /// backend can tell from an entry a rule reads nothing of.
   /// @throws fusedopt::error for negative sizes or more than 2^48 elements.
   void add(std::int64_t matrices, std::int64_t rows, std::int64_t cols, bool columns)
   {
@@ -320,7 +321,7 @@ class factored_layout {
   /// @brief torch's Adafactor factoring of a tensor of shape `dims`: two or more dimensions
   /// are matrices of the last two (the leading ones a batch), with row and column statistics;
   /// fewer are a vector of its elements with one statistic each, or none when `vectors` is
-  /// false (CAME's confidence statistics).
+  /// false (for a pass that reads and stores nothing of them).
   void add_torch_shape(std::vector<std::int64_t> const& dims, bool vectors = true)
   {
     std::int64_t elements = 1;

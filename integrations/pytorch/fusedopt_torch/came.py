@@ -6,7 +6,7 @@ fusedopt/factored.hpp) over every tensor of the group at once: one factored pass
 column means of grad^2 + eps1, folded into exp_avg_sq_row and exp_avg_sq_col, or exp_avg_sq below
 two dimensions), one reduction pass (each tensor's RMS(update), for the clipping), one factored
 pass (the instability (update - exp_avg)^2 + eps2 folded into exp_avg_res_row and
-exp_avg_res_col) and the update. CAME.py runs the same algorithm one tensor at a time, with two
+exp_avg_res_col, the new exp_avg stored) and the update (the parameter from exp_avg). CAME.py runs the same algorithm one tensor at a time, with two
 norms per tensor; here nothing is read back.
 
 The plans live in a unit (csrc/came_unit.hpp) compiled on first use into fusedopt_torch's cache
