@@ -4,7 +4,7 @@
 // reducing part that scales the gradient by its tensor's element count, so the factored pass
 // sees a reduction pass's results (chain order). Then: the same bits for any thread count and
 // chunk length, and tables that do not describe their tensors rejected before anything is
-// written.
+// written; a factored pass that stores (stored_by_pass), after which the update resumes.
 #include <fusedopt/fusedopt.hpp>
 
 #include <cstdint>
@@ -306,4 +306,127 @@ TEST_CASE("an element's line factor found once per run of elements is the one fo
       }
     }
   }
+}
+
+namespace {
+
+/// update = grad (what the storing part's pass sums and stores).
+struct take_gradient {
+  using reads = fo::slots<fo::slot::grad_t>;
+  using writes = fo::slots<>;
+  template <class E>
+  void operator()(E& e, fo::step_info const&) const
+  {
+    e[fo::slot::update] = e[fo::slot::grad];
+  }
+};
+
+/// A factoring part whose pass stores (stored_by_pass): its pass sums the update per row and
+/// column and stores it as exp_avg; the update pass resumes here: param = exp_avg + the row
+/// statistic, from the stored exp_avg (the gradient is not loaded again).
+struct store_sums {
+  fo::factored_table<double> table{};
+  using reads = fo::slots<fo::slot::exp_avg_t>;
+  using writes = fo::slots<fo::slot::param_t>;
+  using stored_by_pass = fo::slots<fo::slot::exp_avg_t>;
+  fo::factored_table<double> factors() const { return table; }
+  struct value {
+    template <class E>
+    double operator()(E& e) const
+    {
+      e[fo::slot::exp_avg] = e[fo::slot::update];
+      return static_cast<double>(e[fo::slot::update]);
+    }
+  };
+  value prepare_factor(fo::step_info const&) const { return {}; }
+  sum_gradients::fold prepare_fold(fo::step_info const&) const { return {}; }
+  struct body {
+    fo::factored_table<double> table;
+    template <class E>
+    void operator()(E& e) const
+    {
+      auto const l = fo::factored_lookup<double>::of(table, e.tensor());
+      e[fo::slot::param] = e[fo::slot::exp_avg] + l.row[l.locate(e.index()).row_line];
+    }
+  };
+  body prepare(fo::step_info const&) const { return {table}; }
+};
+
+/// problem's tensors with an exp_avg slot (starting at -7) and the storing rule.
+struct storing_problem : problem {
+  std::vector<std::vector<double>> m;
+  storing_problem()
+  {
+    for (auto const& t : p) { m.emplace_back(t.size(), -7.0); }
+  }
+  auto lists()
+  {
+    fo::tensor_list<double> pl, ml;
+    fo::tensor_list<double const> gl;
+    for (std::size_t t = 0; t < p.size(); ++t) {
+      pl.push_back(p[t].data(), static_cast<std::int64_t>(p[t].size()));
+      gl.push_back(g[t].data(), static_cast<std::int64_t>(g[t].size()));
+      ml.push_back(m[t].data(), static_cast<std::int64_t>(m[t].size()));
+    }
+    return fo::bind(param = pl, grad = gl, exp_avg = ml);
+  }
+  auto rule() { return fo::chain(scale_by_count{}, take_gradient{}, store_sums{layout.table<double>(entries.data())}); }
+};
+
+}  // namespace
+
+TEST_CASE("a factored pass that stores: the update resumes after it and loads only what it reads", "[factored]")
+{
+  using rule_type = decltype(storing_problem{}.rule());
+  using lists_type = decltype(storing_problem{}.lists());
+  using traffic = fo::memory_traffic<rule_type, lists_type>;
+  STATIC_REQUIRE(rule_type::resume == 2);
+  // The update: exp_avg loaded, param stored; the gradient neither loaded nor exp_avg stored.
+  STATIC_REQUIRE(!traffic::loads<1>);
+  STATIC_REQUIRE(traffic::loads<2>);
+  STATIC_REQUIRE(!traffic::stores<2>);
+  STATIC_REQUIRE(traffic::stores<0>);
+  // Update 16, the reduction pass reads nothing, the factored pass reads grad and exp_avg (16)
+  // and stores exp_avg (8).
+  STATIC_REQUIRE(fo::bytes_per_element_v<rule_type, lists_type> == 16 + 0 + 24);
+  storing_problem pr;
+  auto const plan = fo::host::make_plan(pr.lists());
+  plan.run(pr.rule(), fo::step_info{1});
+  std::int64_t row_offset = 0;
+  for (std::size_t t = 0; t < pr.dims.size(); ++t) {
+    auto const n = static_cast<double>(pr.g[t].size());
+    std::int64_t const C = pr.dims[t].size() >= 2 ? pr.dims[t].back() : 1;
+    for (std::size_t i = 0; i < pr.g[t].size(); ++i) {
+      CHECK(pr.m[t][i] == pr.g[t][i] * n);  // every element stored by the pass, vectors too
+      double const row = pr.rows[static_cast<std::size_t>(row_offset) + i / static_cast<std::size_t>(C)];
+      CHECK(pr.p[t][i] == pr.m[t][i] + row);
+    }
+    row_offset += pr.layout.row_elements(t);
+  }
+}
+
+TEST_CASE("a storing pass's table must cover every tensor with elements", "[factored]")
+{
+  storing_problem pr;
+  // The vectors without statistics, as add_torch_shape(dims, false) gives them.
+  fo::factored_layout without;
+  for (auto const& d : pr.dims) { without.add_torch_shape(d, false); }
+  std::vector<double*> rp, cp;
+  std::int64_t r = 0, c = 0;
+  for (std::size_t t = 0; t < pr.dims.size(); ++t) {
+    rp.push_back(pr.rows.data() + r);
+    cp.push_back(pr.cols.data() + c);
+    r += without.row_elements(t);
+    c += without.col_elements(t);
+  }
+  auto entries = without.entries<double>(rp, cp, pr.workspace.data());
+  auto rule = pr.rule();
+  rule.get<2>().table = without.table<double>(entries.data());
+  CHECK(without.table<double>(entries.data()).elements < pr.layout.table<double>(pr.entries.data()).elements);
+  auto const plan = fo::host::make_plan(pr.lists());
+  auto const p0 = pr.p;
+  auto const m0 = pr.m;
+  REQUIRE_THROWS_WITH(plan.run(rule, fo::step_info{1}), fusedopt_test::contains("the pass stores every element"));
+  CHECK(pr.p == p0);
+  CHECK(pr.m == m0);
 }
