@@ -17,7 +17,9 @@
 ///     `col[k] = fold(col[k], sum, R)` (the count is the number of elements summed), stored in T;
 ///  3. per matrix, the sum of its R folded row statistics, in double (`row_total`; the
 ///     normaliser of a factored second moment, r c / mean(r)).
-/// Passes and the update then read each element's statistics through `factored_lookup`.
+/// Passes and the update then read each element's statistics through `factored_lookup`. A part
+/// may also have its pass store slots (`stored_by_pass`; docs/rules.md): the update then resumes
+/// after it, and its table must cover every tensor with elements (factored_table::elements).
 ///
 /// `factored_layout` builds the table from the tensors' shapes and sizes the workspace the pass
 /// needs (its tile partials and the row totals), which the caller allocates once, beside the

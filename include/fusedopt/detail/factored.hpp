@@ -108,6 +108,9 @@ struct factor_traits<chain_rule<Parts...>, J, void> {
 template <class R, int J>
 struct factor_traits<R, J, std::enable_if_t<is_named_v<R> && !is_factoring<R>::value>>
   : factor_traits<typename R::chain_type, J> {};
+/// Whether factored pass J stores slots (its owner's stored_by_pass).
+template <class R, int J>
+inline constexpr bool factor_stores_v = !std::is_same_v<typename factor_traits<R, J>::stores, slots<>>;
 
 /// Reduction passes that come before factored pass J in chain order: the backends run it after
 /// them (and before the others), so that the parts before its owner see their results.

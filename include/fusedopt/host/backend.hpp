@@ -445,9 +445,7 @@ class plan {
   template <class Rule, int... J>
   void check_factored(Rule const& rule, std::integer_sequence<int, J...>) const
   {
-    (check_factored_table(detail::factor_owner<J>(rule).factors(),
-                          !std::is_same_v<typename detail::factor_traits<Rule, J>::stores, slots<>>),
-     ...);
+    (check_factored_table(detail::factor_owner<J>(rule).factors(), detail::factor_stores_v<Rule, J>), ...);
   }
   // A pass that stores (stored_by_pass) must visit every element: an entry with statistics for
   // every tensor with elements.

@@ -230,9 +230,7 @@ struct plan_steps {
                          std::to_string(table.elements) + " of the lists' " + std::to_string(elements) +
                          " (a vector needs its row statistics: factored_layout::add_torch_shape(dims, true))");
     };
-    (check(::fusedopt::detail::factor_owner<J>(rule).factors(),
-           !std::is_same_v<typename ::fusedopt::detail::factor_traits<Rule, J>::stores, slots<>>),
-     ...);
+    (check(::fusedopt::detail::factor_owner<J>(rule).factors(), ::fusedopt::detail::factor_stores_v<Rule, J>), ...);
     (void)check;
   }
 
