@@ -55,6 +55,13 @@ struct merge_from<From, std::index_sequence<K...>, Declared...> {
   using type = typename merge_all<std::conditional_t<(K >= From), Declared, slots<>>...>::type;
 };
 
+/// K + From for each K: the indices of a chain's parts from From on.
+template <std::size_t From, std::size_t... K>
+FUSEDOPT_HOST_DEVICE constexpr std::index_sequence<(K + From)...> parts_from(std::index_sequence<K...>)
+{
+  return {};
+}
+
 /// True when every slot of `Writes` is in `Stored` (never for "every bound slot").
 template <class Writes, class Stored>
 struct writes_stored : std::false_type {};
@@ -80,7 +87,8 @@ struct chain_rule {
   using registers = typename detail::merge_all<detail::rule_registers_t<Rules>...>::type;
 
   using part_indices = std::index_sequence_for<Rules...>;
-  static constexpr std::size_t part_count = sizeof...(Rules);
+  /// The parts the update pass runs: resume, resume + 1, ...
+  using update_parts = decltype(detail::parts_from<resume>(std::make_index_sequence<sizeof...(Rules) - resume>{}));
 
   detail::pack<Rules...> parts;
 
@@ -108,10 +116,8 @@ struct chain_rule {
     return detail::pack_get<K>(parts);
   }
 
-  FUSEDOPT_HOST_DEVICE auto prepare(step_info const& step) const
-  {
-    return prepare_parts(step, std::index_sequence_for<Rules...>{});
-  }
+  /// The update's body: the parts from `resume` on, in order.
+  FUSEDOPT_HOST_DEVICE auto prepare(step_info const& step) const { return prepare_parts(step, update_parts{}); }
 
   template <class Bound>
   void validate(Bound bound) const

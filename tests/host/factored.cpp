@@ -101,15 +101,21 @@ struct problem {
     rows.assign(static_cast<std::size_t>(nr), -1.0);
     cols.assign(static_cast<std::size_t>(nc), -1.0);
     workspace.assign(static_cast<std::size_t>(layout.workspace_doubles()), 0.0);
+    entries = entries_of(layout);
+  }
+  /// The entries of `l` (this problem's shapes, factored as `l` says) over rows, cols and the
+  /// workspace (l's statistics no more than layout's).
+  std::vector<fo::factored_tensor<double>> entries_of(fo::factored_layout const& l)
+  {
     std::vector<double*> rp, cp;
     std::int64_t r = 0, c = 0;
     for (std::size_t t = 0; t < dims.size(); ++t) {
       rp.push_back(rows.data() + r);
       cp.push_back(cols.data() + c);
-      r += layout.row_elements(t);
-      c += layout.col_elements(t);
+      r += l.row_elements(t);
+      c += l.col_elements(t);
     }
-    entries = layout.entries<double>(rp, cp, workspace.data());
+    return l.entries<double>(rp, cp, workspace.data());
   }
   auto lists()
   {
@@ -411,15 +417,7 @@ TEST_CASE("a storing pass's table must cover every tensor with elements", "[fact
   // The vectors without statistics, as add_torch_shape(dims, false) gives them.
   fo::factored_layout without;
   for (auto const& d : pr.dims) { without.add_torch_shape(d, false); }
-  std::vector<double*> rp, cp;
-  std::int64_t r = 0, c = 0;
-  for (std::size_t t = 0; t < pr.dims.size(); ++t) {
-    rp.push_back(pr.rows.data() + r);
-    cp.push_back(pr.cols.data() + c);
-    r += without.row_elements(t);
-    c += without.col_elements(t);
-  }
-  auto entries = without.entries<double>(rp, cp, pr.workspace.data());
+  auto const entries = pr.entries_of(without);
   auto rule = pr.rule();
   rule.get<2>().table = without.table<double>(entries.data());
   CHECK(without.table<double>(entries.data()).elements < pr.layout.table<double>(pr.entries.data()).elements);

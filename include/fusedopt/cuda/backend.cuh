@@ -263,6 +263,7 @@ class basic_plan {
   int device_ = 0;
   bool programmatic_ = false;  // launches with programmatic dependent launch (options::dependent_launch)
   std::int64_t max_blocks_ = 0;
+  std::int64_t elements_ = 0;  // of every tensor: what a storing factored pass's table must cover
   detail::persistent_grid persistent_;  // the update's shape; the grid of updates that store quantized states
   template <class Rule, int P, int... J>
   void run_passes(Rule const& rule, step_info const& step, detail::pass_results<P> const& results,

@@ -140,13 +140,6 @@ FUSEDOPT_HOST_DEVICE auto prepare_final_parts(chain_rule<Parts...> const& c, ste
   return prepared{make_pack(prepare_final(c.template get<K>(), step, results + part_offset<K, Parts...>())...)};
 }
 
-/// K + From for each K: the indices of a chain's parts from From on.
-template <std::size_t From, std::size_t... K>
-FUSEDOPT_HOST_DEVICE constexpr std::index_sequence<(K + From)...> parts_from(std::index_sequence<K...>)
-{
-  return {};
-}
-
 /// The update-pass body of any rule; `results` holds its reduction passes' results in pass order.
 /// A chain's runs its parts from chain_rule::resume on.
 template <class R>
@@ -155,9 +148,8 @@ FUSEDOPT_HOST_DEVICE auto prepare_final(R const& rule, step_info const& step, re
   if constexpr (is_reducing<R>::value) {
     return rule.prepare(step, results[0]);
   } else if constexpr (is_chain<R>::value) {
-    return prepare_final_parts(rule, step, results,
-                               parts_from<R::resume>(std::make_index_sequence<R::part_count - R::resume>{}));
-  } else if constexpr (is_named_v<R> && (pass_count_v<R> > 0 || stores_in_pass<R>::value)) {
+    return prepare_final_parts(rule, step, results, typename R::update_parts{});
+  } else if constexpr (is_named_v<R> && pass_count_v<R> > 0) {
     return prepare_final(rule.as_chain(), step, results);
   } else {
     return prepare_rule(rule, step);

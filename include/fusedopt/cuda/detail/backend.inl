@@ -71,6 +71,7 @@ basic_plan<Policy, B...>::basic_plan(lists_type lists, options opts, cudaStream_
   }
   FUSEDOPT_EXPECTS(opts.address_tables >= 1, "cuda::options::address_tables must be at least 1");
   detail::check_device_memory(lists_);
+  for (std::size_t t = 0; t < lists_.num_tensors(); ++t) { elements_ += lists_.tensor_size(t); }
   written_.assign(lists_);
   auto const layout = detail::make_layout(lists_, chunk, std::index_sequence_for<B...>{});
   tensors_ = layout.tensors;
@@ -304,9 +305,7 @@ void basic_plan<Policy, B...>::run(Rule const& rule, step_info const& step, cuda
     FUSEDOPT_EXPECTS(transport_ == transport::device_table,
                      "a rule with a factored pass (factored.hpp: Adafactor, ...) needs the plan's tables in device "
                      "memory: transport::device_table (the default)");
-    std::int64_t elements = 0;  // a few hundred additions, for rules with factored passes only
-    for (std::size_t t = 0; t < lists_.num_tensors(); ++t) { elements += lists_.tensor_size(t); }
-    detail::plan_steps::check_factored_tables(rule, lists_.num_tensors(), elements,
+    detail::plan_steps::check_factored_tables(rule, lists_.num_tensors(), elements_,
                                               std::make_integer_sequence<int, factored>{});
   }
   // Every check is done: from here on work is enqueued.
